@@ -1,0 +1,21 @@
+# The two commands of the README:
+#   make run    set up, then run the daemon (trainwatch --attach-torchrun)
+#   make test   set up, then lint, type-check and run every test
+.PHONY: setup run test lint bench
+
+setup:
+	@scripts/dev-setup
+
+run: setup
+	.venv/bin/trainwatch --attach-torchrun $(ARGS)
+
+lint:
+	.venv/bin/ruff check sidecar tests benchmarks
+	.venv/bin/ruff format --check sidecar tests benchmarks
+	.venv/bin/mypy
+
+test: setup lint
+	.venv/bin/python -m pytest -q -ra $(PYTEST_ARGS)
+
+bench: setup
+	.venv/bin/python benchmarks/overhead.py $(ARGS)

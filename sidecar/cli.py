@@ -1,0 +1,320 @@
+"""The command line: ``parse_args(argv, environ) -> Settings`` is pure and tested; ``main``
+configures logging, runs the daemon and is the only place that turns errors into
+one-line advice and exit statuses (0 done, 1 failure at run time, 2 bad usage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from types import FrameType
+from typing import NoReturn
+
+from sidecar import __version__
+from sidecar.errors import ConfigError
+from sidecar.settings import (
+    DEFAULT_HISTORY_SECONDS,
+    DEFAULT_INTERVAL_SECONDS,
+    DEFAULT_PORT,
+    Settings,
+    default_postmortem_dir,
+)
+
+__all__ = ["main", "parse_args"]
+
+log = logging.getLogger("trainwatch")
+
+MIN_INTERVAL_SECONDS = 0.1
+MAX_INTERVAL_SECONDS = 3600.0
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+DESCRIPTION = """\
+Watch torchrun jobs on this machine: per-rank host memory (with DataLoader workers),
+GPU memory (NVML), memory cgroup limits and host memory, served as Prometheus metrics
+on /metrics, with a live JSON view on /ranks and a health check on /healthz."""
+
+EPILOG = """\
+Every option can also be set by an environment variable: TRAINWATCH_ATTACH_TORCHRUN=1,
+TRAINWATCH_PID (comma-separated), TRAINWATCH_INTERVAL, TRAINWATCH_HOST, TRAINWATCH_PORT,
+TRAINWATCH_POSTMORTEM_DIR, TRAINWATCH_HISTORY, TRAINWATCH_LOG_LEVEL. Options win over
+variables.
+
+Run as root (or with CAP_SYS_PTRACE) to read every job's environment; without it,
+other users' ranks are numbered by start order. Exit status: 0 after SIGINT/SIGTERM,
+1 on a failure at run time, 2 on a bad option."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="trainwatch",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--attach-torchrun",
+        action="store_true",
+        default=None,
+        help="run the daemon: find and watch torchrun jobs",
+    )
+    p.add_argument(
+        "--pid",
+        action="append",
+        metavar="PID",
+        default=None,
+        help="watch only this torchrun agent (or the agents below this process); repeatable",
+    )
+    p.add_argument(
+        "--interval",
+        metavar="SECONDS",
+        default=None,
+        help=f"sampling period, {MIN_INTERVAL_SECONDS} s or more (default {DEFAULT_INTERVAL_SECONDS})",
+    )
+    p.add_argument(
+        "--host", metavar="ADDR", default=None, help="address to serve HTTP on (default 127.0.0.1)"
+    )
+    p.add_argument(
+        "--port",
+        metavar="PORT",
+        default=None,
+        help=f"port to serve HTTP on; 0 picks a free one and logs it (default {DEFAULT_PORT})",
+    )
+    p.add_argument(
+        "--postmortem-dir",
+        metavar="DIR",
+        default=None,
+        help=f"where postmortems are written (default {default_postmortem_dir()})",
+    )
+    p.add_argument(
+        "--history",
+        metavar="SECONDS",
+        default=None,
+        help=f"memory history kept per job (default {DEFAULT_HISTORY_SECONDS:g})",
+    )
+    p.add_argument(
+        "--log-level", metavar="LEVEL", default=None, help="DEBUG, INFO, WARNING or ERROR (default INFO)"
+    )
+    p.add_argument("--version", action="version", version=f"trainwatch {__version__}")
+    return p
+
+
+def _pick(flag_value: str | None, env: Mapping[str, str], var: str, flag: str) -> tuple[str | None, str]:
+    """The value and the name to blame when it is bad (the flag wins over the variable)."""
+    if flag_value is not None:
+        return flag_value, flag
+    value = env.get(var)
+    return (value if value not in (None, "") else None), var
+
+
+def _number(raw: str, name: str, lo: float, hi: float) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}: expected a number of seconds, got {raw!r}") from None
+    if not (lo <= value <= hi):
+        raise ConfigError(f"{name}: must be between {lo:g} and {hi:g} seconds, got {raw}")
+    return value
+
+
+def _truthy(raw: str, name: str) -> bool:
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name}: expected 1/0, true/false, yes/no, got {raw!r}")
+
+
+def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Settings:
+    """Turn argv and TRAINWATCH_* variables into Settings. Raises ConfigError whose
+    message names the bad flag or variable."""
+    env = os.environ if environ is None else environ
+    ns = _parser().parse_args(list(argv))
+
+    attach = bool(ns.attach_torchrun)
+    if not attach and env.get("TRAINWATCH_ATTACH_TORCHRUN"):
+        attach = _truthy(env["TRAINWATCH_ATTACH_TORCHRUN"], "TRAINWATCH_ATTACH_TORCHRUN")
+    if not attach:
+        raise ConfigError("nothing to do: pass --attach-torchrun to watch torchrun jobs (see --help)")
+
+    pids: list[int] = []
+    raw_pids: list[tuple[str, str]] = [(p, "--pid") for p in ns.pid or []]
+    if not raw_pids and env.get("TRAINWATCH_PID"):
+        raw_pids = [(p, "TRAINWATCH_PID") for p in env["TRAINWATCH_PID"].replace(",", " ").split()]
+    for raw_pid, source in raw_pids:
+        if not raw_pid.strip().isdigit() or int(raw_pid) <= 0:
+            raise ConfigError(f"{source}: expected a process id, got {raw_pid!r}")
+        pids.append(int(raw_pid))
+
+    raw, name = _pick(ns.interval, env, "TRAINWATCH_INTERVAL", "--interval")
+    interval = (
+        DEFAULT_INTERVAL_SECONDS
+        if raw is None
+        else _number(raw, name, MIN_INTERVAL_SECONDS, MAX_INTERVAL_SECONDS)
+    )
+
+    raw, name = _pick(ns.history, env, "TRAINWATCH_HISTORY", "--history")
+    history = DEFAULT_HISTORY_SECONDS if raw is None else _number(raw, name, 1.0, 7 * 86400.0)
+    if history < interval:
+        raise ConfigError(f"{name}: must be at least the sampling interval ({interval:g} s)")
+
+    raw, name = _pick(ns.port, env, "TRAINWATCH_PORT", "--port")
+    port = DEFAULT_PORT
+    if raw is not None:
+        if not raw.isdigit() or int(raw) > 65535:
+            raise ConfigError(f"{name}: expected a port number 0-65535, got {raw!r}")
+        port = int(raw)
+
+    raw, name = _pick(ns.host, env, "TRAINWATCH_HOST", "--host")
+    host = "127.0.0.1" if raw is None else raw.strip()
+    if not host:
+        raise ConfigError(f"{name}: empty address")
+
+    raw, name = _pick(ns.log_level, env, "TRAINWATCH_LOG_LEVEL", "--log-level")
+    level = "INFO" if raw is None else raw.upper()
+    if level not in LOG_LEVELS:
+        raise ConfigError(f"{name}: expected one of {', '.join(LOG_LEVELS)}, got {raw!r}")
+
+    raw, name = _pick(ns.postmortem_dir, env, "TRAINWATCH_POSTMORTEM_DIR", "--postmortem-dir")
+    pm_dir = default_postmortem_dir() if raw is None else os.path.abspath(os.path.expanduser(raw))
+    if os.path.exists(pm_dir) and not os.path.isdir(pm_dir):
+        raise ConfigError(f"{name}: {pm_dir} exists and is not a directory")
+
+    return Settings(
+        attach_torchrun=True,
+        pids=tuple(pids),
+        interval_seconds=interval,
+        host=host,
+        port=port,
+        postmortem_dir=pm_dir,
+        history_seconds=history,
+        log_level=level,
+    )
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if level != "DEBUG":
+        for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _listen(settings: Settings) -> socket.socket:
+    try:
+        infos = socket.getaddrinfo(
+            settings.host, settings.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as exc:
+        raise ConfigError(f"--host: cannot resolve {settings.host!r}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"--port: cannot listen on {settings.host}:{settings.port}: {exc.strerror}"
+        ) from None
+    sock.listen(128)
+    sock.set_inheritable(False)
+    return sock
+
+
+def _prepare_postmortem_dir(path: str) -> None:
+    try:
+        os.makedirs(path, mode=0o750, exist_ok=True)
+    except OSError as exc:
+        log.warning(
+            "postmortem directory %s is not usable (%s): postmortems will be kept in memory only",
+            path,
+            exc.strerror,
+        )
+        return
+    if not os.access(path, os.W_OK):
+        log.warning("postmortem directory %s is not writable: postmortems will be kept in memory only", path)
+
+
+def serve(settings: Settings) -> int:
+    """Run the daemon until SIGINT/SIGTERM. Returns the exit status."""
+    import uvicorn
+
+    from sidecar.daemon import Daemon
+    from sidecar.server import create_app
+
+    sock = _listen(settings)
+    host, port = sock.getsockname()[:2]
+    _prepare_postmortem_dir(settings.postmortem_dir)
+    daemon = Daemon(settings)
+    app = create_app(daemon)
+    config = uvicorn.Config(
+        app,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        log_level="debug" if settings.log_level == "DEBUG" else "warning",
+        timeout_graceful_shutdown=5,
+    )
+    server = uvicorn.Server(config)
+    done = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        server.should_exit = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+    def run_server() -> None:
+        try:
+            server.run(sockets=[sock])
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=run_server, name="trainwatch-http")
+    log.info(
+        "trainwatch %s: watching %s every %gs; serving http://%s:%d/metrics (also /ranks, /healthz)",
+        __version__,
+        f"agents {', '.join(map(str, settings.pids))}" if settings.pids else "every torchrun job",
+        settings.interval_seconds,
+        host if ":" not in host else f"[{host}]",
+        port,
+    )
+    thread.start()
+    while not done.wait(0.5):
+        pass
+    thread.join()
+    sock.close()
+    if not server.started:
+        log.error("the HTTP server failed to start")
+        return 1
+    log.info("stopped")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if not args:
+            _parser().print_help(sys.stderr)
+            return 2
+        settings = parse_args(args)
+        _configure_logging(settings.log_level)
+        return serve(settings)
+    except ConfigError as exc:
+        print(f"trainwatch: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

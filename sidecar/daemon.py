@@ -1,0 +1,446 @@
+"""The wiring: a sampler thread that runs discovery and every probe on fixed deadlines,
+and publishes one immutable ``Snapshot`` per round.
+
+The sampler never waits on HTTP clients and a scrape never waits on the sampler: the
+snapshot is swapped under a lock and only read afterwards. Every probe reports its
+success and duration; one that fails logs once per distinct problem and the others go
+on. Nothing here starts a subprocess or writes outside the postmortem directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from sidecar.discovery import Discovery, TrackedJob, TrackedRank
+from sidecar.errors import NoSuchProcess, ProbeError
+from sidecar.model import (
+    CgroupSample,
+    GpuDeviceSample,
+    HostSample,
+    JobSample,
+    ProbeStatus,
+    ProcKey,
+    RankSample,
+    Snapshot,
+)
+from sidecar.probes.cgroup import CgroupReader, MemoryCgroupRef
+from sidecar.probes.gpu import GpuProbe
+from sidecar.probes.host import HostReader
+from sidecar.probes.proc import ProcReader
+from sidecar.settings import Settings
+from sidecar.timeline import Timeline
+
+__all__ = ["Daemon", "Sampler"]
+
+log = logging.getLogger(__name__)
+
+CGROUP_RECHECK_SECONDS = 10.0
+PROBES = ("discovery", "proc", "cgroup", "gpu", "host")
+
+
+def _boot_time(proc_root: str) -> float | None:
+    try:
+        with open(f"{proc_root}/stat", "rb") as f:
+            for line in f:
+                if line.startswith(b"btime "):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+@dataclass(slots=True)
+class _RankCgroup:
+    ref: MemoryCgroupRef | None
+    checked_at: float
+
+
+class _OnceLog:
+    """Logs each distinct (probe, message) once, and again only after it cleared."""
+
+    def __init__(self) -> None:
+        self.active: dict[str, str] = {}
+
+    def problem(self, probe: str, message: str, level: int = logging.WARNING) -> None:
+        if self.active.get(probe) != message:
+            self.active[probe] = message
+            log.log(level, "probe=%s %s", probe, message)
+
+    def clear(self, probe: str) -> None:
+        if self.active.pop(probe, None) is not None:
+            log.info("probe=%s recovered", probe)
+
+
+class Sampler:
+    """One sampling round: ``sample()`` returns a Snapshot. Owned by one thread."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        gpu: GpuProbe | None = None,
+        cgroups: CgroupReader | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.wall = wall
+        self.proc = ProcReader(settings.proc_root)
+        self.discovery = Discovery(
+            self.proc, settings.pids, clock=clock, wall=wall, boot_time=_boot_time(settings.proc_root)
+        )
+        self.cgroups = cgroups if cgroups is not None else CgroupReader.for_host(settings.proc_root)
+        self.host = HostReader(settings.proc_root, settings.shm_path)
+        self.gpu = gpu if gpu is not None else GpuProbe()
+        self._rank_cgroups: dict[ProcKey, _RankCgroup] = {}
+        self._once = _OnceLog()
+        self._nvml_ns_warned = False
+        self.samples_total = 0
+        self.overruns_total = 0
+        if not self.cgroups.available:
+            self._once.problem(
+                "cgroup", "no memory cgroup hierarchy is mounted: no cgroup data", logging.INFO
+            )
+
+    def _timed(
+        self, probe: str, statuses: dict[str, ProbeStatus], start: float, ok: bool, message: str | None
+    ) -> None:
+        statuses[probe] = ProbeStatus(ok, self.clock() - start, message)
+        if ok:
+            self._once.clear(probe)
+        elif message:
+            self._once.problem(probe, message, logging.INFO if probe == "gpu" else logging.WARNING)
+
+    def sample(self) -> Snapshot:
+        started = self.clock()
+        statuses: dict[str, ProbeStatus] = {}
+
+        t = self.clock()
+        try:
+            jobs = self.discovery.tick()
+            self._timed("discovery", statuses, t, True, None)
+        except Exception as exc:
+            log.exception("probe=discovery failed")
+            jobs = list(self.discovery.jobs.values())
+            self._timed("discovery", statuses, t, False, f"discovery failed: {exc}")
+
+        t = self.clock()
+        rank_rows: list[tuple[TrackedJob, list[tuple[TrackedRank, RankSample, list[int]]]]] = []
+        proc_problem: str | None = None
+        for job in jobs:
+            if job.key is None:
+                continue
+            rows = []
+            for pid, tracked in sorted(
+                job.ranks.items(), key=lambda kv: (kv[1].rank is None, kv[1].rank or 0, kv[0])
+            ):
+                try:
+                    row = self._sample_rank(job, pid, tracked)
+                except ProbeError as exc:
+                    proc_problem = str(exc)
+                    continue
+                if row is not None:
+                    rows.append(row)
+            rank_rows.append((job, rows))
+        self._timed("proc", statuses, t, proc_problem is None, proc_problem)
+
+        t = self.clock()
+        cgroup_samples, rank_cgroup = self._sample_cgroups([r for _, rows in rank_rows for r in rows])
+        self._timed(
+            "cgroup",
+            statuses,
+            t,
+            self.cgroups.available and not self._cgroup_problem,
+            self._cgroup_problem or (None if self.cgroups.available else "no memory cgroup hierarchy"),
+        )
+
+        t = self.clock()
+        try:
+            gpu_result = self.gpu.sample()
+            gpus, gpu_ok, gpu_msg = gpu_result.devices, gpu_result.success, gpu_result.message
+        except Exception as exc:
+            log.exception("probe=gpu failed")
+            gpus, gpu_ok, gpu_msg = (), False, f"NVML failed: {exc}"
+        self._timed("gpu", statuses, t, gpu_ok, gpu_msg)
+
+        t = self.clock()
+        host: HostSample | None
+        try:
+            host = self.host.sample()
+            self._timed("host", statuses, t, True, None)
+        except ProbeError as exc:
+            host = None
+            self._timed("host", statuses, t, False, str(exc))
+
+        gpu_by_rank, unmatched = self._attribute_gpu(gpus, rank_rows)
+        job_samples: list[JobSample] = []
+        for job, rows in rank_rows:
+            ranks = []
+            for tracked, sample, _tree in rows:
+                ranks.append(
+                    replace(
+                        sample,
+                        cgroup=rank_cgroup.get(tracked.key),
+                        gpu_memory_bytes=gpu_by_rank.get(tracked.key, {}),
+                    )
+                )
+            job_samples.append(
+                JobSample(
+                    key=job.key or "",
+                    agent=job.agent,
+                    run_id=job.run_id,
+                    world_size=job.world_size,
+                    restart_count=job.restart_count,
+                    max_restarts=job.max_restarts,
+                    entrypoint=job.entrypoint,
+                    started_at=job.started_at,
+                    ranks=tuple(ranks),
+                )
+            )
+        self.samples_total += 1
+        return Snapshot(
+            taken_at=self.wall(),
+            monotonic=self.clock(),
+            jobs=tuple(job_samples),
+            host=host,
+            gpus=gpus,
+            cgroups=cgroup_samples,
+            probes=statuses,
+            samples_total=self.samples_total,
+            overruns_total=self.overruns_total,
+            sample_duration_seconds=self.clock() - started,
+            unreadable_processes=len(self.discovery.unreadable),
+            nvml_unmatched_pids=unmatched,
+        )
+
+    # -- per rank -----------------------------------------------------------------------
+
+    def _sample_rank(
+        self, job: TrackedJob, pid: int, tracked: TrackedRank
+    ) -> tuple[TrackedRank, RankSample, list[int]] | None:
+        proc, discovery = self.proc, self.discovery
+        try:
+            st = proc.stat(pid)
+            if st.start_ticks != tracked.key.start_ticks:
+                discovery.forget(pid)
+                return None
+            if st.state in ("Z", "X"):
+                return None  # dead, not yet reaped by the agent: no longer a live rank
+            status = proc.status(pid)
+        except NoSuchProcess:
+            discovery.forget(pid)
+            return None
+        tree = discovery.tree(pid)
+        tree_rss = status.rss_bytes if status.rss_bytes is not None else st.rss_bytes
+        members = 1
+        entries = discovery.entries
+        for child in tree[1:]:
+            entry = entries.get(child)
+            if entry is None:
+                continue
+            try:
+                cst = proc.stat(child)
+            except NoSuchProcess:
+                discovery.forget(child)
+                continue
+            except ProbeError:
+                continue
+            if cst.start_ticks != entry.key.start_ticks:
+                discovery.forget(child)
+                continue
+            if cst.ppid != entry.ppid:
+                discovery.reparent(child, cst.ppid)
+            if cst.state in ("Z", "X"):
+                continue
+            tree_rss += cst.rss_bytes
+            members += 1
+        sample = RankSample(
+            job=job.key or "",
+            rank=tracked.rank,
+            rank_label=tracked.label,
+            local_rank=tracked.local_rank,
+            restart=tracked.restart,
+            key=tracked.key,
+            rss_bytes=status.rss_bytes if status.rss_bytes is not None else st.rss_bytes,
+            peak_rss_bytes=status.peak_rss_bytes,
+            cpu_seconds=st.cpu_seconds,
+            threads=st.threads,
+            tree_rss_bytes=tree_rss,
+            tree_processes=members,
+            cgroup=None,
+            ns_pids=status.ns_pids,
+        )
+        return tracked, sample, tree
+
+    # -- cgroups ------------------------------------------------------------------------
+
+    _cgroup_problem: str | None = None
+
+    def _sample_cgroups(
+        self, rows: list[tuple[TrackedRank, RankSample, list[int]]]
+    ) -> tuple[tuple[CgroupSample, ...], dict[ProcKey, str]]:
+        self._cgroup_problem = None
+        if not self.cgroups.available:
+            return (), {}
+        now = self.clock()
+        live = {tracked.key for tracked, _, _ in rows}
+        for key in [k for k in self._rank_cgroups if k not in live]:
+            del self._rank_cgroups[key]
+        refs: dict[str, MemoryCgroupRef] = {}
+        rank_cgroup: dict[ProcKey, str] = {}
+        for tracked, _, _ in rows:
+            cached = self._rank_cgroups.get(tracked.key)
+            if cached is None or now - cached.checked_at >= CGROUP_RECHECK_SECONDS:
+                try:
+                    ref = self.cgroups.resolve(self.proc.cgroup(tracked.key.pid))
+                except NoSuchProcess:
+                    continue
+                except ProbeError as exc:
+                    self._cgroup_problem = str(exc)
+                    continue
+                cached = self._rank_cgroups[tracked.key] = _RankCgroup(ref, now)
+            if cached.ref is not None:
+                refs[cached.ref.path] = cached.ref
+                rank_cgroup[tracked.key] = cached.ref.path
+        samples: dict[str, CgroupSample] = {}
+        for path, ref in refs.items():
+            try:
+                sample = self.cgroups.sample(ref)
+            except NoSuchProcess:
+                continue
+            except ProbeError as exc:
+                self._cgroup_problem = str(exc)
+                continue
+            samples[path] = sample
+            # Ancestors with a limit bind the job too: export their usage next to it.
+            for level in sample.ancestors:
+                if level.limit_bytes is not None and level.path not in samples and level.path not in refs:
+                    try:
+                        samples[level.path] = self.cgroups.sample_level(ref, level.path)
+                    except ProbeError as exc:
+                        self._cgroup_problem = str(exc)
+        return tuple(samples.values()), rank_cgroup
+
+    # -- GPU attribution ----------------------------------------------------------------
+
+    def _attribute_gpu(
+        self,
+        gpus: tuple[GpuDeviceSample, ...],
+        rank_rows: list[tuple[TrackedJob, list[tuple[TrackedRank, RankSample, list[int]]]]],
+    ) -> tuple[dict[ProcKey, dict[int, int]], tuple[int, ...]]:
+        if not gpus:
+            return {}, ()
+        owner: dict[int, ProcKey] = {}
+        for _, rows in rank_rows:
+            for tracked, sample, tree in rows:
+                for pid in tree:
+                    owner[pid] = tracked.key
+                # NVML reports host pids; NSpid lists the rank's pid in every namespace
+                # this /proc can see, so a daemon whose /proc is the host's still matches
+                # ranks that run in containers, and log lines with container pids map back.
+                for ns_pid in sample.ns_pids:
+                    owner.setdefault(ns_pid, tracked.key)
+        result: dict[ProcKey, dict[int, int]] = {}
+        unmatched: list[int] = []
+        for device in gpus:
+            for proc in device.processes:
+                key = owner.get(proc.pid)
+                if key is None:
+                    unmatched.append(proc.pid)
+                    continue
+                if proc.used_bytes is None:
+                    continue
+                per_gpu = result.setdefault(key, {})
+                per_gpu[device.index] = per_gpu.get(device.index, 0) + proc.used_bytes
+        if unmatched and owner and not self._nvml_ns_warned:
+            foreign = [p for p in unmatched if not os.path.exists(f"{self.settings.proc_root}/{p}")]
+            if foreign:
+                self._nvml_ns_warned = True
+                log.warning(
+                    "probe=gpu NVML lists pids %s that do not exist in %s: trainwatch runs in "
+                    "another PID namespace than the GPU processes (NVML reports host pids). Run it "
+                    "in the host PID namespace (docker --pid=host, Kubernetes hostPID: true) to "
+                    "attribute GPU memory to ranks",
+                    foreign[:5],
+                    self.settings.proc_root,
+                )
+        return result, tuple(unmatched)
+
+
+class Daemon:
+    """Owns the sampler thread, the latest snapshot and the timeline."""
+
+    def __init__(self, settings: Settings, sampler: Sampler | None = None) -> None:
+        self.settings = settings
+        self.sampler = sampler if sampler is not None else Sampler(settings)
+        self.timeline = Timeline(settings.history_seconds, settings.interval_seconds)
+        self._snapshot: Snapshot | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_done: float | None = None
+
+    @property
+    def snapshot(self) -> Snapshot | None:
+        with self._lock:
+            return self._snapshot
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="trainwatch-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        self.sampler.gpu.close()
+
+    def healthy(self) -> tuple[bool, str]:
+        """(ok, why): the sampler thread is alive and finished a round recently."""
+        if self._thread is None or not self._thread.is_alive():
+            return False, "sampler not running"
+        if self._last_done is None:
+            return False, "no sample yet"
+        age = time.monotonic() - self._last_done
+        if age > self.settings.stall_seconds:
+            return False, f"sampler stalled: last sample {age:.1f}s ago"
+        return True, "ok"
+
+    def sample_now(self) -> Snapshot:
+        """Run one round on the caller's thread and publish it (tests, one-shot use)."""
+        snapshot = self.sampler.sample()
+        self._publish(snapshot)
+        return snapshot
+
+    def _publish(self, snapshot: Snapshot) -> None:
+        with self._lock:
+            self._snapshot = snapshot
+        self._last_done = time.monotonic()
+        self.timeline.record(snapshot)
+
+    def _run(self) -> None:
+        interval = self.settings.interval_seconds
+        clock = self.sampler.clock
+        deadline = clock()
+        while not self._stop.is_set():
+            try:
+                self._publish(self.sampler.sample())
+            except Exception:
+                log.exception("sampling round failed")
+            deadline += interval
+            now = clock()
+            if now > deadline:
+                missed = int((now - deadline) // interval) + 1
+                self.sampler.overruns_total += missed
+                deadline += missed * interval
+            self._stop.wait(max(0.0, deadline - now))

@@ -1,0 +1,385 @@
+"""Finding torchrun jobs and their ranks in /proc, incrementally.
+
+Every tick lists /proc and reads ``stat`` of *new* pids only (parent, start time, comm).
+A new process is
+
+* an **agent** when its comm is ``pt_elastic`` (the name torchrun's ``run()`` gives its
+  main thread, whatever launched it) or its argv is a known launch form: the
+  ``torchrun`` script, ``python -m torch.distributed.run`` or ``torch.distributed.launch``;
+* a **rank** when its parent is an agent and its environment is a worker's (RANK,
+  LOCAL_RANK, TORCHELASTIC_RUN_ID, ...). A child caught between fork and exec still has
+  the agent's environment; it is retried on the next ticks;
+* part of a rank's **tree** (DataLoader workers, compile workers) when it descends from a
+  rank: membership is a walk of parent links, so late arrivals and grandchildren count;
+* anything else. Young processes are re-checked every tick and old ones every few
+  seconds, through their comm only (a change means an exec), so a shell that later
+  ``exec``s torchrun is still found.
+
+A process is pid + start time: a recycled pid is a new process. The sampler tells
+discovery when it sees a watched process reparented or gone, so nothing is read twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from sidecar.errors import AccessDenied, NoSuchProcess, ParseError, ProbeError
+from sidecar.model import ProcKey, RankEnv
+from sidecar.probes.proc import ProcReader, entrypoint_of, parse_rank_env
+
+__all__ = ["AGENT_COMM", "Discovery", "TrackedJob", "TrackedRank", "is_agent_argv", "job_key_for"]
+
+log = logging.getLogger(__name__)
+
+AGENT_COMM = "pt_elastic"
+_AGENT_MODULES = {"torch.distributed.run", "torch.distributed.launch"}
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+PENDING_RANK_SECONDS = 30.0  # how long a child of an agent may take to exec before it is "other"
+YOUNG_SECONDS = 10.0  # processes this young are re-checked every tick
+RECHECK_SECONDS = 5.0  # older ones this often
+
+
+def is_agent_argv(argv: tuple[str, ...]) -> bool:
+    """True for the command lines of a torchrun agent: ``torchrun ...``, ``python
+    /path/bin/torchrun ...``, ``python -m torch.distributed.run|launch ...``."""
+    if not argv:
+        return False
+    head = argv[:3]
+    if any(os.path.basename(a) == "torchrun" for a in head):
+        return True
+    for i, arg in enumerate(argv[:6]):
+        if arg == "-m" and i + 1 < len(argv) and argv[i + 1] in _AGENT_MODULES:
+            return True
+        if arg.startswith("-m") and arg[2:] in _AGENT_MODULES:
+            return True
+    return False
+
+
+def job_key_for(run_id: str | None, agent_pid: int) -> str:
+    """The short, stable ``job`` label: the rendezvous id when one was given (the first
+    8 hex digits of a ``--standalone`` uuid), else the agent's pid. torchrun's default
+    id without ``--rdzv-id`` is the literal ``none``, which is no id."""
+    if run_id and run_id.lower() != "none":
+        return run_id[:8] if _UUID.match(run_id) else run_id
+    return str(agent_pid)
+
+
+@dataclass(slots=True)
+class TrackedRank:
+    key: ProcKey
+    env: RankEnv | None
+    label: str
+    entrypoint: str | None
+    attached_at: float
+
+    @property
+    def rank(self) -> int | None:
+        return self.env.rank if self.env else None
+
+    @property
+    def local_rank(self) -> int | None:
+        return self.env.local_rank if self.env else None
+
+    @property
+    def restart(self) -> int:
+        return self.env.restart_count if self.env else 0
+
+
+@dataclass(slots=True)
+class TrackedJob:
+    agent: ProcKey
+    agent_argv: tuple[str, ...]
+    started_at: float
+    key: str | None = None
+    run_id: str | None = None
+    world_size: int | None = None
+    restart_count: int = 0
+    max_restarts: int | None = None
+    entrypoint: str | None = None
+    ranks: dict[int, TrackedRank] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Entry:
+    key: ProcKey
+    ppid: int
+    comm: str
+    first_seen: float
+    kind: str = "new"  # new | agent | rank | pending | other | kthread
+    next_check: float = 0.0
+
+
+class Discovery:
+    """Tracks torchrun agents, their ranks and the ranks' process trees.
+
+    ``pids``: when given, only agents whose pid (or an ancestor's pid) is in it are
+    watched. ``clock`` is monotonic seconds, ``wall`` epoch seconds (tests fake both).
+    """
+
+    def __init__(
+        self,
+        reader: ProcReader,
+        pids: Iterable[int] = (),
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        boot_time: float | None = None,
+    ) -> None:
+        self.reader = reader
+        self.only = frozenset(pids)
+        self.clock = clock
+        self.wall = wall
+        self.boot_time = boot_time
+        self.entries: dict[int, _Entry] = {}
+        self.children: dict[int, set[int]] = {}
+        self.jobs: dict[int, TrackedJob] = {}  # agent pid -> job
+        self.unreadable: dict[ProcKey, str] = {}
+        self._watched: set[int] = set()
+        self._self_pid = os.getpid()
+
+    # -- the tick ---------------------------------------------------------------------
+
+    def tick(self) -> list[TrackedJob]:
+        """Update the view from /proc and return the live jobs (agent start order)."""
+        now = self.clock()
+        current = set(self.reader.pids())
+        for pid in [p for p in self.entries if p not in current]:
+            self.forget(pid)
+        fresh: list[_Entry] = []
+        for pid in current:
+            if pid in self.entries:
+                continue
+            entry = self._add(pid, now)
+            if entry is not None:
+                fresh.append(entry)
+        # Parents start before their children: classify in that order.
+        fresh.sort(key=lambda e: (e.key.start_ticks, e.key.pid))
+        for entry in fresh:
+            self._classify(entry, now)
+        for entry in list(self.entries.values()):
+            if entry.kind == "pending":
+                self._try_rank(entry, now)
+            elif entry.kind == "other" and now >= entry.next_check and entry.key.pid not in self._watched:
+                self._recheck(entry, now)
+        self._watched = {pid for job in self.jobs.values() for r in job.ranks for pid in self.tree(r)}
+        return sorted(self.jobs.values(), key=lambda j: (j.agent.start_ticks, j.agent.pid))
+
+    def tree(self, pid: int) -> list[int]:
+        """``pid`` and every known descendant, parents before children."""
+        out = [pid]
+        i = 0
+        while i < len(out):
+            out.extend(self.children.get(out[i], ()))
+            i += 1
+        return out
+
+    # -- what the sampler tells us -------------------------------------------------------
+
+    def reparent(self, pid: int, ppid: int) -> None:
+        entry = self.entries.get(pid)
+        if entry is None or entry.ppid == ppid:
+            return
+        self._unlink(pid, entry.ppid)
+        entry.ppid = ppid
+        self.children.setdefault(ppid, set()).add(pid)
+
+    def forget(self, pid: int) -> None:
+        """The process is gone (or its pid now names another process)."""
+        entry = self.entries.pop(pid, None)
+        if entry is None:
+            return
+        self._unlink(pid, entry.ppid)
+        self.unreadable.pop(entry.key, None)
+        if entry.kind == "agent":
+            job = self.jobs.pop(pid, None)
+            if job is not None:
+                log.info("job %s: agent pid %d exited, detached", job.key or f"(agent {pid})", pid)
+        elif entry.kind == "rank":
+            job = self.jobs.get(entry.ppid)
+            rank = job.ranks.pop(pid, None) if job else None
+            if job is not None and rank is not None:
+                log.info("job %s: rank %s (pid %d) exited", job.key, rank.label, pid)
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _unlink(self, pid: int, ppid: int) -> None:
+        siblings = self.children.get(ppid)
+        if siblings is not None:
+            siblings.discard(pid)
+            if not siblings:
+                del self.children[ppid]
+
+    def _add(self, pid: int, now: float) -> _Entry | None:
+        try:
+            st = self.reader.stat(pid)
+        except NoSuchProcess:
+            return None
+        except ProbeError as exc:
+            log.debug("pid %d: %s", pid, exc)
+            return None
+        entry = _Entry(st.key, st.ppid, st.comm, now)
+        self.entries[pid] = entry
+        self.children.setdefault(st.ppid, set()).add(pid)
+        if pid == 2 or st.ppid == 2 or pid == self._self_pid:
+            entry.kind = "kthread"
+        return entry
+
+    def _classify(self, entry: _Entry, now: float) -> None:
+        if entry.kind != "new":
+            return  # a kernel thread, or already taken as a rank by its agent
+        parent = self.entries.get(entry.ppid)
+        if parent is not None and parent.kind == "agent":
+            entry.kind = "pending"
+            self._try_rank(entry, now)
+            return
+        if parent is not None and parent.kind in ("rank", "pending"):
+            entry.kind = "other"  # part of a rank's tree; found by tree()
+            entry.next_check = now + RECHECK_SECONDS
+            return
+        if entry.comm == AGENT_COMM or self._argv_is_agent(entry):
+            self._make_agent(entry)
+            return
+        if entry.kind == "new":
+            entry.kind = "other"
+        entry.next_check = now + (0.0 if now - entry.first_seen < YOUNG_SECONDS else RECHECK_SECONDS)
+
+    def _argv_is_agent(self, entry: _Entry) -> bool:
+        try:
+            argv = self.reader.cmdline(entry.key.pid)
+        except ProbeError:
+            return False
+        if not argv:
+            entry.kind = "kthread"  # kernel threads have an empty cmdline and never exec
+            return False
+        return is_agent_argv(argv)
+
+    def _recheck(self, entry: _Entry, now: float) -> None:
+        young = now - entry.first_seen < YOUNG_SECONDS
+        entry.next_check = now + (0.0 if young else RECHECK_SECONDS + (entry.key.pid % 7) * 0.1)
+        try:
+            st = self.reader.stat(entry.key.pid)
+        except ProbeError:
+            return
+        if st.start_ticks != entry.key.start_ticks:
+            self.forget(entry.key.pid)
+            return
+        if st.comm == entry.comm and not young:
+            return
+        changed = st.comm != entry.comm
+        entry.comm = st.comm
+        if st.comm == AGENT_COMM or ((changed or young) and self._argv_is_agent(entry)):
+            self._make_agent(entry)
+
+    def _allowed(self, entry: _Entry) -> bool:
+        if not self.only:
+            return True
+        pid: int | None = entry.key.pid
+        seen = 0
+        while pid is not None and seen < 64:
+            if pid in self.only:
+                return True
+            parent = self.entries.get(pid)
+            pid = parent.ppid if parent is not None and parent.ppid != pid else None
+            seen += 1
+        return False
+
+    def _make_agent(self, entry: _Entry) -> None:
+        # An agent inside another agent's tree (a pre-exec worker still named pt_elastic)
+        # is not a new job.
+        parent = self.entries.get(entry.ppid)
+        if parent is not None and parent.kind in ("agent", "rank", "pending"):
+            return
+        if not self._allowed(entry):
+            entry.kind = "kthread"  # never look at it again
+            return
+        entry.kind = "agent"
+        try:
+            argv = self.reader.cmdline(entry.key.pid)
+        except ProbeError:
+            argv = ()
+        self.jobs[entry.key.pid] = TrackedJob(entry.key, argv, self._started_at(entry.key))
+        log.info("found torchrun agent pid %d: %s", entry.key.pid, " ".join(argv)[:300] or entry.comm)
+        # Children seen before their parent was known to be an agent.
+        now = self.clock()
+        for child_pid in sorted(self.children.get(entry.key.pid, ())):
+            child = self.entries.get(child_pid)
+            if child is not None and child.kind in ("new", "other"):
+                child.kind = "pending"
+                self._try_rank(child, now)
+
+    def _started_at(self, key: ProcKey) -> float:
+        if self.boot_time is None:
+            return self.wall()
+        from sidecar.probes.proc import TICKS_PER_SECOND
+
+        return self.boot_time + key.start_ticks / TICKS_PER_SECOND
+
+    def _try_rank(self, entry: _Entry, now: float) -> None:
+        job = self.jobs.get(entry.ppid)
+        if job is None:
+            entry.kind = "other"
+            return
+        pid = entry.key.pid
+        try:
+            env = parse_rank_env(self.reader.environ(pid))
+        except AccessDenied:
+            if entry.key not in self.unreadable:
+                self.unreadable[entry.key] = "environ"
+                log.warning(
+                    "job %s: cannot read the environment of worker pid %d (permission denied): "
+                    "its rank is inferred from start order; run trainwatch as root or as the "
+                    "job's user (or grant CAP_SYS_PTRACE) to read RANK/LOCAL_RANK",
+                    job.key or f"(agent {job.agent.pid})",
+                    pid,
+                )
+            self._attach(job, entry, None)
+            return
+        except (NoSuchProcess, ParseError):
+            return
+        if env.is_worker:
+            self._attach(job, entry, env)
+        elif now - entry.first_seen > PENDING_RANK_SECONDS:
+            entry.kind = "other"
+
+    def _attach(self, job: TrackedJob, entry: _Entry, env: RankEnv | None) -> None:
+        pid = entry.key.pid
+        entry.kind = "rank"
+        try:
+            entrypoint = entrypoint_of(self.reader.cmdline(pid))
+        except ProbeError:
+            entrypoint = None
+        if env is not None and env.rank is not None:
+            label = str(env.rank)
+        elif env is not None and env.local_rank is not None:
+            label = f"local{env.local_rank}"
+        else:
+            label = f"local{len(job.ranks)}"
+        if job.key is None:
+            run_id = env.run_id if env else None
+            key = job_key_for(run_id, job.agent.pid)
+            if any(other.key == key for other in self.jobs.values() if other is not job):
+                key = f"{key}-{job.agent.pid}"
+            job.key = key
+            job.run_id = run_id if run_id and run_id.lower() != "none" else None
+        if env is not None:
+            job.world_size = env.world_size
+            job.max_restarts = env.max_restarts
+            if env.restart_count > job.restart_count:
+                log.info("job %s: restart %d, a new generation of workers", job.key, env.restart_count)
+            job.restart_count = max(job.restart_count, env.restart_count)
+        job.entrypoint = job.entrypoint or entrypoint
+        job.ranks[pid] = TrackedRank(entry.key, env, label, entrypoint, self.wall())
+        log.info(
+            "job %s: attached rank %s (local_rank %s, restart %d) pid %d%s",
+            job.key,
+            label,
+            env.local_rank if env else "?",
+            env.restart_count if env else 0,
+            pid,
+            f" running {entrypoint}" if entrypoint else "",
+        )

@@ -1,0 +1,204 @@
+"""The data model: frozen dataclasses with unit-suffixed fields, and no I/O.
+
+A process is its pid *and* its start time (``ProcKey``), so a recycled pid is never
+mistaken for the process that used to own it. Sizes are bytes, times are seconds
+(wall-clock times are Unix epoch seconds, monotonic times say so in their name).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = [
+    "CgroupLevel",
+    "CgroupSample",
+    "GpuDeviceSample",
+    "GpuProcessSample",
+    "HostSample",
+    "JobSample",
+    "ProbeStatus",
+    "ProcKey",
+    "RankEnv",
+    "RankSample",
+    "Snapshot",
+    "TimelinePoint",
+]
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ProcKey:
+    """A process: pid plus start time in clock ticks after boot (field 22 of /proc/PID/stat)."""
+
+    pid: int
+    start_ticks: int
+
+
+@dataclass(frozen=True, slots=True)
+class RankEnv:
+    """What a torchrun worker's environment (/proc/PID/environ) says about it."""
+
+    rank: int | None
+    local_rank: int | None
+    world_size: int | None
+    local_world_size: int | None
+    group_rank: int | None
+    role: str | None
+    run_id: str | None
+    restart_count: int
+    max_restarts: int | None
+    error_file: str | None
+
+    @property
+    def is_worker(self) -> bool:
+        """True when the environment is that of a torchrun worker (not the agent's own)."""
+        return self.run_id is not None and (self.rank is not None or self.local_rank is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupLevel:
+    """One level of a memory cgroup's ancestry and its limit (None: no limit)."""
+
+    path: str
+    limit_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupSample:
+    """A memory cgroup as read at one instant.
+
+    v1 reads memory.{usage_in_bytes,limit_in_bytes,max_usage_in_bytes,oom_control};
+    v2 reads memory.{current,max,peak,events}. ``peak_bytes`` is None where the kernel
+    keeps no high-water mark (v2 before 5.19). ``oom_kills`` counts processes of this
+    cgroup killed by any OOM killer (kernel 4.13+). ``ancestors`` runs from the parent up
+    to the hierarchy root; ``limited_by`` is the level (this one or an ancestor) with the
+    tightest limit, None when no level has one.
+    """
+
+    path: str
+    version: int
+    usage_bytes: int | None
+    limit_bytes: int | None
+    peak_bytes: int | None
+    oom_kills: int | None
+    oom_events: int | None
+    ancestors: tuple[CgroupLevel, ...] = ()
+    limited_by: str | None = None
+    effective_limit_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HostSample:
+    """The host's memory state: /proc/meminfo, /proc/vmstat, /proc/pressure/memory, /dev/shm."""
+
+    total_bytes: int
+    available_bytes: int
+    oom_kills: int | None
+    psi_some_avg10_ratio: float | None
+    psi_full_avg10_ratio: float | None
+    psi_some_total_seconds: float | None
+    psi_full_total_seconds: float | None
+    shm_total_bytes: int | None
+    shm_used_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcessSample:
+    """One compute process NVML lists on a GPU. ``pid`` is a host (initial-namespace) pid."""
+
+    pid: int
+    used_bytes: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDeviceSample:
+    """One GPU. ``used_bytes`` excludes the driver's reservation where NVML can split it out."""
+
+    index: int
+    uuid: str | None
+    name: str | None
+    used_bytes: int | None
+    total_bytes: int | None
+    lost: bool = False
+    processes: tuple[GpuProcessSample, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RankSample:
+    """One rank at one instant.
+
+    ``rss_bytes`` and ``peak_rss_bytes`` are VmRSS and VmHWM of the rank itself;
+    ``tree_rss_bytes`` adds the RSS of every descendant (DataLoader workers, compile
+    workers), so pages shared between them are counted once per process, as RSS does.
+    ``gpu_memory_bytes`` maps a GPU index to the memory NVML attributes to the rank's
+    tree, empty when NVML gave nothing.
+    """
+
+    job: str
+    rank: int | None
+    rank_label: str
+    local_rank: int | None
+    restart: int
+    key: ProcKey
+    rss_bytes: int
+    peak_rss_bytes: int | None
+    cpu_seconds: float
+    threads: int
+    tree_rss_bytes: int
+    tree_processes: int
+    cgroup: str | None
+    gpu_memory_bytes: dict[int, int] = field(default_factory=dict)
+    ns_pids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class JobSample:
+    """A torchrun job (one agent on this machine) and its live ranks."""
+
+    key: str
+    agent: ProcKey
+    run_id: str | None
+    world_size: int | None
+    restart_count: int
+    max_restarts: int | None
+    entrypoint: str | None
+    started_at: float
+    ranks: tuple[RankSample, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeStatus:
+    """How the last run of one probe went."""
+
+    success: bool
+    duration_seconds: float
+    message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything one sampling round saw. Scrapes and HTTP handlers read only this."""
+
+    taken_at: float
+    monotonic: float
+    jobs: tuple[JobSample, ...]
+    host: HostSample | None
+    gpus: tuple[GpuDeviceSample, ...]
+    cgroups: tuple[CgroupSample, ...]
+    probes: dict[str, ProbeStatus]
+    samples_total: int
+    overruns_total: int
+    sample_duration_seconds: float
+    unreadable_processes: int
+    nvml_unmatched_pids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TimelinePoint:
+    """One entry of a job's memory history; rank keys are rank labels (``"0"``, ``"1"``...)."""
+
+    at: float
+    host_available_bytes: int | None
+    cgroup_usage_bytes: int | None
+    rss_bytes: dict[str, int]
+    tree_rss_bytes: dict[str, int]
+    gpu_memory_bytes: dict[str, int]

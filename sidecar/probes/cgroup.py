@@ -1,0 +1,292 @@
+"""Memory cgroups: which one a process is in, its limit, usage, peak and OOM kills,
+and the limits of every ancestor (the tightest level is the one that will OOM first).
+
+Works on v1 (memory controller mounted as its own hierarchy), v2 (unified, memory
+enabled) and hybrid hosts (v1 memory plus a cgroup2 mount without it: v1 wins, since
+the memory controller can be bound to one hierarchy only). The path in /proc/PID/cgroup
+is relative to the hierarchy's mount, found in /proc/self/mountinfo, never assumed to be
+/sys/fs/cgroup/<path>. Cgroup paths are reported as the kernel writes them (the
+hierarchy-relative path, the form also used by the kernel's OOM records).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from sidecar.errors import NoSuchProcess, ParseError, ProbeError, read_bytes
+from sidecar.model import CgroupLevel, CgroupSample
+
+__all__ = [
+    "UNLIMITED_THRESHOLD",
+    "CgroupMount",
+    "CgroupReader",
+    "MemoryCgroupRef",
+    "parse_flat_keyed",
+    "parse_limit",
+    "parse_mountinfo",
+    "parse_proc_cgroup",
+]
+
+# v1 reports "no limit" as PAGE_COUNTER_MAX * PAGE_SIZE (9223372036854771712 with 4 KiB
+# pages); anything this large is not a limit a job can hit.
+UNLIMITED_THRESHOLD = 1 << 62
+
+
+@dataclass(frozen=True, slots=True)
+class CgroupMount:
+    """A cgroup hierarchy's mount: ``root`` is the hierarchy path shown at ``mount_point``."""
+
+    version: int
+    mount_point: str
+    root: str
+    controllers: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryCgroupRef:
+    """Where a process's memory cgroup lives: its hierarchy path and its directory."""
+
+    version: int
+    path: str
+    directory: str
+    mount_directory: str
+
+
+def parse_mountinfo(text: str) -> list[CgroupMount]:
+    """The cgroup and cgroup2 mounts of a /proc/PID/mountinfo text.
+
+    Line format: ``id parent major:minor root mount-point options [optional...] - fstype
+    source super-options``. Mount points escape spaces as ``\\040``.
+    """
+    mounts: list[CgroupMount] = []
+    for line in text.splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fields = left.split()
+        tail = right.split()
+        if len(fields) < 5 or len(tail) < 3:
+            continue
+        fstype = tail[0]
+        if fstype not in ("cgroup", "cgroup2"):
+            continue
+        root = _unescape(fields[3])
+        mount_point = _unescape(fields[4])
+        if fstype == "cgroup2":
+            mounts.append(CgroupMount(2, mount_point, root, frozenset()))
+        else:
+            opts = frozenset(tail[2].split(","))
+            mounts.append(CgroupMount(1, mount_point, root, opts))
+    return mounts
+
+
+def _unescape(field: str) -> str:
+    return field.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+
+
+def parse_proc_cgroup(data: bytes) -> dict[str, str]:
+    """Parse /proc/PID/cgroup (``id:controllers:path`` lines).
+
+    Returns controller -> path, with the unified hierarchy's line under the key ``""``.
+    A v1 line may list several controllers (``4:cpu,cpuacct:/x``).
+    """
+    result: dict[str, str] = {}
+    for line in data.decode("utf-8", "replace").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            if line.strip():
+                raise ParseError(f"malformed cgroup line: {line[:80]!r}")
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            result[""] = path
+        else:
+            for controller in controllers.split(","):
+                result[controller] = path
+    return result
+
+
+def parse_limit(text: str) -> int | None:
+    """A limit file's content: v2 ``max`` or a v1 near-2^63 value mean no limit (None)."""
+    value = text.strip()
+    if value == "max":
+        return None
+    try:
+        number = int(value)
+    except ValueError as exc:
+        raise ParseError(f"malformed limit: {value[:40]!r}") from exc
+    return None if number >= UNLIMITED_THRESHOLD else number
+
+
+def parse_flat_keyed(text: str) -> dict[str, int]:
+    """A flat-keyed file (v2 memory.events, v1 memory.oom_control): ``key value`` lines."""
+    result: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            try:
+                result[parts[0]] = int(parts[1])
+            except ValueError:
+                continue
+    return result
+
+
+class CgroupReader:
+    """Resolves a process's memory cgroup and reads its counters.
+
+    ``proc_root`` is where /proc/PID/cgroup is read; ``mountinfo`` is the text of the
+    daemon's own /proc/self/mountinfo (read by the caller, once); ``fs_prefix`` is put in
+    front of every mount point, so tests can lay a cgroup tree under a temporary folder.
+    """
+
+    def __init__(self, mountinfo: str, fs_prefix: str = "") -> None:
+        self.fs_prefix = fs_prefix
+        mounts = parse_mountinfo(mountinfo)
+        self.v1_memory = next((m for m in mounts if m.version == 1 and "memory" in m.controllers), None)
+        self.v2 = next((m for m in mounts if m.version == 2), None)
+
+    @classmethod
+    def for_host(cls, proc_root: str = "/proc") -> CgroupReader:
+        try:
+            text = read_bytes(f"{proc_root}/self/mountinfo").decode("utf-8", "replace")
+        except ProbeError:
+            text = ""
+        return cls(text)
+
+    @property
+    def available(self) -> bool:
+        return self.v1_memory is not None or self.v2 is not None
+
+    def _directory(self, mount: CgroupMount, path: str) -> str:
+        rel = path
+        if mount.root not in ("/", "") and path.startswith(mount.root):
+            rel = path[len(mount.root) :]
+        # A cgroup namespace shows the mount root as "/.."; paths are then namespace-relative.
+        rel = rel if rel.startswith("/") else "/" + rel
+        base = self.fs_prefix + mount.mount_point
+        return base if rel == "/" else base + rel
+
+    def resolve(self, proc_cgroup: bytes) -> MemoryCgroupRef | None:
+        """The memory cgroup named by a /proc/PID/cgroup content, or None when this host
+        has no memory controller (v1) and the unified hierarchy does not offer one."""
+        table = parse_proc_cgroup(proc_cgroup)
+        if self.v1_memory is not None and "memory" in table:
+            path = table["memory"]
+            mount = self.v1_memory
+            return MemoryCgroupRef(1, path, self._directory(mount, path), self.fs_prefix + mount.mount_point)
+        if self.v2 is not None and "" in table:
+            path = table[""]
+            mount = self.v2
+            directory = self._directory(mount, path)
+            base = self.fs_prefix + mount.mount_point
+            # memory is usable on v2 when it is enabled for this cgroup (listed in
+            # cgroup.controllers), or the cgroup is the root (which has no memory.* files).
+            if directory == base or _has_memory_controller(directory):
+                return MemoryCgroupRef(2, path, directory, base)
+        return None
+
+    def sample(self, ref: MemoryCgroupRef) -> CgroupSample:
+        """Read the cgroup's counters and its ancestors' limits. Raises NoSuchProcess when
+        the cgroup directory is gone (the job's container or step ended)."""
+        if ref.version == 1:
+            usage = _read_int(f"{ref.directory}/memory.usage_in_bytes")
+            limit = _read_limit(f"{ref.directory}/memory.limit_in_bytes")
+            peak = _read_int(f"{ref.directory}/memory.max_usage_in_bytes")
+            oom = _read_keyed(f"{ref.directory}/memory.oom_control")
+            oom_kills = oom.get("oom_kill") if oom is not None else None
+            oom_events = None
+        else:
+            is_root = ref.directory == ref.mount_directory
+            if is_root:
+                usage = limit = peak = None
+                oom_kills = oom_events = None
+            else:
+                usage = _read_int(f"{ref.directory}/memory.current")
+                limit = _read_limit(f"{ref.directory}/memory.max")
+                peak = _read_int(f"{ref.directory}/memory.peak")
+                events = _read_keyed(f"{ref.directory}/memory.events")
+                oom_kills = events.get("oom_kill") if events is not None else None
+                oom_events = events.get("oom") if events is not None else None
+        if usage is None and not (ref.version == 2 and ref.directory == ref.mount_directory):
+            raise NoSuchProcess(f"{ref.directory}: cgroup gone", ref.directory)
+        ancestors = tuple(self._ancestors(ref))
+        limited_by, effective = _tightest(CgroupLevel(ref.path, limit), ancestors)
+        return CgroupSample(
+            path=ref.path,
+            version=ref.version,
+            usage_bytes=usage,
+            limit_bytes=limit,
+            peak_bytes=peak,
+            oom_kills=oom_kills,
+            oom_events=oom_events,
+            ancestors=ancestors,
+            limited_by=limited_by,
+            effective_limit_bytes=effective,
+        )
+
+    def sample_level(self, ref: MemoryCgroupRef, path: str) -> CgroupSample:
+        """Sample an ancestor ``path`` of ``ref`` (same hierarchy)."""
+        depth = ref.path.rstrip("/").count("/") - path.rstrip("/").count("/")
+        directory = ref.directory
+        for _ in range(depth):
+            directory = os.path.dirname(directory)
+        return self.sample(MemoryCgroupRef(ref.version, path, directory, ref.mount_directory))
+
+    def _ancestors(self, ref: MemoryCgroupRef) -> list[CgroupLevel]:
+        levels: list[CgroupLevel] = []
+        path = ref.path.rstrip("/")
+        directory = ref.directory
+        limit_file = "memory.limit_in_bytes" if ref.version == 1 else "memory.max"
+        while path and directory != ref.mount_directory:
+            path = os.path.dirname(path)
+            directory = os.path.dirname(directory)
+            if ref.version == 2 and directory == ref.mount_directory:
+                levels.append(CgroupLevel(path or "/", None))
+                break
+            levels.append(CgroupLevel(path or "/", _read_limit(f"{directory}/{limit_file}")))
+            if path in ("", "/"):
+                break
+        return levels
+
+
+def _tightest(leaf: CgroupLevel, ancestors: tuple[CgroupLevel, ...]) -> tuple[str | None, int | None]:
+    limited = [
+        (level.limit_bytes, level.path) for level in (leaf, *ancestors) if level.limit_bytes is not None
+    ]
+    if not limited:
+        return None, None
+    limit, path = min(limited, key=lambda item: item[0])
+    return path, limit
+
+
+def _has_memory_controller(directory: str) -> bool:
+    try:
+        parent = os.path.dirname(directory)
+        controllers = read_bytes(f"{parent}/cgroup.subtree_control").split()
+        return b"memory" in controllers
+    except ProbeError:
+        return os.path.exists(f"{directory}/memory.current")
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        return int(read_bytes(path).strip())
+    except NoSuchProcess:
+        return None
+    except ValueError as exc:
+        raise ParseError(f"{path}: not a number") from exc
+
+
+def _read_limit(path: str) -> int | None:
+    try:
+        return parse_limit(read_bytes(path).decode())
+    except NoSuchProcess:
+        return None
+
+
+def _read_keyed(path: str) -> dict[str, int] | None:
+    try:
+        return parse_flat_keyed(read_bytes(path).decode())
+    except NoSuchProcess:
+        return None

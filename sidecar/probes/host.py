@@ -1,0 +1,133 @@
+"""Host memory: /proc/meminfo (MemTotal, MemAvailable), /proc/vmstat (oom_kill),
+/proc/pressure/memory (PSI) and the /dev/shm file system (often what a container runs
+out of when DataLoader workers pass tensors through shared memory).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from sidecar.errors import NoSuchProcess, ParseError, ProbeError, read_bytes
+from sidecar.model import HostSample
+
+__all__ = ["HostReader", "Meminfo", "Psi", "parse_meminfo", "parse_psi", "parse_vmstat_oom_kill"]
+
+
+@dataclass(frozen=True, slots=True)
+class Meminfo:
+    total_bytes: int
+    available_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Psi:
+    """One PSI file: share of wall time stalled over the last 10 s (0..1) and the
+    cumulative stall time, for ``some`` and ``full`` (``full`` is absent before 5.13 for
+    the cpu file, always present for memory)."""
+
+    some_avg10_ratio: float
+    some_total_seconds: float
+    full_avg10_ratio: float | None
+    full_total_seconds: float | None
+
+
+def parse_meminfo(data: bytes) -> Meminfo:
+    """Parse /proc/meminfo. MemAvailable exists since 3.14; older kernels are refused."""
+    total = available = None
+    for line in data.split(b"\n"):
+        if line.startswith(b"MemTotal:"):
+            total = int(line.split()[1]) * 1024
+        elif line.startswith(b"MemAvailable:"):
+            available = int(line.split()[1]) * 1024
+        if total is not None and available is not None:
+            return Meminfo(total, available)
+    raise ParseError("meminfo without MemTotal/MemAvailable")
+
+
+def parse_vmstat_oom_kill(data: bytes) -> int | None:
+    """The ``oom_kill`` counter of /proc/vmstat (kernel 4.13+), None when absent."""
+    start = data.find(b"\noom_kill ")
+    if start < 0:
+        if data.startswith(b"oom_kill "):
+            start = -1
+        else:
+            return None
+    end = data.find(b"\n", start + 1)
+    line = data[start + 1 : end if end >= 0 else len(data)]
+    try:
+        return int(line.split()[1])
+    except (IndexError, ValueError) as exc:
+        raise ParseError(f"malformed vmstat line {line!r}") from exc
+
+
+def parse_psi(data: bytes) -> Psi:
+    """Parse a PSI file: ``some avg10=0.00 avg60=0.00 avg300=0.00 total=0`` and ``full ...``."""
+    values: dict[str, dict[str, float]] = {}
+    for line in data.decode().splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        fields: dict[str, float] = {}
+        for part in parts[1:]:
+            key, _, raw = part.partition("=")
+            try:
+                fields[key] = float(raw)
+            except ValueError as exc:
+                raise ParseError(f"malformed PSI field {part!r}") from exc
+        values[parts[0]] = fields
+    some = values.get("some")
+    if some is None or "avg10" not in some or "total" not in some:
+        raise ParseError("PSI without a 'some' line")
+    full = values.get("full")
+    return Psi(
+        some_avg10_ratio=some["avg10"] / 100.0,
+        some_total_seconds=some["total"] / 1e6,
+        full_avg10_ratio=full["avg10"] / 100.0 if full and "avg10" in full else None,
+        full_total_seconds=full["total"] / 1e6 if full and "total" in full else None,
+    )
+
+
+class HostReader:
+    """Reads the host files below ``proc_root``; ``shm_path`` is statvfs'ed for /dev/shm.
+
+    MemTotal/MemAvailable are required (ProbeError when unreadable); the other sources
+    are optional and come back as None when the kernel lacks them (no PSI, old vmstat).
+    """
+
+    def __init__(self, proc_root: str = "/proc", shm_path: str = "/dev/shm") -> None:
+        self.proc_root = proc_root
+        self.shm_path = shm_path
+
+    def sample(self) -> HostSample:
+        mem = parse_meminfo(read_bytes(f"{self.proc_root}/meminfo"))
+        try:
+            oom_kills = parse_vmstat_oom_kill(read_bytes(f"{self.proc_root}/vmstat"))
+        except NoSuchProcess:
+            oom_kills = None
+        psi: Psi | None
+        try:
+            psi = parse_psi(read_bytes(f"{self.proc_root}/pressure/memory"))
+        except (NoSuchProcess, ParseError):
+            psi = None
+        except ProbeError:
+            # EOPNOTSUPP when the kernel has CONFIG_PSI but was booted without psi=1.
+            psi = None
+        shm_total = shm_used = None
+        try:
+            st = os.statvfs(self.shm_path)
+            shm_total = st.f_blocks * st.f_frsize
+            shm_used = (st.f_blocks - st.f_bfree) * st.f_frsize
+        except OSError:
+            pass
+        return HostSample(
+            total_bytes=mem.total_bytes,
+            available_bytes=mem.available_bytes,
+            oom_kills=oom_kills,
+            psi_some_avg10_ratio=psi.some_avg10_ratio if psi else None,
+            psi_full_avg10_ratio=psi.full_avg10_ratio if psi else None,
+            psi_some_total_seconds=psi.some_total_seconds if psi else None,
+            psi_full_total_seconds=psi.full_total_seconds if psi else None,
+            shm_total_bytes=shm_total,
+            shm_used_bytes=shm_used,
+        )

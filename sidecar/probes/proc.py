@@ -1,0 +1,243 @@
+"""Per-process files: /proc/PID/{stat,status,environ,cmdline}.
+
+``stat`` is the cheap, always-read file (state, parent, CPU time, threads, start time,
+RSS: about 4 µs); ``status`` adds VmHWM (peak RSS) and NSpid and is read for ranks only;
+``environ`` and ``cmdline`` are read once per process. Parsers are pure; ``ProcReader``
+does the I/O against a root that defaults to ``/proc``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from sidecar.errors import NoSuchProcess, ParseError, read_bytes
+from sidecar.model import ProcKey, RankEnv
+
+__all__ = [
+    "PAGE_SIZE",
+    "TICKS_PER_SECOND",
+    "ProcReader",
+    "ProcStat",
+    "ProcStatus",
+    "entrypoint_of",
+    "parse_cmdline",
+    "parse_environ",
+    "parse_rank_env",
+    "parse_stat",
+    "parse_status",
+]
+
+TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass(frozen=True, slots=True)
+class ProcStat:
+    """The fields of /proc/PID/stat trainwatch uses, in base units.
+
+    ``exit_code`` (field 52, kernel 3.5+) is the wait status of a zombie, 0 otherwise.
+    """
+
+    pid: int
+    comm: str
+    state: str
+    ppid: int
+    cpu_seconds: float
+    threads: int
+    start_ticks: int
+    rss_bytes: int
+    exit_code: int | None
+
+    @property
+    def key(self) -> ProcKey:
+        return ProcKey(self.pid, self.start_ticks)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcStatus:
+    """The fields of /proc/PID/status trainwatch uses (kB in the file, bytes here).
+
+    ``ns_pids`` is NSpid: the pid in each PID namespace from the reader's outward view
+    inwards. Kernel threads have no Vm* lines, so those fields may be None.
+    """
+
+    name: str
+    ppid: int
+    uid: int | None
+    threads: int | None
+    rss_bytes: int | None
+    peak_rss_bytes: int | None
+    ns_pids: tuple[int, ...]
+
+
+def parse_stat(data: bytes, page_size: int = PAGE_SIZE, ticks: int = TICKS_PER_SECOND) -> ProcStat:
+    """Parse /proc/PID/stat. The comm (field 2) may hold spaces and parentheses, so the
+    fields are split after the *last* ')'. Raises ParseError on anything else."""
+    try:
+        open_paren = data.index(b"(")
+        close_paren = data.rindex(b")")
+        pid = int(data[:open_paren])
+        comm = data[open_paren + 1 : close_paren].decode("utf-8", "replace")
+        rest = data[close_paren + 2 :].split()
+        # rest[0] is field 3 (state); field N is rest[N - 3].
+        utime, stime = int(rest[11]), int(rest[12])
+        exit_code = int(rest[49]) if len(rest) > 49 else None
+        return ProcStat(
+            pid=pid,
+            comm=comm,
+            state=rest[0].decode(),
+            ppid=int(rest[1]),
+            cpu_seconds=(utime + stime) / ticks,
+            threads=int(rest[17]),
+            start_ticks=int(rest[19]),
+            rss_bytes=int(rest[21]) * page_size,
+            exit_code=exit_code,
+        )
+    except (ValueError, IndexError) as exc:
+        raise ParseError(f"malformed stat: {data[:80]!r}") from exc
+
+
+def _kb(value: bytes) -> int:
+    # "   15504 kB"
+    return int(value.split()[0]) * 1024
+
+
+def parse_status(data: bytes) -> ProcStatus:
+    """Parse /proc/PID/status (``Key:\\tvalue`` lines). Raises ParseError when the
+    always-present lines (Name, PPid) are missing."""
+    name: str | None = None
+    ppid: int | None = None
+    uid: int | None = None
+    threads: int | None = None
+    rss: int | None = None
+    hwm: int | None = None
+    ns_pids: tuple[int, ...] = ()
+    try:
+        for line in data.split(b"\n"):
+            key, sep, value = line.partition(b":")
+            if not sep:
+                continue
+            if key == b"Name":
+                name = value.strip().decode("utf-8", "replace")
+            elif key == b"PPid":
+                ppid = int(value)
+            elif key == b"Uid":
+                uid = int(value.split()[0])
+            elif key == b"Threads":
+                threads = int(value)
+            elif key == b"VmRSS":
+                rss = _kb(value)
+            elif key == b"VmHWM":
+                hwm = _kb(value)
+            elif key == b"NSpid":
+                ns_pids = tuple(int(p) for p in value.split())
+    except (ValueError, IndexError) as exc:
+        raise ParseError(f"malformed status line: {line[:80]!r}") from exc
+    if name is None or ppid is None:
+        raise ParseError("status without Name/PPid")
+    return ProcStatus(name, ppid, uid, threads, rss, hwm, ns_pids)
+
+
+def parse_environ(data: bytes) -> dict[str, str]:
+    """Parse /proc/PID/environ (NUL-separated ``KEY=value``). Entries without '=' are
+    skipped: a process may have rewritten its environment block."""
+    env: dict[str, str] = {}
+    for item in data.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep and key:
+            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return env
+
+
+def _int_or_none(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def parse_rank_env(env: dict[str, str]) -> RankEnv:
+    """Extract a torchrun worker's identity (RANK, LOCAL_RANK, TORCHELASTIC_* ...)."""
+    return RankEnv(
+        rank=_int_or_none(env.get("RANK")),
+        local_rank=_int_or_none(env.get("LOCAL_RANK")),
+        world_size=_int_or_none(env.get("WORLD_SIZE")),
+        local_world_size=_int_or_none(env.get("LOCAL_WORLD_SIZE")),
+        group_rank=_int_or_none(env.get("GROUP_RANK")),
+        role=env.get("ROLE_NAME"),
+        run_id=env.get("TORCHELASTIC_RUN_ID"),
+        restart_count=_int_or_none(env.get("TORCHELASTIC_RESTART_COUNT")) or 0,
+        max_restarts=_int_or_none(env.get("TORCHELASTIC_MAX_RESTARTS")),
+        error_file=env.get("TORCHELASTIC_ERROR_FILE"),
+    )
+
+
+def parse_cmdline(data: bytes) -> tuple[str, ...]:
+    """Parse /proc/PID/cmdline (NUL-separated argv). A process that rewrote its title
+    with spaces instead of NULs yields one element; kernel threads yield ()."""
+    if not data:
+        return ()
+    return tuple(a.decode("utf-8", "replace") for a in data.rstrip(b"\0").split(b"\0"))
+
+
+_INTERPRETER_FLAGS_WITH_VALUE = {"-W", "-X", "-Q", "-c"}
+
+
+def entrypoint_of(argv: tuple[str, ...]) -> str | None:
+    """The training entry point of a worker's argv: ``python -u train.py ...`` gives
+    ``train.py``, ``python -m pkg.train`` gives ``-m pkg.train``. Paths are kept as
+    given; None when nothing looks like an entry point."""
+    if not argv:
+        return None
+    args = list(argv[1:]) if os.path.basename(argv[0]).startswith("python") else list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "-m" and i + 1 < len(args):
+            return f"-m {args[i + 1]}"
+        if arg in _INTERPRETER_FLAGS_WITH_VALUE:
+            i += 2
+            continue
+        if arg.startswith("-"):
+            i += 1
+            continue
+        return arg
+    return None
+
+
+class ProcReader:
+    """Reads per-process files below ``root`` (``/proc`` unless a test says otherwise)."""
+
+    def __init__(self, root: str = "/proc") -> None:
+        self.root = root
+
+    def pids(self) -> list[int]:
+        """Every numeric entry of the root: the processes (thread-group leaders)."""
+        return [int(name) for name in os.listdir(self.root) if name.isdigit()]
+
+    def stat(self, pid: int) -> ProcStat:
+        return parse_stat(read_bytes(f"{self.root}/{pid}/stat"))
+
+    def status(self, pid: int) -> ProcStatus:
+        return parse_status(read_bytes(f"{self.root}/{pid}/status"))
+
+    def environ(self, pid: int) -> dict[str, str]:
+        """Raises AccessDenied for another user's process without CAP_SYS_PTRACE."""
+        return parse_environ(read_bytes(f"{self.root}/{pid}/environ", limit=4 << 20))
+
+    def cmdline(self, pid: int) -> tuple[str, ...]:
+        return parse_cmdline(read_bytes(f"{self.root}/{pid}/cmdline", limit=256 << 10))
+
+    def cgroup(self, pid: int) -> bytes:
+        return read_bytes(f"{self.root}/{pid}/cgroup")
+
+    def alive(self, key: ProcKey) -> bool:
+        """True while ``key`` still names a live (non-zombie) process."""
+        try:
+            st = self.stat(key.pid)
+        except NoSuchProcess:
+            return False
+        return st.start_ticks == key.start_ticks and st.state not in ("Z", "X")

@@ -1,0 +1,163 @@
+"""The HTTP app: ``create_app(daemon)`` returns a FastAPI app whose lifespan starts and
+stops the daemon's threads. Handlers read the latest snapshot only; none does I/O or
+waits for the sampler.
+
+Routes: ``/metrics`` (Prometheus text, OpenMetrics when asked for), ``/ranks`` (the live
+view as JSON), ``/healthz`` (200 while the sampler is alive and not stalled, else 503).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client.exposition import choose_encoder
+
+from sidecar import __version__
+from sidecar.daemon import Daemon
+from sidecar.metrics import TrainwatchCollector, make_registry
+from sidecar.model import Snapshot
+
+__all__ = ["create_app", "ranks_view"]
+
+
+def create_app(daemon: Daemon, *, manage_daemon: bool = True) -> FastAPI:
+    """The app. With ``manage_daemon`` the lifespan starts the sampler and stops it
+    (finishing the round in flight) on shutdown; tests that drive the daemon themselves
+    pass False."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if manage_daemon:
+            daemon.start()
+        try:
+            yield
+        finally:
+            if manage_daemon:
+                daemon.stop()
+
+    app = FastAPI(title="trainwatch", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
+    registry = make_registry(TrainwatchCollector(lambda: daemon.snapshot))
+    app.state.daemon = daemon
+
+    @app.get("/metrics")
+    def metrics(request: Request) -> Response:
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(content=encoder(registry), media_type=content_type)
+
+    @app.get("/ranks")
+    def ranks() -> JSONResponse:
+        return JSONResponse(ranks_view(daemon.snapshot))
+
+    @app.get("/healthz")
+    def healthz() -> JSONResponse:
+        ok, why = daemon.healthy()
+        return JSONResponse(
+            {"status": "ok" if ok else "unhealthy", "detail": why}, status_code=200 if ok else 503
+        )
+
+    return app
+
+
+def ranks_view(snap: Snapshot | None) -> dict[str, Any]:
+    """The JSON of ``GET /ranks``: attached jobs, their ranks and the last sample of each."""
+    if snap is None:
+        return {"taken_at": None, "jobs": [], "host": None, "gpus": [], "cgroups": [], "probes": {}}
+    cgroups = {c.path: c for c in snap.cgroups}
+    jobs = []
+    for job in snap.jobs:
+        ranks = []
+        for r in job.ranks:
+            cg = cgroups.get(r.cgroup) if r.cgroup else None
+            ranks.append(
+                {
+                    "rank": r.rank,
+                    "label": r.rank_label,
+                    "local_rank": r.local_rank,
+                    "restart": r.restart,
+                    "pid": r.key.pid,
+                    "ns_pids": list(r.ns_pids),
+                    "rss_bytes": r.rss_bytes,
+                    "peak_rss_bytes": r.peak_rss_bytes,
+                    "tree_rss_bytes": r.tree_rss_bytes,
+                    "tree_processes": r.tree_processes,
+                    "cpu_seconds": round(r.cpu_seconds, 3),
+                    "threads": r.threads,
+                    "gpu_memory_bytes": {str(k): v for k, v in r.gpu_memory_bytes.items()} or None,
+                    "cgroup": None
+                    if cg is None
+                    else {
+                        "path": cg.path,
+                        "version": cg.version,
+                        "usage_bytes": cg.usage_bytes,
+                        "limit_bytes": cg.limit_bytes,
+                        "limited_by": cg.limited_by,
+                        "effective_limit_bytes": cg.effective_limit_bytes,
+                    },
+                }
+            )
+        jobs.append(
+            {
+                "job": job.key,
+                "agent_pid": job.agent.pid,
+                "run_id": job.run_id,
+                "world_size": job.world_size,
+                "restart_count": job.restart_count,
+                "max_restarts": job.max_restarts,
+                "entrypoint": job.entrypoint,
+                "started_at": job.started_at,
+                "ranks": ranks,
+            }
+        )
+    host = snap.host
+    return {
+        "taken_at": snap.taken_at,
+        "jobs": jobs,
+        "host": None
+        if host is None
+        else {
+            "total_bytes": host.total_bytes,
+            "available_bytes": host.available_bytes,
+            "oom_kills": host.oom_kills,
+            "memory_pressure_some_ratio": host.psi_some_avg10_ratio,
+            "memory_pressure_full_ratio": host.psi_full_avg10_ratio,
+            "shm_used_bytes": host.shm_used_bytes,
+            "shm_size_bytes": host.shm_total_bytes,
+        },
+        "gpus": [
+            {
+                "index": d.index,
+                "uuid": d.uuid,
+                "name": d.name,
+                "used_bytes": d.used_bytes,
+                "total_bytes": d.total_bytes,
+                "lost": d.lost,
+                "processes": [{"pid": p.pid, "used_bytes": p.used_bytes} for p in d.processes],
+            }
+            for d in snap.gpus
+        ],
+        "cgroups": [
+            {
+                "path": c.path,
+                "version": c.version,
+                "usage_bytes": c.usage_bytes,
+                "limit_bytes": c.limit_bytes,
+                "peak_bytes": c.peak_bytes,
+                "oom_kills": c.oom_kills,
+                "limited_by": c.limited_by,
+                "effective_limit_bytes": c.effective_limit_bytes,
+                "ancestors": [{"path": a.path, "limit_bytes": a.limit_bytes} for a in c.ancestors],
+            }
+            for c in snap.cgroups
+        ],
+        "probes": {
+            name: {"success": s.success, "duration_seconds": s.duration_seconds, "message": s.message}
+            for name, s in snap.probes.items()
+        },
+        "unreadable_processes": snap.unreadable_processes,
+        "samples_total": snap.samples_total,
+        "overruns_total": snap.overruns_total,
+    }

@@ -1,0 +1,45 @@
+"""The daemon's settings: what ``cli.parse_args`` produces and everything else consumes."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+__all__ = [
+    "DEFAULT_HISTORY_SECONDS",
+    "DEFAULT_INTERVAL_SECONDS",
+    "DEFAULT_PORT",
+    "Settings",
+    "default_postmortem_dir",
+]
+
+DEFAULT_INTERVAL_SECONDS = 1.0
+DEFAULT_PORT = 9864
+DEFAULT_HISTORY_SECONDS = 600.0
+
+
+def default_postmortem_dir() -> str:
+    """``/var/lib/trainwatch/postmortems`` for root, else under ``$XDG_STATE_HOME``."""
+    if os.geteuid() == 0:
+        return "/var/lib/trainwatch/postmortems"
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(state, "trainwatch", "postmortems")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    attach_torchrun: bool = True
+    pids: tuple[int, ...] = ()
+    interval_seconds: float = DEFAULT_INTERVAL_SECONDS
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    postmortem_dir: str = field(default_factory=default_postmortem_dir)
+    history_seconds: float = DEFAULT_HISTORY_SECONDS
+    log_level: str = "INFO"
+    proc_root: str = "/proc"
+    shm_path: str = "/dev/shm"
+
+    @property
+    def stall_seconds(self) -> float:
+        """How long without a finished sample before /healthz says the sampler stalled."""
+        return max(5.0 * self.interval_seconds, 5.0)

@@ -1,0 +1,217 @@
+"""Helpers for end-to-end tests: the real daemon as a subprocess and real torchrun jobs."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+REPO = Path(__file__).resolve().parents[1]
+WORKLOAD = REPO / "tests" / "workloads" / "rank.py"
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def parse_metrics(text: str) -> Samples:
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((dict(s.labels), s.value))
+    return out
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    for got, v in samples.get(name, []):
+        if all(got.get(k) == want for k, want in labels.items()):
+            return v
+    return None
+
+
+class DaemonProc:
+    """``python -m sidecar --attach-torchrun --port 0 ...`` with its log in a file."""
+
+    def __init__(self, tmp: Path, *args: str, interval: float = 0.2) -> None:
+        self.log_path = tmp / f"daemon-{time.monotonic_ns()}.log"
+        self._log = open(self.log_path, "w")  # noqa: SIM115
+        cmd = [
+            sys.executable,
+            "-m",
+            "sidecar",
+            "--attach-torchrun",
+            "--port",
+            "0",
+            "--interval",
+            str(interval),
+            "--postmortem-dir",
+            str(tmp / "postmortems"),
+            *args,
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO)
+        match = wait_for(
+            lambda: re.search(r"serving http://([\d.]+):(\d+)/metrics", self.log()),
+            30,
+            "the daemon to listen",
+        )
+        self.base = f"http://{match.group(1)}:{match.group(2)}"
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
+        req = urllib.request.Request(self.base + path, headers=headers or {})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def metrics(self) -> Samples:
+        status, body = self.get("/metrics")
+        assert status == 200
+        return parse_metrics(body)
+
+    def ranks(self) -> dict[str, Any]:
+        return json.loads(self.get("/ranks")[1])
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._log.close()
+
+    def __enter__(self) -> DaemonProc:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+class TorchrunJob:
+    """A real ``torchrun --standalone`` job of tests/workloads/rank.py (gloo on CPU)."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        name: str,
+        *,
+        nproc: int = 2,
+        max_restarts: int = 0,
+        wrap: list[str] | None = None,
+        **workload: Any,
+    ) -> None:
+        self.dir = tmp / name
+        self.dir.mkdir(parents=True)
+        self.stop_file = self.dir / "stop"
+        self.nproc = nproc
+        args = [f"--ready-dir={self.dir}", f"--stop-file={self.stop_file}"]
+        for k, v in workload.items():
+            args.append(f"--{k.replace('_', '-')}={v}")
+        cmd = [
+            TORCHRUN,
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            f"--max-restarts={max_restarts}",
+            "--monitor-interval=0.1",
+            str(WORKLOAD),
+            *args,
+        ]
+        if wrap:
+            cmd = [*wrap, *cmd]
+        self._out = open(self.dir / "torchrun.log", "w")  # noqa: SIM115
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+
+    @property
+    def agent_pid(self) -> int:
+        return self.proc.pid
+
+    def ready(self, restart: int = 0, timeout: float = 120) -> dict[int, list[int]]:
+        """rank -> [rank pid, worker pids...] once every rank of that attempt is set up."""
+
+        def read() -> dict[int, list[int]] | None:
+            files = [self.dir / f"rank{r}.r{restart}" for r in range(self.nproc)]
+            if self.proc.poll() is not None and restart == 0:
+                raise AssertionError(f"torchrun exited early:\n{(self.dir / 'torchrun.log').read_text()}")
+            if not all(f.exists() for f in files):
+                return None
+            return {r: [int(p) for p in f.read_text().split()] for r, f in enumerate(files)}
+
+        return wait_for(read, timeout, f"job {self.dir.name} attempt {restart} to be ready", 0.2)
+
+    def stop(self, timeout: float = 60) -> int:
+        self.stop_file.touch()
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._out.close()
+
+    def __enter__(self) -> TorchrunJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.stop_file.touch()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                # workers are session leaders of their own: kill them by name, then the agent
+                for pid in descendants(self.proc.pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                self.proc.kill()
+                self.proc.wait()
+        self._out.close()
+
+
+def descendants(pid: int) -> list[int]:
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+    out, frontier = [], [pid]
+    while frontier:
+        p = frontier.pop()
+        kids = [c for c, pp in parents.items() if pp == p]
+        out.extend(kids)
+        frontier.extend(kids)
+    return out
+
+
+def vm_rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")

@@ -1,0 +1,144 @@
+"""Argument parsing is pure: argv + environment in, Settings or a one-line ConfigError out."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from sidecar.cli import parse_args
+from sidecar.errors import ConfigError
+from sidecar.settings import Settings, default_postmortem_dir
+
+
+def test_defaults():
+    s = parse_args(["--attach-torchrun"], {})
+    assert s == Settings(postmortem_dir=default_postmortem_dir())
+    assert (s.interval_seconds, s.host, s.port, s.history_seconds, s.log_level) == (
+        1.0,
+        "127.0.0.1",
+        9864,
+        600.0,
+        "INFO",
+    )
+
+
+def test_every_flag(tmp_path):
+    s = parse_args(
+        [
+            "--attach-torchrun",
+            "--pid",
+            "12",
+            "--pid",
+            "13",
+            "--interval",
+            "0.1",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "0",
+            "--postmortem-dir",
+            str(tmp_path),
+            "--history",
+            "120",
+            "--log-level",
+            "debug",
+        ],
+        {},
+    )
+    assert s.pids == (12, 13) and s.interval_seconds == 0.1 and s.host == "0.0.0.0" and s.port == 0
+    assert s.postmortem_dir == str(tmp_path) and s.history_seconds == 120 and s.log_level == "DEBUG"
+
+
+def test_environment_equivalents_and_flags_win(tmp_path):
+    env = {
+        "TRAINWATCH_ATTACH_TORCHRUN": "1",
+        "TRAINWATCH_PID": "5,6 7",
+        "TRAINWATCH_INTERVAL": "0.5",
+        "TRAINWATCH_HOST": "::1",
+        "TRAINWATCH_PORT": "9000",
+        "TRAINWATCH_POSTMORTEM_DIR": str(tmp_path),
+        "TRAINWATCH_HISTORY": "60",
+        "TRAINWATCH_LOG_LEVEL": "warning",
+    }
+    s = parse_args([], env)
+    assert s.pids == (5, 6, 7) and s.interval_seconds == 0.5 and s.host == "::1" and s.port == 9000
+    assert s.postmortem_dir == str(tmp_path) and s.history_seconds == 60 and s.log_level == "WARNING"
+    assert parse_args(["--port", "9001"], env).port == 9001
+
+
+@pytest.mark.parametrize(
+    "argv, env, names",
+    [
+        (["--attach-torchrun", "--interval", "0.05"], {}, "--interval"),
+        (["--attach-torchrun", "--interval", "fast"], {}, "--interval"),
+        (["--attach-torchrun"], {"TRAINWATCH_INTERVAL": "-1"}, "TRAINWATCH_INTERVAL"),
+        (["--attach-torchrun", "--port", "70000"], {}, "--port"),
+        (["--attach-torchrun"], {"TRAINWATCH_PORT": "http"}, "TRAINWATCH_PORT"),
+        (["--attach-torchrun", "--pid", "abc"], {}, "--pid"),
+        (["--attach-torchrun"], {"TRAINWATCH_PID": "1,x"}, "TRAINWATCH_PID"),
+        (["--attach-torchrun", "--history", "0.5", "--interval", "1"], {}, "--history"),
+        (["--attach-torchrun", "--log-level", "LOUD"], {}, "--log-level"),
+        (["--attach-torchrun", "--host", ""], {}, "--host"),
+        (["--attach-torchrun", "--bogus"], {}, "--bogus"),
+        ([], {"TRAINWATCH_ATTACH_TORCHRUN": "maybe"}, "TRAINWATCH_ATTACH_TORCHRUN"),
+        ([], {}, "--attach-torchrun"),
+    ],
+)
+def test_bad_values_name_the_flag(argv, env, names):
+    with pytest.raises(ConfigError) as info:
+        parse_args(argv, env)
+    assert names in str(info.value)
+
+
+def test_postmortem_dir_that_is_a_file(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(ConfigError, match="--postmortem-dir"):
+        parse_args(["--attach-torchrun", "--postmortem-dir", str(f)], {})
+
+
+def test_bad_flag_is_one_line_and_exit_2():
+    out = subprocess.run(
+        [sys.executable, "-m", "sidecar", "--attach-torchrun", "--interval", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip().count("\n") == 0 and out.stderr.startswith("trainwatch: error: --interval")
+    assert "Traceback" not in out.stderr
+
+
+def test_port_in_use_is_one_line():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        out = subprocess.run(
+            [sys.executable, "-m", "sidecar", "--attach-torchrun", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert out.returncode == 2 and "--port" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_help_lists_every_flag():
+    out = subprocess.run(
+        [sys.executable, "-m", "sidecar", "--help"], capture_output=True, text=True, timeout=60
+    )
+    for flag in (
+        "--attach-torchrun",
+        "--pid",
+        "--interval",
+        "--host",
+        "--port",
+        "--postmortem-dir",
+        "--history",
+        "--log-level",
+    ):
+        assert flag in out.stdout

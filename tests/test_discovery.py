@@ -1,0 +1,263 @@
+"""Discovery and sampling on the captured /proc tree of a real torchrun job, edited to
+simulate what happens next (a worker between fork and exec, pid reuse, a restart)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from sidecar.daemon import Sampler
+from sidecar.discovery import Discovery, is_agent_argv, job_key_for
+from sidecar.probes.cgroup import CgroupReader
+from sidecar.probes.gpu import GpuProbe
+from sidecar.probes.proc import ProcReader, parse_stat, parse_status
+from sidecar.settings import Settings
+from tests import cgtrees
+from tests.cgtrees import MIB, MOUNTINFO_HYBRID
+from tests.conftest import AGENT, KTHREADD, RANK0, RANK0_WORKERS, RANK1, RANK1_WORKERS, RUN_ID, SHELL
+from tests.fakes import GIB, scenario
+
+CAPTURED_CGROUP = "/process_api/4cc2bd1f19415a34a23bde4655541313"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (("/opt/venv/bin/python", "/opt/venv/bin/torchrun", "--standalone", "train.py"), True),
+        (("torchrun", "--nproc-per-node=8", "train.py"), True),
+        (("/usr/bin/python3", "-m", "torch.distributed.run", "--nproc_per_node", "2", "t.py"), True),
+        (("python", "-u", "-m", "torch.distributed.launch", "--use-env", "t.py"), True),
+        (("python", "-mtorch.distributed.run", "t.py"), True),
+        (("python", "train.py", "--torchrun"), False),
+        (("python", "-m", "torch.distributed.elastic.agent"), False),
+        (("bash", "-c", "sleep 1"), False),
+        ((), False),
+    ],
+)
+def test_agent_launch_forms(argv, expected):
+    assert is_agent_argv(argv) is expected
+
+
+def test_job_keys():
+    assert job_key_for(RUN_ID, 77) == "8d6de2d1"
+    assert job_key_for("none", 77) == "77"  # torchrun's default --rdzv-id
+    assert job_key_for(None, 77) == "77"
+    assert job_key_for("llama-sft", 77) == "llama-sft"
+
+
+def test_finds_the_job_its_ranks_and_their_trees(proc_tree):
+    d = Discovery(ProcReader(str(proc_tree)))
+    jobs = d.tick()
+    assert len(jobs) == 1
+    job = jobs[0]
+    assert job.agent.pid == AGENT and job.key == "8d6de2d1" and job.run_id == RUN_ID
+    assert job.world_size == 2 and job.restart_count == 0 and job.entrypoint == "tests/workloads/rank.py"
+    by_rank = {r.rank: pid for pid, r in job.ranks.items()}
+    assert by_rank == {0: RANK0, 1: RANK1}
+    assert sorted(d.tree(RANK0)) == sorted((RANK0, *RANK0_WORKERS))
+    assert sorted(d.tree(RANK1)) == sorted((RANK1, *RANK1_WORKERS))
+    assert d.entries[KTHREADD].kind == "kthread" and d.entries[SHELL].kind == "other"
+
+
+def test_pid_filter(proc_tree):
+    assert Discovery(ProcReader(str(proc_tree)), pids=[AGENT]).tick()
+    assert Discovery(ProcReader(str(proc_tree)), pids=[1]).tick()  # an ancestor of the agent
+    assert not Discovery(ProcReader(str(proc_tree)), pids=[SHELL]).tick()
+
+
+def _edit(path: Path, old: bytes, new: bytes) -> None:
+    data = path.read_bytes()
+    assert old in data
+    path.write_bytes(data.replace(old, new))
+
+
+def _fork_child(proc_tree: Path, parent: int, pid: int, start_ticks: int, *, env_from: int | None) -> None:
+    """A new process dir: a copy of ``parent`` (fork), with its own pid and start time."""
+    src, dst = proc_tree / str(parent), proc_tree / str(pid)
+    dst.mkdir()
+    for name in ("stat", "status", "cmdline", "cgroup", "environ"):
+        (dst / name).write_bytes((src / name).read_bytes())
+    fields = (dst / "stat").read_bytes().split(b" ")
+    fields[0], fields[3], fields[21] = str(pid).encode(), str(parent).encode(), str(start_ticks).encode()
+    (dst / "stat").write_bytes(b" ".join(fields))
+    _edit(
+        dst / "status",
+        f"PPid:\t{parse_status((src / 'status').read_bytes()).ppid}".encode(),
+        f"PPid:\t{parent}".encode(),
+    )
+    if env_from is not None:
+        (dst / "environ").write_bytes((proc_tree / str(env_from) / "environ").read_bytes())
+
+
+def test_new_job_after_start_and_a_worker_caught_before_exec(proc_tree):
+    clock = Clock()
+    d = Discovery(ProcReader(str(proc_tree)), clock=clock)
+    assert len(d.tick()) == 1
+    # A second agent appears (copy of the first), then a child forked but not yet exec'd:
+    # comm is still pt_elastic and the environment is the agent's.
+    _fork_child(proc_tree, SHELL, 5000, 90000, env_from=AGENT)
+    (proc_tree / "5000" / "cmdline").write_bytes((proc_tree / str(AGENT) / "cmdline").read_bytes())
+    _edit(proc_tree / "5000" / "stat", b"(bash)", b"(pt_elastic)")
+    _fork_child(proc_tree, 5000, 5001, 90100, env_from=5000)
+    jobs = d.tick()
+    assert [j.agent.pid for j in jobs] == [AGENT, 5000]
+    second = jobs[1]
+    assert second.ranks == {} and d.entries[5001].kind == "pending"
+    # exec: the worker environment appears (another run id, so another job key)
+    env = (
+        (proc_tree / str(RANK0) / "environ")
+        .read_bytes()
+        .replace(RUN_ID.encode(), b"0badc0de-1111-2222-3333-444455556666")
+    )
+    (proc_tree / "5001" / "environ").write_bytes(env)
+    _edit(proc_tree / "5001" / "stat", b"(pt_elastic)", b"(python3)")
+    clock.now += 0.5
+    jobs = d.tick()
+    assert jobs[1].key == "0badc0de" and set(jobs[1].ranks) == {5001}
+
+
+def test_two_agents_with_the_same_run_id_do_not_collide(proc_tree):
+    d = Discovery(ProcReader(str(proc_tree)))
+    d.tick()
+    _fork_child(proc_tree, SHELL, 6000, 95000, env_from=AGENT)
+    _edit(proc_tree / "6000" / "stat", b"(bash)", b"(pt_elastic)")
+    _fork_child(proc_tree, 6000, 6001, 95100, env_from=RANK0)
+    keys = [j.key for j in d.tick()]
+    assert keys == ["8d6de2d1", "8d6de2d1-6000"]
+
+
+def _settings(proc_tree: Path, tmp_path: Path) -> Settings:
+    return Settings(proc_root=str(proc_tree), shm_path=str(tmp_path), postmortem_dir=str(tmp_path / "pm"))
+
+
+def _sampler(proc_tree: Path, tmp_path: Path, gpu: str = "no_driver", clock: Clock | None = None) -> Sampler:
+    cgtrees.write(
+        tmp_path / "sys/fs/cgroup/memory", "/", cgtrees.v1_level(cgtrees.V1_UNLIMITED, 9000 * MIB, 9100 * MIB)
+    )
+    cgtrees.write(
+        tmp_path / "sys/fs/cgroup/memory",
+        "/process_api",
+        cgtrees.v1_level(str(8192 * MIB), 2000 * MIB, 2100 * MIB),
+    )
+    cgtrees.write(
+        tmp_path / "sys/fs/cgroup/memory",
+        CAPTURED_CGROUP,
+        cgtrees.v1_level(cgtrees.V1_UNLIMITED, 1800 * MIB, 1900 * MIB, oom_kill=0),
+    )
+    kwargs = {"clock": clock} if clock else {}
+    return Sampler(
+        _settings(proc_tree, tmp_path),
+        gpu=GpuProbe(loader=scenario(gpu, (RANK0, RANK1))),
+        cgroups=CgroupReader(MOUNTINFO_HYBRID, fs_prefix=str(tmp_path)),
+        **kwargs,
+    )
+
+
+def test_sampler_reads_ranks_trees_cgroups_and_host(proc_tree, tmp_path):
+    snap = _sampler(proc_tree, tmp_path).sample()
+    (job,) = snap.jobs
+    r0, r1 = job.ranks
+    assert (r0.rank, r1.rank) == (0, 1)
+    status0 = parse_status((proc_tree / str(RANK0) / "status").read_bytes())
+    assert r0.rss_bytes == status0.rss_bytes and r0.peak_rss_bytes == status0.peak_rss_bytes
+    worker_rss = sum(parse_stat((proc_tree / str(w) / "stat").read_bytes()).rss_bytes for w in RANK0_WORKERS)
+    assert r0.tree_rss_bytes == status0.rss_bytes + worker_rss and r0.tree_processes == 3
+    assert r0.cgroup == CAPTURED_CGROUP
+    cgroups = {c.path: c for c in snap.cgroups}
+    assert cgroups[CAPTURED_CGROUP].limited_by == "/process_api"
+    assert cgroups[CAPTURED_CGROUP].effective_limit_bytes == 8192 * MIB
+    assert cgroups["/process_api"].usage_bytes == 2000 * MIB  # the binding ancestor is sampled too
+    assert snap.host is not None and snap.host.total_bytes == 24683584 * 1024
+    assert snap.probes["gpu"].success is False and snap.probes["proc"].success
+    assert r0.gpu_memory_bytes == {}
+
+
+def test_gpu_memory_is_attributed_to_ranks(proc_tree, tmp_path):
+    snap = _sampler(proc_tree, tmp_path, gpu="two_gpus").sample()
+    r0, r1 = snap.jobs[0].ranks
+    assert r0.gpu_memory_bytes == {0: 2 * GIB} and r1.gpu_memory_bytes == {1: 3 * GIB}
+    assert snap.nvml_unmatched_pids == ()
+
+
+def test_gpu_pids_of_another_namespace_are_reported(proc_tree, tmp_path, caplog):
+    sampler = _sampler(proc_tree, tmp_path, gpu="foreign_pids")
+    snap = sampler.sample()
+    sampler.sample()
+    assert snap.nvml_unmatched_pids == (4_000_000,)
+    warnings = [r for r in caplog.records if "PID namespace" in r.getMessage()]
+    assert len(warnings) == 1  # once, with the advice
+    assert "hostPID" in warnings[0].getMessage()
+
+
+def test_rank_in_a_container_keeps_its_namespaced_pid(proc_tree, tmp_path):
+    _edit(proc_tree / str(RANK0) / "status", f"NSpid:\t{RANK0}".encode(), f"NSpid:\t{RANK0}\t17".encode())
+    snap = _sampler(proc_tree, tmp_path, gpu="two_gpus").sample()
+    r0 = snap.jobs[0].ranks[0]
+    assert r0.ns_pids == (RANK0, 17) and r0.gpu_memory_bytes == {0: 2 * GIB}
+
+
+def test_pid_reuse_is_not_the_same_rank(proc_tree, tmp_path):
+    sampler = _sampler(proc_tree, tmp_path)
+    assert len(sampler.sample().jobs[0].ranks) == 2
+    # rank 1 exits and its pid is reused by a shell's child, with another start time
+    for w in RANK1_WORKERS:
+        for f in (proc_tree / str(w)).iterdir():
+            f.unlink()
+        (proc_tree / str(w)).rmdir()
+    for f in (proc_tree / str(RANK1)).iterdir():
+        f.unlink()
+    (proc_tree / str(RANK1)).rmdir()
+    _fork_child(proc_tree, SHELL, RANK1, 999999, env_from=None)
+    snap = sampler.sample()
+    assert [r.rank for r in snap.jobs[0].ranks] == [0]
+    snap = sampler.sample()
+    assert [r.rank for r in snap.jobs[0].ranks] == [0]
+    assert sampler.discovery.entries[RANK1].kind == "other"
+
+
+def test_zombie_rank_is_not_live(proc_tree, tmp_path):
+    sampler = _sampler(proc_tree, tmp_path)
+    sampler.sample()
+    fields = (proc_tree / str(RANK1) / "stat").read_bytes().split(b" ")
+    fields[2] = b"Z"
+    (proc_tree / str(RANK1) / "stat").write_bytes(b" ".join(fields))
+    assert [r.rank for r in sampler.sample().jobs[0].ranks] == [0]
+
+
+def test_agent_gone_detaches_the_job(proc_tree, tmp_path):
+    sampler = _sampler(proc_tree, tmp_path)
+    sampler.sample()
+    import shutil
+
+    for pid in (AGENT, RANK0, RANK1, *RANK0_WORKERS, *RANK1_WORKERS):
+        shutil.rmtree(proc_tree / str(pid))
+    assert sampler.sample().jobs == ()
+
+
+def test_unreadable_environment_is_reported_once_and_ranks_inferred(proc_tree, tmp_path, caplog):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a file unreadable for a child")
+    d = Discovery(ProcReader(str(proc_tree)))
+
+    def denied(pid: int) -> dict[str, str]:
+        from sidecar.errors import AccessDenied
+
+        raise AccessDenied(f"/proc/{pid}/environ: permission denied")
+
+    d.reader.environ = denied  # type: ignore[method-assign]
+    jobs = d.tick()
+    d.tick()
+    assert sorted(r.label for r in jobs[0].ranks.values()) == ["local0", "local1"]
+    assert len(d.unreadable) == 2
+    msgs = [r for r in caplog.records if "cannot read the environment" in r.getMessage()]
+    assert len(msgs) == 2 and "CAP_SYS_PTRACE" in msgs[0].getMessage()

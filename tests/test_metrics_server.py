@@ -1,0 +1,148 @@
+"""The exposition and the HTTP routes, on snapshots of the captured job."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from sidecar.daemon import Daemon
+from sidecar.server import create_app
+from tests.conftest import RANK0
+from tests.test_discovery import _sampler
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+@pytest.fixture
+def daemon(proc_tree, tmp_path):
+    sampler = _sampler(proc_tree, tmp_path, gpu="two_gpus")
+    d = Daemon(sampler.settings, sampler)
+    d.sample_now()
+    return d
+
+
+def test_metrics_exposition(daemon):
+    with TestClient(create_app(daemon, manage_daemon=False)) as client:
+        r = client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    m = samples(r.text)
+    job = "8d6de2d1"
+    assert (
+        m[
+            (
+                "trainwatch_rank_info",
+                (("job", job), ("local_rank", "0"), ("pid", str(RANK0)), ("rank", "0"), ("restart", "0")),
+            )
+        ]
+        == 1
+    )
+    assert m[("trainwatch_rank_resident_memory_bytes", (("job", job), ("rank", "0")))] == 283560 * 1024
+    assert m[("trainwatch_rank_gpu_memory_bytes", (("gpu", "0"), ("job", job), ("rank", "0")))] == 2 << 30
+    assert m[("trainwatch_gpu_memory_total_bytes", (("gpu", "1"),))] == 143771 << 20
+    assert m[("trainwatch_host_memory_total_bytes", ())] == 24683584 * 1024
+    assert m[("trainwatch_probe_success", (("probe", "gpu"),))] == 1
+    assert ("trainwatch_rank_cpu_seconds_total", (("job", job), ("rank", "1"))) in m
+    assert m[("trainwatch_rank_memory_limit_bytes", (("job", job), ("rank", "0")))] == 8192 << 20
+    assert m[("trainwatch_cgroup_memory_limit_bytes", (("cgroup", "/process_api"),))] == 8192 << 20
+    names = {name for name, _ in m}
+    for required in (
+        "trainwatch_build_info",
+        "trainwatch_rank_tree_resident_memory_bytes",
+        "trainwatch_rank_peak_resident_memory_bytes",
+        "trainwatch_gpu_memory_used_bytes",
+        "trainwatch_cgroup_memory_usage_bytes",
+        "trainwatch_cgroup_memory_peak_bytes",
+        "trainwatch_cgroup_oom_kills_total",
+        "trainwatch_host_memory_available_bytes",
+        "trainwatch_host_oom_kills_total",
+        "trainwatch_postmortems_written_total",
+        "trainwatch_probe_duration_seconds",
+        "trainwatch_last_sample_timestamp_seconds",
+    ):
+        assert required in names, required
+    for name, labels in m:
+        assert not any(k in ("pid", "hostname", "cmdline") for k, _ in labels) or name.endswith("_info")
+
+
+def test_openmetrics_on_request(daemon):
+    with TestClient(create_app(daemon, manage_daemon=False)) as client:
+        r = client.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    assert r.headers["content-type"].startswith("application/openmetrics-text")
+    assert r.text.rstrip().endswith("# EOF")
+
+
+@pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed"
+)
+def test_promtool_accepts_the_exposition(daemon):
+    with TestClient(create_app(daemon, manage_daemon=False)) as client:
+        text = client.get("/metrics").text
+    out = subprocess.run(
+        ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_ranks_view(daemon):
+    with TestClient(create_app(daemon, manage_daemon=False)) as client:
+        body = client.get("/ranks").json()
+    (job,) = body["jobs"]
+    assert job["job"] == "8d6de2d1" and job["world_size"] == 2
+    r0 = job["ranks"][0]
+    assert r0["rank"] == 0 and r0["pid"] == RANK0 and r0["tree_processes"] == 3
+    assert r0["cgroup"]["limited_by"] == "/process_api" and r0["gpu_memory_bytes"] == {"0": 2 << 30}
+    assert body["host"]["total_bytes"] == 24683584 * 1024 and len(body["gpus"]) == 2
+
+
+def test_healthz_follows_the_sampler(proc_tree, tmp_path):
+    sampler = _sampler(proc_tree, tmp_path)
+    d = Daemon(sampler.settings, sampler)
+    app = create_app(d, manage_daemon=False)
+    with TestClient(app) as client:
+        assert client.get("/healthz").status_code == 503  # not started
+        d.start()
+        deadline = time.monotonic() + 10
+        while client.get("/healthz").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.get("/healthz").json()["status"] == "ok"
+        d._last_done = time.monotonic() - 60  # a sampler stuck for a minute
+        d.stop()
+        assert client.get("/healthz").status_code == 503
+
+
+def test_scrape_does_not_wait_for_a_slow_sampler(proc_tree, tmp_path):
+    """A sampling round that blocks must not block /metrics (it reads the last snapshot)."""
+    import threading
+
+    sampler = _sampler(proc_tree, tmp_path)
+    d = Daemon(sampler.settings, sampler)
+    d.sample_now()
+    gate = threading.Event()
+    real = sampler.sample
+
+    def slow():
+        gate.wait(5)
+        return real()
+
+    sampler.sample = slow  # type: ignore[method-assign]
+    d.start()
+    try:
+        with TestClient(create_app(d, manage_daemon=False)) as client:
+            t0 = time.monotonic()
+            r = client.get("/metrics")
+            assert r.status_code == 200 and time.monotonic() - t0 < 2.0
+            assert "trainwatch_rank_info" in r.text
+    finally:
+        gate.set()
+        d.stop()

@@ -1,0 +1,149 @@
+"""Memory cgroups on v1, v2 and hybrid hosts, on fixture trees laid out per the kernel docs."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.errors import NoSuchProcess, ParseError
+from sidecar.probes.cgroup import (
+    CgroupReader,
+    parse_flat_keyed,
+    parse_limit,
+    parse_mountinfo,
+    parse_proc_cgroup,
+)
+from tests import cgtrees
+from tests.cgtrees import MIB, MOUNTINFO_HYBRID, MOUNTINFO_V1_CONTAINER, MOUNTINFO_V2
+from tests.conftest import PROC_TORCHRUN, RANK0
+
+
+def test_mountinfo_of_this_hybrid_machine():
+    mounts = parse_mountinfo(MOUNTINFO_HYBRID)
+    v1 = [m for m in mounts if m.version == 1]
+    v2 = [m for m in mounts if m.version == 2]
+    assert any("memory" in m.controllers and m.mount_point == "/sys/fs/cgroup/memory" for m in v1)
+    assert [m.mount_point for m in v2] == ["/sys/fs/cgroup/unified"]
+
+
+def test_mountinfo_escapes_and_ignores_other_filesystems():
+    text = "1 0 0:1 / /sys/fs/my\\040cg rw - cgroup2 cgroup2 rw\n2 0 0:2 / /proc rw - proc proc rw\n"
+    assert [m.mount_point for m in parse_mountinfo(text)] == ["/sys/fs/my cg"]
+
+
+def test_proc_cgroup_forms():
+    hybrid = (PROC_TORCHRUN / str(RANK0) / "cgroup").read_bytes()
+    table = parse_proc_cgroup(hybrid)
+    assert table["memory"].startswith("/process_api/") and table[""] == "/"
+    assert parse_proc_cgroup(b"0::/kubepods.slice/x.scope\n") == {"": "/kubepods.slice/x.scope"}
+    assert parse_proc_cgroup(b"4:cpu,cpuacct:/a\n")["cpuacct"] == "/a"
+    with pytest.raises(ParseError):
+        parse_proc_cgroup(b"garbage\n")
+
+
+def test_limits_and_keyed_files():
+    assert parse_limit("max\n") is None
+    assert parse_limit(cgtrees.V1_UNLIMITED) is None
+    assert parse_limit("104857600\n") == 104857600
+    with pytest.raises(ParseError):
+        parse_limit("lots")
+    assert parse_flat_keyed("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")["oom_kill"] == 3
+    assert parse_flat_keyed("low 0\nhigh 5\nmax 2\noom 1\noom_kill 1\noom_group_kill 0\nbad line here\n") == {
+        "low": 0,
+        "high": 5,
+        "max": 2,
+        "oom": 1,
+        "oom_kill": 1,
+        "oom_group_kill": 0,
+    }
+
+
+def test_v1_slurm_tree_names_the_tightest_ancestor(tmp_path):
+    cgtrees.slurm_v1(tmp_path)
+    reader = CgroupReader(MOUNTINFO_HYBRID, fs_prefix=str(tmp_path))
+    ref = reader.resolve(b"9:name=systemd:/\n4:memory:/slurm/uid_1000/job_42/step_0\n0::/\n")
+    assert ref is not None and ref.version == 1
+    s = reader.sample(ref)
+    assert s.path == "/slurm/uid_1000/job_42/step_0"
+    assert s.limit_bytes == 16_384 * MIB and s.usage_bytes == 7_900 * MIB and s.peak_bytes == 8_100 * MIB
+    assert s.oom_kills == 1
+    assert [a.path for a in s.ancestors] == ["/slurm/uid_1000/job_42", "/slurm/uid_1000", "/slurm", "/"]
+    assert s.ancestors[0].limit_bytes == 8_192 * MIB and s.ancestors[-1].limit_bytes is None
+    assert s.limited_by == "/slurm/uid_1000/job_42" and s.effective_limit_bytes == 8_192 * MIB
+    job = reader.sample_level(ref, "/slurm/uid_1000/job_42")
+    assert job.usage_bytes == 8_000 * MIB and job.limit_bytes == 8_192 * MIB
+
+
+def test_v1_unlimited_everywhere(tmp_path):
+    cgtrees.slurm_v1(tmp_path)
+    reader = CgroupReader(MOUNTINFO_HYBRID, fs_prefix=str(tmp_path))
+    s = reader.sample(reader.resolve(b"4:memory:/slurm\n"))
+    assert s.limit_bytes is None and s.limited_by is None and s.effective_limit_bytes is None
+
+
+def test_v1_container_mount_root(tmp_path):
+    mem = tmp_path / "sys/fs/cgroup/memory"
+    cgtrees.write(mem, "/", cgtrees.v1_level(str(2048 * MIB), 100 * MIB, 200 * MIB))
+    reader = CgroupReader(MOUNTINFO_V1_CONTAINER, fs_prefix=str(tmp_path))
+    ref = reader.resolve(b"4:memory:/docker/abc123\n")
+    assert ref is not None and ref.directory == str(mem)
+    s = reader.sample(ref)
+    assert s.limit_bytes == 2048 * MIB and s.ancestors == ()
+
+
+def test_v2_kubepods_tree(tmp_path):
+    cgtrees.kubepods_v2(tmp_path)
+    reader = CgroupReader(MOUNTINFO_V2, fs_prefix=str(tmp_path))
+    ref = reader.resolve(b"0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-c1.scope\n")
+    assert ref is not None and ref.version == 2
+    s = reader.sample(ref)
+    assert s.usage_bytes == 3_990 * MIB and s.limit_bytes is None
+    assert s.peak_bytes is None  # memory.peak only since 5.19
+    assert s.oom_kills == 2 and s.oom_events == 0
+    assert s.limited_by == "/kubepods.slice/kubepods-pod1.slice" and s.effective_limit_bytes == 4_096 * MIB
+    assert [a.path for a in s.ancestors] == ["/kubepods.slice/kubepods-pod1.slice", "/kubepods.slice", "/"]
+    pod = reader.sample_level(ref, "/kubepods.slice/kubepods-pod1.slice")
+    assert pod.oom_events == 2 and pod.peak_bytes == 4_096 * MIB
+
+
+def test_v2_root_cgroup_has_no_memory_files(tmp_path):
+    cgtrees.kubepods_v2(tmp_path)
+    reader = CgroupReader(MOUNTINFO_V2, fs_prefix=str(tmp_path))
+    s = reader.sample(reader.resolve(b"0::/\n"))
+    assert s.path == "/" and s.usage_bytes is None and s.limit_bytes is None
+
+
+def test_v2_without_memory_controller_is_not_a_memory_cgroup(tmp_path):
+    cg = tmp_path / "sys/fs/cgroup"
+    cgtrees.write(cg, "/", {"cgroup.subtree_control": "pids\n"})
+    cgtrees.write(cg, "/user.slice", {"cgroup.procs": ""})
+    reader = CgroupReader(MOUNTINFO_V2, fs_prefix=str(tmp_path))
+    assert reader.resolve(b"0::/user.slice\n") is None
+
+
+def test_hybrid_prefers_v1_memory(tmp_path):
+    cgtrees.slurm_v1(tmp_path)
+    reader = CgroupReader(MOUNTINFO_HYBRID, fs_prefix=str(tmp_path))
+    assert reader.resolve(b"4:memory:/slurm\n0::/\n").version == 1
+
+
+def test_gone_cgroup_raises_no_such_process(tmp_path):
+    cgtrees.slurm_v1(tmp_path)
+    reader = CgroupReader(MOUNTINFO_HYBRID, fs_prefix=str(tmp_path))
+    with pytest.raises(NoSuchProcess):
+        reader.sample(reader.resolve(b"4:memory:/slurm/gone\n"))
+
+
+def test_no_cgroup_mounts():
+    reader = CgroupReader("")
+    assert not reader.available and reader.resolve(b"0::/\n") is None
+
+
+def test_this_machine_v1(tmp_path):
+    """The real hierarchy of this machine: our own cgroup resolves and reads."""
+    reader = CgroupReader.for_host()
+    with open("/proc/self/cgroup", "rb") as f:
+        ref = reader.resolve(f.read())
+    if ref is None:
+        pytest.skip("no memory cgroup on this machine")
+    s = reader.sample(ref)
+    assert s.usage_bytes is None or s.usage_bytes > 0

@@ -1,0 +1,142 @@
+"""Parsers of /proc/PID files, on text captured from a real torchrun job."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.errors import AccessDenied, NoSuchProcess, ParseError, read_bytes
+from sidecar.probes.proc import (
+    ProcReader,
+    entrypoint_of,
+    parse_cmdline,
+    parse_environ,
+    parse_rank_env,
+    parse_stat,
+    parse_status,
+)
+from tests.conftest import AGENT, KTHREADD, PROC_TORCHRUN, RANK0, RANK1, RUN_ID
+
+
+def raw(pid: int, name: str) -> bytes:
+    return (PROC_TORCHRUN / str(pid) / name).read_bytes()
+
+
+def test_stat_of_the_agent_names_pt_elastic():
+    st = parse_stat(raw(AGENT, "stat"), page_size=4096, ticks=100)
+    assert st.pid == AGENT and st.comm == "pt_elastic" and st.state == "S"
+    assert st.ppid == 1
+    assert st.threads == 4
+    assert st.start_ticks == 63935
+    assert st.rss_bytes == 54377 * 4096
+    assert st.cpu_seconds == pytest.approx((212 + 22) / 100)
+    assert st.exit_code == 0
+
+
+def test_stat_comm_with_spaces_and_parentheses():
+    line = raw(RANK0, "stat").replace(b"(python3)", b"(py (evil) x)")
+    st = parse_stat(line)
+    assert st.comm == "py (evil) x" and st.ppid == AGENT
+
+
+def test_stat_of_a_zombie_carries_its_exit_code():
+    fields = raw(RANK1, "stat").decode().split()
+    fields[2] = "Z"
+    fields[-1] = "9"  # SIGKILL, wait-status encoding
+    st = parse_stat(" ".join(fields).encode())
+    assert st.state == "Z" and st.exit_code == 9
+
+
+@pytest.mark.parametrize("bad", [b"", b"123", b"123 (x) S", b"abc (x) S 1 2"])
+def test_stat_malformed_raises_parse_error(bad):
+    with pytest.raises(ParseError):
+        parse_stat(bad)
+
+
+def test_status_of_a_rank():
+    st = parse_status(raw(RANK0, "status"))
+    assert st.name == "python3" and st.ppid == AGENT and st.uid == 0
+    assert st.rss_bytes == 283560 * 1024 and st.peak_rss_bytes == 283560 * 1024
+    assert st.ns_pids == (RANK0,)
+
+
+def test_status_of_a_kernel_thread_has_no_memory():
+    st = parse_status(raw(KTHREADD, "status"))
+    assert st.name == "kthreadd" and st.rss_bytes is None and st.peak_rss_bytes is None
+
+
+def test_status_nested_namespaces():
+    text = raw(RANK0, "status").replace(f"NSpid:\t{RANK0}".encode(), b"NSpid:\t48213\t17")
+    assert parse_status(text).ns_pids == (48213, 17)
+
+
+def test_status_without_name_is_malformed():
+    with pytest.raises(ParseError):
+        parse_status(b"VmRSS:\t 1 kB\n")
+
+
+def test_rank_environment():
+    env = parse_rank_env(parse_environ(raw(RANK1, "environ")))
+    assert env.rank == 1 and env.local_rank == 1 and env.world_size == 2
+    assert env.local_world_size == 2 and env.group_rank == 0 and env.role == "default"
+    assert env.run_id == RUN_ID and env.restart_count == 0 and env.max_restarts == 0
+    assert env.error_file and env.error_file.endswith("/attempt_0/1/error.json")
+    assert env.is_worker
+
+
+def test_agent_environment_is_not_a_worker():
+    env = parse_rank_env(parse_environ(raw(AGENT, "environ")))
+    assert not env.is_worker
+
+
+def test_environ_survives_garbage():
+    env = parse_environ(b"A=1\0garbage\0=x\0B=2=3\0\xff\xfe=4\0")
+    assert env["A"] == "1" and env["B"] == "2=3" and "garbage" not in env
+
+
+def test_cmdline_and_entrypoint():
+    argv = parse_cmdline(raw(RANK0, "cmdline"))
+    assert argv[1:3] == ("-u", "tests/workloads/rank.py")
+    assert entrypoint_of(argv) == "tests/workloads/rank.py"
+    assert entrypoint_of(("/usr/bin/python3.11", "-u", "-m", "pkg.train", "--lr", "1")) == "-m pkg.train"
+    assert entrypoint_of(("/usr/bin/python", "-X", "dev", "train.py")) == "train.py"
+    assert entrypoint_of(("./train_binary", "--x")) == "./train_binary"
+    assert parse_cmdline(b"") == ()
+
+
+def test_reader_on_the_fixture_tree():
+    reader = ProcReader(str(PROC_TORCHRUN))
+    assert set(reader.pids()) >= {AGENT, RANK0, RANK1}
+    assert reader.stat(RANK0).ppid == AGENT
+    with pytest.raises(NoSuchProcess):
+        reader.stat(999999)
+
+
+def test_access_denied_is_not_absent():
+    """Another user's environ is AccessDenied, not NoSuchProcess: checked in a forked
+    child that drops to nobody (as root) or is already unprivileged."""
+    import os
+
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        code = 3
+        try:
+            if os.geteuid() == 0:
+                os.setgid(65534)
+                os.setuid(65534)
+            read_bytes("/proc/1/environ")
+            code = 1
+        except AccessDenied:
+            code = 0
+        except BaseException:
+            code = 2
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_other_read_errors_are_not_absent(tmp_path):
+    from sidecar.errors import ProbeError
+
+    with pytest.raises(ProbeError) as info:
+        read_bytes(str(tmp_path))  # EISDIR
+    assert not isinstance(info.value, (NoSuchProcess, AccessDenied))

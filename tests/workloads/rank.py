@@ -1,0 +1,95 @@
+"""A torchrun worker for trainwatch's end-to-end tests (gloo on CPU).
+
+Each rank joins a gloo process group, holds ``--hold-mb`` MiB of touched memory, starts
+``--workers`` child processes (stand-ins for DataLoader workers) that each hold
+``--worker-mb`` MiB, then all-reduces a small tensor every 0.2 s until ``--stop-file``
+exists or ``--duration`` seconds pass. ``--fail-rank R --fail-after S`` makes rank R exit
+with status 1 after S seconds in the first attempt only (restart count 0), so an elastic
+restart follows. A ``ready`` file per rank (``<ready-dir>/rank<R>.r<restart>``) holds the
+pids of the rank and its workers once everything is allocated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import sys
+import time
+
+
+def hold(mb: int) -> bytearray:
+    buf = bytearray(mb * 1024 * 1024)
+    for i in range(0, len(buf), 4096):
+        buf[i] = 1
+    return buf
+
+
+def worker(mb: int, parent: int) -> None:
+    _buf = hold(mb)
+    while os.getppid() == parent:
+        time.sleep(0.2)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hold-mb", type=int, default=64)
+    ap.add_argument("--worker-mb", type=int, default=32)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--duration", type=float, default=60.0)
+    ap.add_argument("--stop-file", default=None)
+    ap.add_argument("--ready-dir", default=None)
+    ap.add_argument("--fail-rank", type=int, default=-1)
+    ap.add_argument("--fail-after", type=float, default=0.0)
+    args = ap.parse_args()
+
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ["RANK"])
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    # A store prefix per attempt: the agent's store outlives a restart, and gloo would
+    # otherwise find the first attempt's (dead) peer addresses in it.
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=__import__("datetime").timedelta(seconds=60),
+    )
+    world = int(os.environ["WORLD_SIZE"])
+    dist.init_process_group(
+        "gloo", store=dist.PrefixStore(f"attempt{restart}", store), rank=rank, world_size=world
+    )
+    buf = hold(args.hold_mb)
+    ctx = mp.get_context("fork")
+    procs = [
+        ctx.Process(target=worker, args=(args.worker_mb, os.getpid()), daemon=True)
+        for _ in range(args.workers)
+    ]
+    for p in procs:
+        p.start()
+    time.sleep(0.5)
+    if args.ready_dir:
+        path = os.path.join(args.ready_dir, f"rank{rank}.r{restart}")
+        with open(path + ".tmp", "w") as f:
+            f.write(" ".join(str(x) for x in [os.getpid(), *[p.pid for p in procs]]))
+        os.rename(path + ".tmp", path)
+    start = time.monotonic()
+    t = torch.ones(4)
+    while time.monotonic() - start < args.duration:
+        if args.stop_file and os.path.exists(args.stop_file):
+            break
+        if restart == 0 and rank == args.fail_rank and time.monotonic() - start > args.fail_after:
+            print(f"rank {rank}: failing on purpose", file=sys.stderr, flush=True)
+            os._exit(1)
+        dist.all_reduce(t)
+        time.sleep(0.2)
+    del buf
+    for p in procs:
+        p.terminate()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
