@@ -14,7 +14,8 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from sidecar.discovery import Discovery, TrackedJob, TrackedRank
 from sidecar.errors import NoSuchProcess, ProbeError
@@ -52,6 +53,45 @@ def _boot_time(proc_root: str) -> float | None:
     except OSError:
         pass
     return None
+
+
+class _RankRead(NamedTuple):
+    """What one round read of a rank, before cgroup and GPU attribution."""
+
+    rss_bytes: int
+    peak_rss_bytes: int | None
+    cpu_seconds: float
+    threads: int
+    tree_rss_bytes: int
+    tree_processes: int
+    tree: list[int]
+    ns_pids: tuple[int, ...]
+
+
+def _rank_sample(
+    job: TrackedJob,
+    tracked: TrackedRank,
+    read: _RankRead,
+    rank_cgroup: dict[ProcKey, str],
+    gpu_by_rank: dict[ProcKey, dict[int, int]],
+) -> RankSample:
+    return RankSample(
+        job=job.key or "",
+        rank=tracked.rank,
+        rank_label=tracked.label,
+        local_rank=tracked.local_rank,
+        restart=tracked.restart,
+        key=tracked.key,
+        rss_bytes=read.rss_bytes,
+        peak_rss_bytes=read.peak_rss_bytes,
+        cpu_seconds=read.cpu_seconds,
+        threads=read.threads,
+        tree_rss_bytes=read.tree_rss_bytes,
+        tree_processes=read.tree_processes,
+        cgroup=rank_cgroup.get(tracked.key),
+        gpu_memory_bytes=gpu_by_rank.get(tracked.key, {}),
+        ns_pids=read.ns_pids,
+    )
 
 
 @dataclass(slots=True)
@@ -131,7 +171,7 @@ class Sampler:
             self._timed("discovery", statuses, t, False, f"discovery failed: {exc}")
 
         t = self.clock()
-        rank_rows: list[tuple[TrackedJob, list[tuple[TrackedRank, RankSample, list[int]]]]] = []
+        rank_rows: list[tuple[TrackedJob, list[tuple[TrackedRank, _RankRead]]]] = []
         proc_problem: str | None = None
         for job in jobs:
             if job.key is None:
@@ -182,14 +222,8 @@ class Sampler:
         job_samples: list[JobSample] = []
         for job, rows in rank_rows:
             ranks = []
-            for tracked, sample, _tree in rows:
-                ranks.append(
-                    replace(
-                        sample,
-                        cgroup=rank_cgroup.get(tracked.key),
-                        gpu_memory_bytes=gpu_by_rank.get(tracked.key, {}),
-                    )
-                )
+            for tracked, sample in rows:
+                ranks.append(_rank_sample(job, tracked, sample, rank_cgroup, gpu_by_rank))
             job_samples.append(
                 JobSample(
                     key=job.key or "",
@@ -223,7 +257,7 @@ class Sampler:
 
     def _sample_rank(
         self, job: TrackedJob, pid: int, tracked: TrackedRank
-    ) -> tuple[TrackedRank, RankSample, list[int]] | None:
+    ) -> tuple[TrackedRank, _RankRead] | None:
         proc, discovery = self.proc, self.discovery
         try:
             st = proc.stat(pid)
@@ -236,65 +270,53 @@ class Sampler:
         except NoSuchProcess:
             discovery.forget(pid)
             return None
-        tree = discovery.tree(pid)
-        tree_rss = status.rss_bytes if status.rss_bytes is not None else st.rss_bytes
+        tree = discovery.trees.get(pid) or discovery.tree(pid)
+        rss = status.rss_bytes if status.rss_bytes is not None else st.rss_bytes
+        tree_rss = rss
         members = 1
         entries = discovery.entries
+        stat_brief = proc.stat_brief
         for child in tree[1:]:
             entry = entries.get(child)
             if entry is None:
                 continue
             try:
-                cst = proc.stat(child)
+                state, ppid, start_ticks, child_rss = stat_brief(child)
             except NoSuchProcess:
                 discovery.forget(child)
                 continue
             except ProbeError:
                 continue
-            if cst.start_ticks != entry.key.start_ticks:
+            if start_ticks != entry.key.start_ticks:
                 discovery.forget(child)
                 continue
-            if cst.ppid != entry.ppid:
-                discovery.reparent(child, cst.ppid)
-            if cst.state in ("Z", "X"):
+            if ppid != entry.ppid:
+                discovery.reparent(child, ppid)
+            if state in ("Z", "X"):
                 continue
-            tree_rss += cst.rss_bytes
+            tree_rss += child_rss
             members += 1
-        sample = RankSample(
-            job=job.key or "",
-            rank=tracked.rank,
-            rank_label=tracked.label,
-            local_rank=tracked.local_rank,
-            restart=tracked.restart,
-            key=tracked.key,
-            rss_bytes=status.rss_bytes if status.rss_bytes is not None else st.rss_bytes,
-            peak_rss_bytes=status.peak_rss_bytes,
-            cpu_seconds=st.cpu_seconds,
-            threads=st.threads,
-            tree_rss_bytes=tree_rss,
-            tree_processes=members,
-            cgroup=None,
-            ns_pids=status.ns_pids,
+        return tracked, _RankRead(
+            rss, status.peak_rss_bytes, st.cpu_seconds, st.threads, tree_rss, members, tree, status.ns_pids
         )
-        return tracked, sample, tree
 
     # -- cgroups ------------------------------------------------------------------------
 
     _cgroup_problem: str | None = None
 
     def _sample_cgroups(
-        self, rows: list[tuple[TrackedRank, RankSample, list[int]]]
+        self, rows: list[tuple[TrackedRank, _RankRead]]
     ) -> tuple[tuple[CgroupSample, ...], dict[ProcKey, str]]:
         self._cgroup_problem = None
         if not self.cgroups.available:
             return (), {}
         now = self.clock()
-        live = {tracked.key for tracked, _, _ in rows}
+        live = {tracked.key for tracked, _ in rows}
         for key in [k for k in self._rank_cgroups if k not in live]:
             del self._rank_cgroups[key]
         refs: dict[str, MemoryCgroupRef] = {}
         rank_cgroup: dict[ProcKey, str] = {}
-        for tracked, _, _ in rows:
+        for tracked, _ in rows:
             cached = self._rank_cgroups.get(tracked.key)
             if cached is None or now - cached.checked_at >= CGROUP_RECHECK_SECONDS:
                 try:
@@ -332,19 +354,19 @@ class Sampler:
     def _attribute_gpu(
         self,
         gpus: tuple[GpuDeviceSample, ...],
-        rank_rows: list[tuple[TrackedJob, list[tuple[TrackedRank, RankSample, list[int]]]]],
+        rank_rows: list[tuple[TrackedJob, list[tuple[TrackedRank, _RankRead]]]],
     ) -> tuple[dict[ProcKey, dict[int, int]], tuple[int, ...]]:
         if not gpus:
             return {}, ()
         owner: dict[int, ProcKey] = {}
         for _, rows in rank_rows:
-            for tracked, sample, tree in rows:
-                for pid in tree:
+            for tracked, read in rows:
+                for pid in read.tree:
                     owner[pid] = tracked.key
                 # NVML reports host pids; NSpid lists the rank's pid in every namespace
                 # this /proc can see, so a daemon whose /proc is the host's still matches
                 # ranks that run in containers, and log lines with container pids map back.
-                for ns_pid in sample.ns_pids:
+                for ns_pid in read.ns_pids:
                     owner.setdefault(ns_pid, tracked.key)
         result: dict[ProcKey, dict[int, int]] = {}
         unmatched: list[int] = []

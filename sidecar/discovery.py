@@ -112,7 +112,6 @@ class _Entry:
     comm: str
     first_seen: float
     kind: str = "new"  # new | agent | rank | pending | other | kthread
-    next_check: float = 0.0
 
 
 class Discovery:
@@ -140,6 +139,10 @@ class Discovery:
         self.jobs: dict[int, TrackedJob] = {}  # agent pid -> job
         self.unreadable: dict[ProcKey, str] = {}
         self._watched: set[int] = set()
+        self.trees: dict[int, list[int]] = {}  # rank pid -> its tree, as of the last tick
+        self._pending: set[int] = set()  # agent children waiting for their exec
+        self._young: set[int] = set()  # "other" processes re-checked every tick
+        self._next_sweep = 0.0  # when every older "other" process is re-checked
         self._self_pid = os.getpid()
 
     # -- the tick ---------------------------------------------------------------------
@@ -161,12 +164,27 @@ class Discovery:
         fresh.sort(key=lambda e: (e.key.start_ticks, e.key.pid))
         for entry in fresh:
             self._classify(entry, now)
-        for entry in list(self.entries.values()):
-            if entry.kind == "pending":
+        entries = self.entries
+        for pid in list(self._pending):
+            entry = entries.get(pid)
+            if entry is not None and entry.kind == "pending":
                 self._try_rank(entry, now)
-            elif entry.kind == "other" and now >= entry.next_check and entry.key.pid not in self._watched:
-                self._recheck(entry, now)
-        self._watched = {pid for job in self.jobs.values() for r in job.ranks for pid in self.tree(r)}
+            if entry is None or entry.kind != "pending":
+                self._pending.discard(pid)
+        for pid in list(self._young):
+            entry = entries.get(pid)
+            if entry is None or entry.kind != "other" or now - entry.first_seen >= YOUNG_SECONDS:
+                self._young.discard(pid)
+            elif pid not in self._watched:
+                self._recheck(entry, young=True)
+        if now >= self._next_sweep:
+            self._next_sweep = now + RECHECK_SECONDS
+            for entry in list(entries.values()):
+                pid = entry.key.pid
+                if entry.kind == "other" and pid not in self._watched and pid not in self._young:
+                    self._recheck(entry, young=False)
+        self.trees = {r: self.tree(r) for job in self.jobs.values() for r in job.ranks}
+        self._watched = {pid for tree in self.trees.values() for pid in tree}
         return sorted(self.jobs.values(), key=lambda j: (j.agent.start_ticks, j.agent.pid))
 
     def tree(self, pid: int) -> list[int]:
@@ -195,6 +213,8 @@ class Discovery:
             return
         self._unlink(pid, entry.ppid)
         self.unreadable.pop(entry.key, None)
+        self._pending.discard(pid)
+        self._young.discard(pid)
         if entry.kind == "agent":
             job = self.jobs.pop(pid, None)
             if job is not None:
@@ -234,19 +254,23 @@ class Discovery:
             return  # a kernel thread, or already taken as a rank by its agent
         parent = self.entries.get(entry.ppid)
         if parent is not None and parent.kind == "agent":
-            entry.kind = "pending"
-            self._try_rank(entry, now)
+            self._make_pending(entry, now)
             return
         if parent is not None and parent.kind in ("rank", "pending"):
             entry.kind = "other"  # part of a rank's tree; found by tree()
-            entry.next_check = now + RECHECK_SECONDS
             return
         if entry.comm == AGENT_COMM or self._argv_is_agent(entry):
             self._make_agent(entry)
             return
         if entry.kind == "new":
             entry.kind = "other"
-        entry.next_check = now + (0.0 if now - entry.first_seen < YOUNG_SECONDS else RECHECK_SECONDS)
+            self._young.add(entry.key.pid)
+
+    def _make_pending(self, entry: _Entry, now: float) -> None:
+        entry.kind = "pending"
+        self._try_rank(entry, now)
+        if entry.kind == "pending":
+            self._pending.add(entry.key.pid)
 
     def _argv_is_agent(self, entry: _Entry) -> bool:
         try:
@@ -258,9 +282,10 @@ class Discovery:
             return False
         return is_agent_argv(argv)
 
-    def _recheck(self, entry: _Entry, now: float) -> None:
-        young = now - entry.first_seen < YOUNG_SECONDS
-        entry.next_check = now + (0.0 if young else RECHECK_SECONDS + (entry.key.pid % 7) * 0.1)
+    def _recheck(self, entry: _Entry, young: bool) -> None:
+        """Has this process exec'd into an agent? Young processes get their argv read
+        (a fork that has not exec'd yet has its parent's comm); old ones only when their
+        comm changed."""
         try:
             st = self.reader.stat(entry.key.pid)
         except ProbeError:
@@ -309,8 +334,8 @@ class Discovery:
         for child_pid in sorted(self.children.get(entry.key.pid, ())):
             child = self.entries.get(child_pid)
             if child is not None and child.kind in ("new", "other"):
-                child.kind = "pending"
-                self._try_rank(child, now)
+                self._young.discard(child_pid)
+                self._make_pending(child, now)
 
     def _started_at(self, key: ProcKey) -> float:
         if self.boot_time is None:

@@ -27,6 +27,7 @@ __all__ = [
     "TrainwatchError",
     "read_bytes",
     "read_text",
+    "translate_os_error",
 ]
 
 
@@ -67,12 +68,13 @@ def read_bytes(path: str, limit: int = 1 << 20) -> bytes:
 
     Raises NoSuchProcess when the file or its process is gone, AccessDenied on
     EACCES/EPERM, ProbeError on any other OSError. ``limit`` bounds what is kept, so a
-    huge environ cannot balloon the daemon.
+    huge environ cannot balloon the daemon. (A short read is not taken as the end: for
+    record-by-record files such as vmstat or mountinfo it is not.)
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
-        raise _translate(exc, path) from None
+        raise translate_os_error(exc, path) from None
     try:
         chunks: list[bytes] = []
         size = 0
@@ -82,9 +84,9 @@ def read_bytes(path: str, limit: int = 1 << 20) -> bytes:
                 break
             chunks.append(chunk)
             size += len(chunk)
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return b"".join(chunks)
     except OSError as exc:
-        raise _translate(exc, path) from None
+        raise translate_os_error(exc, path) from None
     finally:
         os.close(fd)
 
@@ -94,7 +96,8 @@ def read_text(path: str, limit: int = 1 << 20) -> str:
     return read_bytes(path, limit).decode("utf-8", "replace")
 
 
-def _translate(exc: OSError, path: str) -> ProbeError:
+def translate_os_error(exc: OSError, path: str) -> ProbeError:
+    """The typed error for an OSError met while reading ``path``."""
     if exc.errno in _GONE:
         return NoSuchProcess(f"{path}: gone", path)
     if exc.errno in _DENIED:

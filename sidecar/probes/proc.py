@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from sidecar.errors import NoSuchProcess, ParseError, read_bytes
+from sidecar.errors import NoSuchProcess, ParseError, read_bytes, translate_os_error
 from sidecar.model import ProcKey, RankEnv
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "parse_environ",
     "parse_rank_env",
     "parse_stat",
+    "parse_stat_brief",
     "parse_status",
 ]
 
@@ -98,45 +99,52 @@ def parse_stat(data: bytes, page_size: int = PAGE_SIZE, ticks: int = TICKS_PER_S
         raise ParseError(f"malformed stat: {data[:80]!r}") from exc
 
 
-def _kb(value: bytes) -> int:
-    # "   15504 kB"
-    return int(value.split()[0]) * 1024
+def parse_stat_brief(data: bytes, page_size: int = PAGE_SIZE) -> tuple[str, int, int, int]:
+    """The hot path for a rank's descendants: (state, ppid, start_ticks, rss_bytes) of a
+    /proc/PID/stat text, without building a ProcStat. Raises ParseError."""
+    try:
+        rest = data[data.rindex(b")") + 2 :].split(None, 22)
+        return rest[0].decode(), int(rest[1]), int(rest[19]), int(rest[21]) * page_size
+    except (ValueError, IndexError) as exc:
+        raise ParseError(f"malformed stat: {data[:80]!r}") from exc
+
+
+_STATUS_KEYS = (b"\nPPid:", b"\nUid:", b"\nThreads:", b"\nVmRSS:", b"\nVmHWM:", b"\nNSpid:")
+
+
+def _field(data: bytes, key: bytes) -> bytes | None:
+    start = data.find(key)
+    if start < 0:
+        return None
+    start += len(key)
+    end = data.find(b"\n", start)
+    return data[start : end if end >= 0 else len(data)]
 
 
 def parse_status(data: bytes) -> ProcStatus:
-    """Parse /proc/PID/status (``Key:\\tvalue`` lines). Raises ParseError when the
-    always-present lines (Name, PPid) are missing."""
-    name: str | None = None
-    ppid: int | None = None
-    uid: int | None = None
-    threads: int | None = None
-    rss: int | None = None
-    hwm: int | None = None
-    ns_pids: tuple[int, ...] = ()
+    """Parse /proc/PID/status (``Key:\\tvalue`` lines, kB for sizes). Each wanted key is
+    found directly rather than by splitting all ~55 lines (this runs for every rank in
+    every round). Raises ParseError when the always-present lines (Name, PPid) are
+    missing or a value is not a number."""
+    if not data.startswith(b"Name:"):
+        raise ParseError("status without Name")
+    name_end = data.find(b"\n")
+    name = data[5 : name_end if name_end >= 0 else len(data)].strip().decode("utf-8", "replace")
+    ppid_s, uid_s, threads_s, rss_s, hwm_s, nspid_s = (_field(data, k) for k in _STATUS_KEYS)
+    if ppid_s is None:
+        raise ParseError("status without PPid")
     try:
-        for line in data.split(b"\n"):
-            key, sep, value = line.partition(b":")
-            if not sep:
-                continue
-            if key == b"Name":
-                name = value.strip().decode("utf-8", "replace")
-            elif key == b"PPid":
-                ppid = int(value)
-            elif key == b"Uid":
-                uid = int(value.split()[0])
-            elif key == b"Threads":
-                threads = int(value)
-            elif key == b"VmRSS":
-                rss = _kb(value)
-            elif key == b"VmHWM":
-                hwm = _kb(value)
-            elif key == b"NSpid":
-                ns_pids = tuple(int(p) for p in value.split())
+        return ProcStatus(
+            name=name,
+            ppid=int(ppid_s),
+            uid=int(uid_s.split()[0]) if uid_s else None,
+            threads=int(threads_s) if threads_s else None,
+            rss_bytes=int(rss_s.split()[0]) * 1024 if rss_s else None,
+            peak_rss_bytes=int(hwm_s.split()[0]) * 1024 if hwm_s else None,
+            ns_pids=tuple(int(p) for p in nspid_s.split()) if nspid_s else (),
+        )
     except (ValueError, IndexError) as exc:
-        raise ParseError(f"malformed status line: {line[:80]!r}") from exc
-    if name is None or ppid is None:
-        raise ParseError("status without Name/PPid")
-    return ProcStatus(name, ppid, uid, threads, rss, hwm, ns_pids)
+        raise ParseError(f"malformed status: {data[:80]!r}") from exc
 
 
 def parse_environ(data: bytes) -> dict[str, str]:
@@ -213,16 +221,47 @@ class ProcReader:
 
     def __init__(self, root: str = "/proc") -> None:
         self.root = root
+        self._dir_fd: int | None = None
+
+    def _read_one_shot(self, pid: int, name: str) -> bytes:
+        """The sampling path's read of a single_open file (stat, status): relative to a
+        directory fd held open on the root, one read, no Python-level buffering. Falls
+        back to a full read for the rare file over 8 KiB (a status with a huge Groups)."""
+        rel = f"{pid}/{name}"
+        try:
+            if self._dir_fd is None:
+                self._dir_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            fd = os.open(rel, os.O_RDONLY | os.O_CLOEXEC, dir_fd=self._dir_fd)
+        except OSError as exc:
+            raise translate_os_error(exc, f"{self.root}/{rel}") from None
+        try:
+            data = os.read(fd, 8192)
+        except OSError as exc:
+            raise translate_os_error(exc, f"{self.root}/{rel}") from None
+        finally:
+            os.close(fd)
+        if len(data) == 8192:
+            return read_bytes(f"{self.root}/{rel}")
+        return data
+
+    def close(self) -> None:
+        if self._dir_fd is not None:
+            os.close(self._dir_fd)
+            self._dir_fd = None
 
     def pids(self) -> list[int]:
         """Every numeric entry of the root: the processes (thread-group leaders)."""
         return [int(name) for name in os.listdir(self.root) if name.isdigit()]
 
     def stat(self, pid: int) -> ProcStat:
-        return parse_stat(read_bytes(f"{self.root}/{pid}/stat"))
+        return parse_stat(self._read_one_shot(pid, "stat"))
+
+    def stat_brief(self, pid: int) -> tuple[str, int, int, int]:
+        """(state, ppid, start_ticks, rss_bytes): what a rank's descendants need."""
+        return parse_stat_brief(self._read_one_shot(pid, "stat"))
 
     def status(self, pid: int) -> ProcStatus:
-        return parse_status(read_bytes(f"{self.root}/{pid}/status"))
+        return parse_status(self._read_one_shot(pid, "status"))
 
     def environ(self, pid: int) -> dict[str, str]:
         """Raises AccessDenied for another user's process without CAP_SYS_PTRACE."""

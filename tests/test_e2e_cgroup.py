@@ -1,0 +1,96 @@
+"""End to end with a real memory cgroup (v1 here; the same code reads v2 trees, tested on
+fixtures): a torchrun job runs in a child cgroup without a limit whose parent has one.
+trainwatch must name the rank's cgroup, the parent as the binding level, its limit, and
+the usage the kernel reports."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.e2e import DaemonProc, TorchrunJob, value, wait_for
+
+V1 = Path("/sys/fs/cgroup/memory")
+GIB = 1 << 30
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.root,
+    pytest.mark.skipif(
+        os.geteuid() != 0 or not (V1 / "cgroup.procs").exists(), reason="needs root and cgroup v1 memory"
+    ),
+]
+
+
+@pytest.fixture
+def cgroups():
+    parent = V1 / f"trainwatch-test-{uuid.uuid4().hex[:8]}"
+    parent.mkdir()
+    child = parent / "job"
+    try:
+        (parent / "memory.limit_in_bytes").write_text(str(3 * GIB))
+        child.mkdir()
+        yield parent, child
+    finally:
+        for d in (child, parent):
+            for _ in range(50):
+                with contextlib.suppress(FileNotFoundError):
+                    try:
+                        d.rmdir()
+                    except OSError:  # still has (exiting) tasks
+                        time.sleep(0.1)
+                        continue
+                break
+
+
+def test_rank_cgroup_limit_and_usage(tmp_path, cgroups):
+    parent, child = cgroups
+    parent_path, child_path = f"/{parent.name}", f"/{parent.name}/job"
+    wrap = ["sh", "-c", f'echo $$ > {child}/cgroup.procs && exec "$@"', "sh"]
+    with (
+        DaemonProc(tmp_path) as daemon,
+        TorchrunJob(tmp_path, "cg", wrap=wrap, hold_mb=300, worker_mb=100, workers=2) as job,
+    ):
+        job.ready()
+
+        def attached():
+            m = daemon.metrics()
+            rows = [
+                labels
+                for labels, _ in m.get("trainwatch_rank_cgroup_info", [])
+                if labels["cgroup"] == child_path
+            ]
+            return (m, rows) if len(rows) == 2 else None
+
+        m, rows = wait_for(attached, 30, "both ranks in the test cgroup")
+        key = rows[0]["job"]
+        assert all(r["limited_by"] == parent_path for r in rows)
+        for rank in ("0", "1"):
+            assert value(m, "trainwatch_rank_memory_limit_bytes", job=key, rank=rank) == 3 * GIB
+        assert value(m, "trainwatch_cgroup_memory_limit_bytes", cgroup=parent_path) == 3 * GIB
+        assert (
+            value(m, "trainwatch_cgroup_memory_limit_bytes", cgroup=child_path) is None
+        )  # no limit of its own
+        usage = value(m, "trainwatch_cgroup_memory_usage_bytes", cgroup=child_path)
+        truth = int((child / "memory.usage_in_bytes").read_text())
+        assert abs(usage - truth) <= 0.1 * truth, (usage, truth)
+        # the ranks (2 x 300 MiB) and their workers (4 x 100 MiB) are charged here
+        assert usage >= 900 * (1 << 20)
+        assert value(m, "trainwatch_cgroup_memory_usage_bytes", cgroup=parent_path) >= usage * 0.95
+        assert value(m, "trainwatch_cgroup_oom_kills_total", cgroup=child_path) == 0
+        peak = value(m, "trainwatch_cgroup_memory_peak_bytes", cgroup=child_path)
+        assert peak >= usage * 0.95
+        (info,) = [labels for labels, _ in m["trainwatch_cgroup_info"] if labels["cgroup"] == child_path]
+        assert info["version"] == "1" and info["limited_by"] == parent_path
+
+        body = daemon.ranks()
+        (cg,) = [c for c in body["cgroups"] if c["path"] == child_path]
+        assert cg["ancestors"][0] == {"path": parent_path, "limit_bytes": 3 * GIB}
+        assert cg["effective_limit_bytes"] == 3 * GIB
+        assert job.stop() == 0
+        assert daemon.stop() == 0
