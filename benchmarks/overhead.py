@@ -203,9 +203,18 @@ class Daemon:
         self.conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
 
     def scrape(self) -> str:
-        self.conn.request("GET", "/metrics")
-        r = self.conn.getresponse()
-        return r.read().decode()
+        """One GET /metrics on a kept-alive connection, reconnecting when the server closed
+        it while idle (uvicorn does after 5 s, as a 15 s Prometheus scraper sees too)."""
+        for attempt in (1, 2):
+            try:
+                self.conn.request("GET", "/metrics")
+                return self.conn.getresponse().read().decode()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                self.conn.close()
+                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     def wait_ranks(self, count: int, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout

@@ -14,11 +14,11 @@ from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client.exposition import choose_encoder
 
 from sidecar import __version__
 from sidecar.daemon import Daemon
-from sidecar.metrics import TrainwatchCollector, make_registry
+from sidecar.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT, render
+from sidecar.metrics import TrainwatchCollector
 from sidecar.model import Snapshot
 
 __all__ = ["create_app", "ranks_view"]
@@ -40,13 +40,17 @@ def create_app(daemon: Daemon, *, manage_daemon: bool = True) -> FastAPI:
                 daemon.stop()
 
     app = FastAPI(title="trainwatch", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
-    registry = make_registry(TrainwatchCollector(lambda: daemon.snapshot))
+    collector = TrainwatchCollector(lambda: daemon.snapshot)
     app.state.daemon = daemon
 
     @app.get("/metrics")
     def metrics(request: Request) -> Response:
-        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        return Response(content=encoder(registry), media_type=content_type)
+        # OpenMetrics when the scraper lists it (Prometheus does, first), else text 0.0.4.
+        openmetrics = "application/openmetrics-text" in request.headers.get("accept", "")
+        body = render(collector.collect(), openmetrics=openmetrics)
+        return Response(
+            content=body, media_type=CONTENT_TYPE_OPENMETRICS if openmetrics else CONTENT_TYPE_TEXT
+        )
 
     @app.get("/ranks")
     def ranks() -> JSONResponse:

@@ -146,3 +146,43 @@ def test_scrape_does_not_wait_for_a_slow_sampler(proc_tree, tmp_path):
     finally:
         gate.set()
         d.stop()
+
+
+def _parsed(text: str, openmetrics: bool):
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
+
+    parse = om_parse if openmetrics else text_string_to_metric_families
+    return sorted(
+        (f.name, f.type, f.documentation, s.name, tuple(sorted(s.labels.items())), s.value)
+        for f in parse(text)
+        for s in f.samples
+    )
+
+
+@pytest.mark.parametrize("openmetrics", [False, True])
+def test_fast_renderer_matches_prometheus_client(daemon, openmetrics):
+    """Our renderer and prometheus_client's encoders say the same thing, read back by
+    prometheus_client's own parsers, escapes included."""
+    from prometheus_client import generate_latest
+    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.openmetrics.exposition import generate_latest as om_latest
+
+    from sidecar.exposition import render
+    from sidecar.metrics import TrainwatchCollector, make_registry
+
+    collector = TrainwatchCollector(lambda: daemon.snapshot)
+    tricky = GaugeMetricFamily(
+        "trainwatch_test_escapes", 'help with \\ and "quotes"\nand a newline', labels=("path",)
+    )
+    tricky.add_metric(['C:\\dir "x"\nnext'], 0.25)
+    tricky.add_metric(["inf"], float("inf"))
+
+    class Both(TrainwatchCollector):
+        def collect(self):
+            yield from collector.collect()
+            yield tricky
+
+    both = Both(lambda: daemon.snapshot)
+    ours = render(both.collect(), openmetrics=openmetrics).decode()
+    theirs = (om_latest if openmetrics else generate_latest)(make_registry(both)).decode()
+    assert _parsed(ours, openmetrics) == _parsed(theirs, openmetrics)
