@@ -254,6 +254,9 @@ def serve(settings: Settings) -> int:
     from sidecar.daemon import Daemon
     from sidecar.server import create_app
 
+    for pid in settings.pids:
+        if not os.path.exists(f"{settings.proc_root}/{pid}"):
+            raise ConfigError(f"--pid {pid}: no such process (give the pid of a running torchrun agent)")
     sock = _listen(settings)
     host, port = sock.getsockname()[:2]
     _prepare_postmortem_dir(settings.postmortem_dir)

@@ -13,7 +13,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -116,7 +116,22 @@ class DaemonProc:
 
 
 class TorchrunJob:
-    """A real ``torchrun --standalone`` job of tests/workloads/rank.py (gloo on CPU)."""
+    """A real ``torchrun --standalone`` job of tests/workloads/rank.py (gloo on CPU).
+    ``launcher`` picks the command line: ``torchrun``, ``run`` (python -m
+    torch.distributed.run) or ``launch`` (the deprecated torch.distributed.launch)."""
+
+    LAUNCHERS: ClassVar[dict[str, list[str]]] = {
+        "torchrun": [TORCHRUN],
+        "run": [sys.executable, "-m", "torch.distributed.run"],
+        "launch": [
+            sys.executable,
+            "-W",
+            "ignore::FutureWarning",
+            "-m",
+            "torch.distributed.launch",
+            "--use-env",
+        ],
+    }
 
     def __init__(
         self,
@@ -126,6 +141,7 @@ class TorchrunJob:
         nproc: int = 2,
         max_restarts: int = 0,
         wrap: list[str] | None = None,
+        launcher: str = "torchrun",
         **workload: Any,
     ) -> None:
         self.dir = tmp / name
@@ -136,7 +152,7 @@ class TorchrunJob:
         for k, v in workload.items():
             args.append(f"--{k.replace('_', '-')}={v}")
         cmd = [
-            TORCHRUN,
+            *self.LAUNCHERS[launcher],
             "--standalone",
             f"--nproc-per-node={nproc}",
             f"--max-restarts={max_restarts}",

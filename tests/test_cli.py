@@ -142,3 +142,15 @@ def test_help_lists_every_flag():
         "--log-level",
     ):
         assert flag in out.stdout
+
+
+def test_pid_that_does_not_exist_is_one_line():
+    out = subprocess.run(
+        [sys.executable, "-m", "sidecar", "--attach-torchrun", "--pid", "999999999"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and out.stderr.startswith(
+        "trainwatch: error: --pid 999999999: no such process"
+    )

@@ -1,11 +1,12 @@
-"""End to end with a real memory cgroup (v1 here; the same code reads v2 trees, tested on
-fixtures): a torchrun job runs in a child cgroup without a limit whose parent has one.
-trainwatch must name the rank's cgroup, the parent as the binding level, its limit, and
-the usage the kernel reports."""
+"""End to end with a real memory cgroup: a torchrun job runs in a child cgroup without a
+limit whose parent has one. trainwatch must name the rank's cgroup, the parent as the
+binding level, its limit, and the usage the kernel reports.
+
+Runs on cgroup v1 (this development machine) and on v2 with the memory controller (the
+GPU machine); the v2 reader is also tested on fixture trees everywhere."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 import uuid
@@ -15,42 +16,62 @@ import pytest
 
 from tests.e2e import DaemonProc, TorchrunJob, value, wait_for
 
-V1 = Path("/sys/fs/cgroup/memory")
 GIB = 1 << 30
+V1 = Path("/sys/fs/cgroup/memory")
+V2 = Path("/sys/fs/cgroup")
 
+
+def _hierarchy() -> tuple[int, Path] | None:
+    if os.geteuid() != 0:
+        return None
+    controllers = V2 / "cgroup.subtree_control"
+    if controllers.exists() and "memory" in controllers.read_text().split():
+        return 2, V2
+    if (V1 / "cgroup.procs").exists():
+        return 1, V1
+    return None
+
+
+HIERARCHY = _hierarchy()
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.root,
-    pytest.mark.skipif(
-        os.geteuid() != 0 or not (V1 / "cgroup.procs").exists(), reason="needs root and cgroup v1 memory"
-    ),
+    pytest.mark.skipif(HIERARCHY is None, reason="needs root and a writable memory cgroup hierarchy"),
 ]
 
 
 @pytest.fixture
 def cgroups():
-    parent = V1 / f"trainwatch-test-{uuid.uuid4().hex[:8]}"
+    assert HIERARCHY is not None
+    version, root = HIERARCHY
+    parent = root / f"trainwatch-test-{uuid.uuid4().hex[:8]}"
     parent.mkdir()
     child = parent / "job"
     try:
-        (parent / "memory.limit_in_bytes").write_text(str(3 * GIB))
+        if version == 1:
+            (parent / "memory.limit_in_bytes").write_text(str(3 * GIB))
+        else:
+            (parent / "memory.max").write_text(str(3 * GIB))
+            (parent / "cgroup.subtree_control").write_text("+memory")
         child.mkdir()
-        yield parent, child
+        yield version, parent, child
     finally:
         for d in (child, parent):
-            for _ in range(50):
-                with contextlib.suppress(FileNotFoundError):
-                    try:
-                        d.rmdir()
-                    except OSError:  # still has (exiting) tasks
-                        time.sleep(0.1)
-                        continue
+            for _ in range(100):
+                try:
+                    d.rmdir()
+                except FileNotFoundError:
+                    break
+                except OSError:  # still has (exiting) tasks
+                    time.sleep(0.1)
+                    continue
                 break
 
 
 def test_rank_cgroup_limit_and_usage(tmp_path, cgroups):
-    parent, child = cgroups
+    version, parent, child = cgroups
     parent_path, child_path = f"/{parent.name}", f"/{parent.name}/job"
+    usage_file = child / ("memory.usage_in_bytes" if version == 1 else "memory.current")
     wrap = ["sh", "-c", f'echo $$ > {child}/cgroup.procs && exec "$@"', "sh"]
     with (
         DaemonProc(tmp_path) as daemon,
@@ -77,7 +98,7 @@ def test_rank_cgroup_limit_and_usage(tmp_path, cgroups):
             value(m, "trainwatch_cgroup_memory_limit_bytes", cgroup=child_path) is None
         )  # no limit of its own
         usage = value(m, "trainwatch_cgroup_memory_usage_bytes", cgroup=child_path)
-        truth = int((child / "memory.usage_in_bytes").read_text())
+        truth = int(usage_file.read_text())
         assert abs(usage - truth) <= 0.1 * truth, (usage, truth)
         # the ranks (2 x 300 MiB) and their workers (4 x 100 MiB) are charged here
         assert usage >= 900 * (1 << 20)
@@ -86,7 +107,7 @@ def test_rank_cgroup_limit_and_usage(tmp_path, cgroups):
         peak = value(m, "trainwatch_cgroup_memory_peak_bytes", cgroup=child_path)
         assert peak >= usage * 0.95
         (info,) = [labels for labels, _ in m["trainwatch_cgroup_info"] if labels["cgroup"] == child_path]
-        assert info["version"] == "1" and info["limited_by"] == parent_path
+        assert info["version"] == str(version) and info["limited_by"] == parent_path
 
         body = daemon.ranks()
         (cg,) = [c for c in body["cgroups"] if c["path"] == child_path]

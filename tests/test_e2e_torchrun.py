@@ -7,7 +7,9 @@ moment.
 
 from __future__ import annotations
 
+import shutil
 import signal
+import subprocess
 import time
 
 import pytest
@@ -165,6 +167,33 @@ def test_daemon_started_after_the_job_and_health(tmp_path):
             assert value(daemon.metrics(), "trainwatch_samples_total") - samples_before >= 5
             om_status, om = daemon.get("/metrics", {"Accept": "application/openmetrics-text; version=1.0.0"})
             assert om_status == 200 and om.rstrip().endswith("# EOF")
-            parse_metrics(daemon.get("/metrics")[1])
+            text = daemon.get("/metrics")[1]
+            parse_metrics(text)
+            if shutil.which("promtool"):
+                out = subprocess.run(
+                    ["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60
+                )
+                assert out.returncode == 0, out.stdout + out.stderr
             assert daemon.stop() == 0
             assert "stopped" in daemon.log()
+
+
+@pytest.mark.parametrize("launcher", ["run", "launch"])
+def test_other_launch_forms(tmp_path, launcher):
+    """``python -m torch.distributed.run`` and the deprecated ``torch.distributed.launch``
+    are the same agent under another command line."""
+    with (
+        DaemonProc(tmp_path) as daemon,
+        TorchrunJob(tmp_path, launcher, launcher=launcher, hold_mb=50, workers=1) as job,
+    ):
+        pids = job.ready()
+
+        def attached():
+            m = daemon.metrics()
+            key = job_keys(m).get(str(job.agent_pid))
+            return (key, ranks_of(m, key)) if key and len(ranks_of(m, key)) == 2 else None
+
+        _, info = wait_for(attached, 30, f"the {launcher} job attached")
+        assert {r: int(i["pid"]) for r, i in info.items()} == {str(r): p[0] for r, p in pids.items()}
+        assert job.stop() == 0
+        assert daemon.stop() == 0

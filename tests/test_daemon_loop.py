@@ -1,0 +1,124 @@
+"""The sampler loop: fixed deadlines, overruns counted, a round that raises does not kill
+the thread, and the history ring is bounded by --history / --interval."""
+
+from __future__ import annotations
+
+import time
+
+from sidecar.daemon import Daemon
+from sidecar.model import JobSample, ProcKey, RankSample, Snapshot
+from sidecar.settings import Settings
+from sidecar.timeline import Timeline
+from tests.test_discovery import _sampler
+
+
+def _snapshot(i: int, jobs: tuple[JobSample, ...]) -> Snapshot:
+    return Snapshot(
+        taken_at=1000.0 + i,
+        monotonic=float(i),
+        jobs=jobs,
+        host=None,
+        gpus=(),
+        cgroups=(),
+        probes={},
+        samples_total=i,
+        overruns_total=0,
+        sample_duration_seconds=0.001,
+        unreadable_processes=0,
+    )
+
+
+def _job(key: str, rss: int) -> JobSample:
+    rank = RankSample(
+        job=key,
+        rank=0,
+        rank_label="0",
+        local_rank=0,
+        restart=0,
+        key=ProcKey(10, 1),
+        rss_bytes=rss,
+        peak_rss_bytes=rss,
+        cpu_seconds=0.0,
+        threads=1,
+        tree_rss_bytes=2 * rss,
+        tree_processes=2,
+        cgroup=None,
+    )
+    return JobSample(
+        key=key,
+        agent=ProcKey(9, 1),
+        run_id=None,
+        world_size=1,
+        restart_count=0,
+        max_restarts=0,
+        entrypoint="t.py",
+        started_at=0.0,
+        ranks=(rank,),
+    )
+
+
+def test_timeline_is_bounded_by_history_over_interval():
+    tl = Timeline(history_seconds=10, interval_seconds=0.5)
+    assert tl.capacity == 20
+    for i in range(500):
+        tl.record(_snapshot(i, (_job("a", i),)))
+    window = tl.window("a")
+    assert len(window) == 20 and window[-1].rss_bytes == {"0": 499} and window[0].rss_bytes == {"0": 480}
+    assert window[-1].tree_rss_bytes == {"0": 998}
+    assert [p.at for p in tl.window("a", since=1000.0 + 495)] == [1495.0, 1496.0, 1497.0, 1498.0, 1499.0]
+
+
+def test_timeline_keeps_ended_jobs_for_a_while_but_not_forever():
+    tl = Timeline(history_seconds=10, interval_seconds=1)
+    for i in range(40):
+        tl.record(_snapshot(i, (_job(f"job{i}", 1),)))
+    assert "job39" in tl.jobs() and len(tl.jobs()) <= 17  # the live one plus at most 16 ended
+
+
+def test_overruns_are_counted_and_the_loop_survives_errors(proc_tree, tmp_path):
+    sampler = _sampler(proc_tree, tmp_path)
+    settings = Settings(interval_seconds=0.1, proc_root=str(proc_tree), postmortem_dir=str(tmp_path))
+    real = sampler.sample
+    calls = {"n": 0}
+
+    def flaky():
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("a probe blew up")
+        if calls["n"] == 3:
+            time.sleep(0.35)  # misses three deadlines
+        return real()
+
+    sampler.sample = flaky  # type: ignore[method-assign]
+    daemon = Daemon(settings, sampler)
+    daemon.start()
+    try:
+        deadline = time.monotonic() + 10
+        while calls["n"] < 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        daemon.stop()
+    assert calls["n"] >= 8
+    assert sampler.overruns_total >= 3
+    snap = daemon.snapshot
+    assert snap is not None and snap.jobs and snap.overruns_total >= 3
+
+
+def test_deadlines_do_not_drift(proc_tree, tmp_path):
+    sampler = _sampler(proc_tree, tmp_path)
+    settings = Settings(interval_seconds=0.1, proc_root=str(proc_tree), postmortem_dir=str(tmp_path))
+    real = sampler.sample
+
+    def slow():
+        time.sleep(0.05)  # half the interval
+        return real()
+
+    sampler.sample = slow  # type: ignore[method-assign]
+    daemon = Daemon(settings, sampler)
+    daemon.start()
+    time.sleep(1.02)
+    daemon.stop()
+    # Fixed deadlines: a round starts every 0.1 s, about 11 in 1.02 s. A loop that slept
+    # a full interval after each 0.05 s round would drift to 0.15 s a round: about 7.
+    assert 9 <= sampler.samples_total <= 12, sampler.samples_total
+    assert sampler.overruns_total == 0
