@@ -247,6 +247,31 @@ def _prepare_postmortem_dir(path: str) -> None:
         log.warning("postmortem directory %s is not writable: postmortems will be kept in memory only", path)
 
 
+SERVER_TICK_SECONDS = 1.0
+
+
+def _quiet_server_class() -> type:
+    import asyncio
+
+    import uvicorn
+
+    class QuietServer(uvicorn.Server):
+        """uvicorn's main loop wakes every 0.1 s to look for a shutdown request and refresh
+        its Date header: 0.23% of a core on an idle node, measured. A guest on a training
+        node ticks once a second instead (shutdown within a second, Date refreshed each
+        tick: ``on_tick`` refreshes when the counter is a multiple of 10)."""
+
+        async def main_loop(self) -> None:
+            counter = 0
+            should_exit = await self.on_tick(counter)
+            while not should_exit:
+                counter = (counter + 10) % 864000
+                await asyncio.sleep(SERVER_TICK_SECONDS)
+                should_exit = await self.on_tick(counter)
+
+    return QuietServer
+
+
 def serve(settings: Settings) -> int:
     """Run the daemon until SIGINT/SIGTERM. Returns the exit status."""
     import uvicorn
@@ -270,7 +295,7 @@ def serve(settings: Settings) -> int:
         log_level="debug" if settings.log_level == "DEBUG" else "warning",
         timeout_graceful_shutdown=5,
     )
-    server = uvicorn.Server(config)
+    server = _quiet_server_class()(config)
     done = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
