@@ -19,3 +19,4 @@ test: setup lint
 
 bench: setup
 	.venv/bin/python benchmarks/overhead.py $(ARGS)
+	.venv/bin/python benchmarks/accuracy.py
