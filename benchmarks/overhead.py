@@ -39,6 +39,7 @@ sys.path.insert(0, str(REPO))
 from sidecar.daemon import Sampler  # noqa: E402
 from sidecar.probes.gpu import GpuProbe  # noqa: E402
 from sidecar.settings import Settings  # noqa: E402
+from tests.e2e import DaemonProc  # noqa: E402
 
 MARK = "trainwatch-bench"
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -169,37 +170,14 @@ def floor_statm_stat(pids: list[int], rounds: int) -> tuple[float, float]:
     return _per_process(work, rounds * len(pids))
 
 
-class Daemon:
-    def __init__(self, *args: str) -> None:
-        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)  # noqa: SIM115
-        self.pm = tempfile.mkdtemp()
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sidecar",
-                "--attach-torchrun",
-                "--port",
-                "0",
-                "--postmortem-dir",
-                self.pm,
-                *args,
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-        )
-        deadline = time.monotonic() + 30
-        while True:
-            text = Path(self.log.name).read_text()
-            m = re.search(r"serving http://([\d.]+):(\d+)/metrics", text)
-            if m:
-                self.host, self.port = m.group(1), int(m.group(2))
-                break
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                self.proc.kill()
-                raise RuntimeError(f"daemon did not start:\n{text}")
-            time.sleep(0.05)
+class Daemon(DaemonProc):
+    """The real daemon (tests/e2e.py starts it) plus a kept-alive HTTP connection."""
+
+    def __init__(self, interval: float, *args: str) -> None:
+        self.tmp = tempfile.mkdtemp()
+        super().__init__(Path(self.tmp), *args, interval=interval)
+        self.host, port = self.base.removeprefix("http://").split(":")
+        self.port = int(port)
         self.conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
 
     def scrape(self) -> str:
@@ -225,14 +203,12 @@ class Daemon:
 
     def close(self) -> None:
         self.conn.close()
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(30)
-        os.unlink(self.log.name)
-        shutil.rmtree(self.pm, ignore_errors=True)
+        self.stop()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def metrics_latency(ranks: int, n: int = 200) -> tuple[float, float, int]:
-    d = Daemon("--interval", "1")
+    d = Daemon(1.0)
     try:
         d.wait_ranks(ranks)
         times = []
@@ -292,7 +268,7 @@ def process_exporter(watched: int, scrapes: int) -> float | None:
 def daemon_at_1hz(seconds: float) -> tuple[float, float]:
     tree = Tree(1, 8, 8)
     try:
-        d = Daemon("--interval", "1")
+        d = Daemon(1.0)
         try:
             d.wait_ranks(8)
             cpu0, t0 = cpu_seconds(d.proc.pid), time.monotonic()
@@ -310,7 +286,7 @@ def daemon_at_1hz(seconds: float) -> tuple[float, float]:
 def soak_rss(seconds: float) -> tuple[float, float, int]:
     tree = Tree(1, 8, 8)
     try:
-        d = Daemon("--interval", "0.1", "--history", "60")
+        d = Daemon(0.1, "--history", "60")
         try:
             d.wait_ranks(8)
             start = rss_bytes(d.proc.pid)
