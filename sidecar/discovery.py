@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from sidecar.errors import AccessDenied, NoSuchProcess, ParseError, ProbeError
 from sidecar.model import ProcKey, RankEnv
-from sidecar.probes.proc import ProcReader, entrypoint_of, parse_rank_env
+from sidecar.probes.proc import TICKS_PER_SECOND, ProcReader, entrypoint_of, parse_rank_env
 
 __all__ = ["AGENT_COMM", "Discovery", "TrackedJob", "TrackedRank", "is_agent_argv", "job_key_for"]
 
@@ -128,12 +128,14 @@ class Discovery:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         boot_time: float | None = None,
+        uptime: Callable[[], float] = lambda: time.clock_gettime(time.CLOCK_BOOTTIME),
     ) -> None:
         self.reader = reader
         self.only = frozenset(pids)
         self.clock = clock
         self.wall = wall
         self.boot_time = boot_time
+        self.uptime = uptime  # seconds since boot, the clock of /proc/PID/stat's start time
         self.entries: dict[int, _Entry] = {}
         self.children: dict[int, set[int]] = {}
         self.jobs: dict[int, TrackedJob] = {}  # agent pid -> job
@@ -173,7 +175,7 @@ class Discovery:
                 self._pending.discard(pid)
         for pid in list(self._young):
             entry = entries.get(pid)
-            if entry is None or entry.kind != "other" or now - entry.first_seen >= YOUNG_SECONDS:
+            if entry is None or entry.kind != "other" or self._age(entry) >= YOUNG_SECONDS:
                 self._young.discard(pid)
             elif pid not in self._watched:
                 self._recheck(entry, young=True)
@@ -264,7 +266,13 @@ class Discovery:
             return
         if entry.kind == "new":
             entry.kind = "other"
-            self._young.add(entry.key.pid)
+            if self._age(entry) < YOUNG_SECONDS:
+                self._young.add(entry.key.pid)
+
+    def _age(self, entry: _Entry) -> float:
+        """Seconds since the process started (not since discovery first saw it: at the
+        daemon's start every process is new to it, few are young)."""
+        return self.uptime() - entry.key.start_ticks / TICKS_PER_SECOND
 
     def _make_pending(self, entry: _Entry, now: float) -> None:
         entry.kind = "pending"
@@ -340,8 +348,6 @@ class Discovery:
     def _started_at(self, key: ProcKey) -> float:
         if self.boot_time is None:
             return self.wall()
-        from sidecar.probes.proc import TICKS_PER_SECOND
-
         return self.boot_time + key.start_ticks / TICKS_PER_SECOND
 
     def _try_rank(self, entry: _Entry, now: float) -> None:

@@ -261,3 +261,40 @@ def test_unreadable_environment_is_reported_once_and_ranks_inferred(proc_tree, t
     assert len(d.unreadable) == 2
     msgs = [r for r in caplog.records if "cannot read the environment" in r.getMessage()]
     assert len(msgs) == 2 and "CAP_SYS_PTRACE" in msgs[0].getMessage()
+
+
+def _shell_start_seconds(proc_tree: Path) -> float:
+    from sidecar.probes.proc import TICKS_PER_SECOND
+
+    return parse_stat((proc_tree / str(SHELL) / "stat").read_bytes()).start_ticks / TICKS_PER_SECOND
+
+
+def _exec_torchrun(proc_tree: Path, pid: int, comm: bytes) -> None:
+    """The process execs torchrun: new argv, new comm, same pid and start time."""
+    (proc_tree / str(pid) / "cmdline").write_bytes(
+        b"/usr/bin/python3\0/usr/local/bin/torchrun\0--standalone\0t.py\0"
+    )
+    _edit(proc_tree / str(pid) / "stat", b"(bash)", b"(" + comm + b")")
+
+
+def test_a_young_process_that_execs_torchrun_is_found_on_the_next_tick(proc_tree):
+    clock = Clock()
+    start = _shell_start_seconds(proc_tree)
+    d = Discovery(ProcReader(str(proc_tree)), clock=clock, uptime=lambda: start + 2.0)
+    d.tick()
+    assert d.entries[SHELL].kind == "other"
+    _exec_torchrun(proc_tree, SHELL, b"bash")  # comm unchanged: only the argv tells
+    clock.now += 1
+    assert SHELL in {j.agent.pid for j in d.tick()}
+
+
+def test_an_old_process_that_execs_torchrun_is_found_by_the_sweep(proc_tree):
+    clock = Clock()
+    start = _shell_start_seconds(proc_tree)
+    d = Discovery(ProcReader(str(proc_tree)), clock=clock, uptime=lambda: start + 3600.0)
+    d.tick()
+    _exec_torchrun(proc_tree, SHELL, b"python3")
+    clock.now += 1
+    assert SHELL not in {j.agent.pid for j in d.tick()}  # old processes are not re-read every tick
+    clock.now += 5
+    assert SHELL in {j.agent.pid for j in d.tick()}

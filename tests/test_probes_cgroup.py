@@ -147,3 +147,19 @@ def test_this_machine_v1(tmp_path):
         pytest.skip("no memory cgroup on this machine")
     s = reader.sample(ref)
     assert s.usage_bytes is None or s.usage_bytes > 0
+
+
+def test_ancestor_limits_are_reread_after_their_ttl(tmp_path):
+    mem = cgtrees.slurm_v1(tmp_path)
+    now = [0.0]
+    reader = CgroupReader(MOUNTINFO_HYBRID, fs_prefix=str(tmp_path), clock=lambda: now[0])
+    ref = reader.resolve(b"4:memory:/slurm/uid_1000/job_42/step_0\n")
+    assert reader.sample(ref).effective_limit_bytes == 8_192 * MIB
+    (mem / "slurm/uid_1000/job_42/memory.limit_in_bytes").write_text(str(4_096 * MIB))
+    now[0] = 5.0
+    assert reader.sample(ref).effective_limit_bytes == 8_192 * MIB  # cached
+    now[0] = 10.5
+    assert reader.sample(ref).effective_limit_bytes == 4_096 * MIB
+    # the cgroup's own limit is read every round
+    (mem / "slurm/uid_1000/job_42/step_0/memory.limit_in_bytes").write_text(str(1_024 * MIB))
+    assert reader.sample(ref).effective_limit_bytes == 1_024 * MIB

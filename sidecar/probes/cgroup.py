@@ -12,6 +12,8 @@ hierarchy-relative path, the form also used by the kernel's OOM records).
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sidecar.errors import NoSuchProcess, ParseError, ProbeError, read_bytes
@@ -140,8 +142,16 @@ class CgroupReader:
     front of every mount point, so tests can lay a cgroup tree under a temporary folder.
     """
 
-    def __init__(self, mountinfo: str, fs_prefix: str = "") -> None:
+    ANCESTOR_LIMITS_TTL_SECONDS = 10.0
+
+    def __init__(
+        self, mountinfo: str, fs_prefix: str = "", clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.fs_prefix = fs_prefix
+        self.clock = clock
+        # Ancestors' limits change rarely (a container resized, a Slurm step started);
+        # re-read them every ANCESTOR_LIMITS_TTL_SECONDS, not every round.
+        self._ancestors_cache: dict[str, tuple[float, tuple[CgroupLevel, ...]]] = {}
         mounts = parse_mountinfo(mountinfo)
         self.v1_memory = next((m for m in mounts if m.version == 1 and "memory" in m.controllers), None)
         self.v2 = next((m for m in mounts if m.version == 2), None)
@@ -210,7 +220,7 @@ class CgroupReader:
                 oom_events = events.get("oom") if events is not None else None
         if usage is None and not (ref.version == 2 and ref.directory == ref.mount_directory):
             raise NoSuchProcess(f"{ref.directory}: cgroup gone", ref.directory)
-        ancestors = tuple(self._ancestors(ref))
+        ancestors = self._cached_ancestors(ref)
         limited_by, effective = _tightest(CgroupLevel(ref.path, limit), ancestors)
         return CgroupSample(
             path=ref.path,
@@ -232,6 +242,17 @@ class CgroupReader:
         for _ in range(depth):
             directory = os.path.dirname(directory)
         return self.sample(MemoryCgroupRef(ref.version, path, directory, ref.mount_directory))
+
+    def _cached_ancestors(self, ref: MemoryCgroupRef) -> tuple[CgroupLevel, ...]:
+        now = self.clock()
+        cached = self._ancestors_cache.get(ref.directory)
+        if cached is not None and now - cached[0] < self.ANCESTOR_LIMITS_TTL_SECONDS:
+            return cached[1]
+        if len(self._ancestors_cache) > 1024:  # bounded: cgroups come and go with jobs
+            self._ancestors_cache.clear()
+        levels = tuple(self._ancestors(ref))
+        self._ancestors_cache[ref.directory] = (now, levels)
+        return levels
 
     def _ancestors(self, ref: MemoryCgroupRef) -> list[CgroupLevel]:
         levels: list[CgroupLevel] = []
