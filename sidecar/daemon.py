@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from sidecar.deaths import DeathWatch
 from sidecar.discovery import Discovery, TrackedJob, TrackedRank
 from sidecar.errors import NoSuchProcess, ProbeError
 from sidecar.model import (
@@ -29,12 +30,15 @@ from sidecar.model import (
     RankSample,
     Snapshot,
 )
+from sidecar.postmortem import PostmortemStore
 from sidecar.probes.cgroup import CgroupReader, MemoryCgroupRef
 from sidecar.probes.gpu import GpuProbe
 from sidecar.probes.host import HostReader
 from sidecar.probes.proc import ProcReader
 from sidecar.settings import Settings
 from sidecar.timeline import Timeline
+from sidecar.watch.exits import ExitEvent, ProcConnector
+from sidecar.watch.kmsg import KmsgWatcher
 
 __all__ = ["Daemon", "Sampler"]
 
@@ -141,6 +145,9 @@ class Sampler:
         self._rank_cgroups: dict[ProcKey, _RankCgroup] = {}
         self._once = _OnceLog()
         self._nvml_ns_warned = False
+        # Called with a rank's zombie exit status: the fallback when the process connector
+        # is unavailable (the agent reaps within 0.1 s, so this sees a death only by luck).
+        self.on_zombie: Callable[[ExitEvent], None] | None = None
         self.samples_total = 0
         self.overruns_total = 0
         if not self.cgroups.available:
@@ -265,6 +272,8 @@ class Sampler:
                 discovery.forget(pid)
                 return None
             if st.state in ("Z", "X"):
+                if self.on_zombie is not None and st.exit_code is not None:
+                    self.on_zombie(ExitEvent(pid, st.exit_code, st.ppid, time.monotonic_ns()))
                 return None  # dead, not yet reaped by the agent: no longer a live rank
             status = proc.status(pid)
         except NoSuchProcess:
@@ -396,12 +405,23 @@ class Sampler:
 
 
 class Daemon:
-    """Owns the sampler thread, the latest snapshot and the timeline."""
+    """Owns the sampler thread, the latest snapshot, the timeline and the death watchers.
 
-    def __init__(self, settings: Settings, sampler: Sampler | None = None) -> None:
+    ``watch_deaths=False`` leaves out the process connector and the kernel log reader
+    (tests that sample fixture trees, whose pids are not this machine's)."""
+
+    def __init__(
+        self, settings: Settings, sampler: Sampler | None = None, *, watch_deaths: bool = True
+    ) -> None:
         self.settings = settings
         self.sampler = sampler if sampler is not None else Sampler(settings)
         self.timeline = Timeline(settings.history_seconds, settings.interval_seconds)
+        self.store = PostmortemStore(settings.postmortem_dir)
+        host = HostReader(settings.proc_root)
+        self.deaths = DeathWatch(self.store, self.timeline, read_host_oom_kills=host.oom_kills)
+        self.watch_deaths = watch_deaths
+        self.connector: ProcConnector | None = None
+        self.kmsg: KmsgWatcher | None = None
         self._snapshot: Snapshot | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -416,15 +436,54 @@ class Daemon:
     def start(self) -> None:
         if self._thread is not None:
             return
+        if self.watch_deaths:
+            self._start_watchers()
+        self.deaths.start()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="trainwatch-sampler", daemon=True)
         self._thread.start()
+
+    def _start_watchers(self) -> None:
+        connector = ProcConnector(self.deaths.on_exit)
+        try:
+            connector.start()
+            self.connector = connector
+            self.deaths.exits_first_hand = True
+            log.info(
+                "exits: process connector subscribed (%s)",
+                "non-zero exits only" if connector.filtered else "all exits",
+            )
+        except OSError as exc:
+            log.warning(
+                "exits: the process connector is not available (%s): exit codes come from zombies in "
+                "/proc, and are lost when the agent reaps first; run as root in the host's PID, user "
+                "and network namespaces to get them first-hand",
+                exc.strerror or exc,
+            )
+        kmsg = KmsgWatcher(self.deaths.on_kmsg)
+        try:
+            kmsg.start()
+            self.kmsg = kmsg
+            self.deaths.kernel_log_readable = True
+            log.info("kernel log: reading /dev/kmsg for OOM records")
+        except OSError as exc:
+            log.warning(
+                "kernel log: /dev/kmsg is not readable (%s): OOM kills are told by counters only, never "
+                "'certain'; run as root (or with CAP_SYSLOG) to read it",
+                exc.strerror or exc,
+            )
+        self.sampler.on_zombie = self.deaths.on_exit
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
+        for watcher in (self.connector, self.kmsg):
+            if watcher is not None:
+                watcher.stop()
+        self.connector = self.kmsg = None
+        self.deaths.stop()  # finishes any postmortem in flight
         self.sampler.gpu.close()
 
     def healthy(self) -> tuple[bool, str]:
@@ -449,6 +508,7 @@ class Daemon:
             self._snapshot = snapshot
         self._last_done = time.monotonic()
         self.timeline.record(snapshot)
+        self.deaths.observe(snapshot)
 
     def _run(self) -> None:
         interval = self.settings.interval_seconds

@@ -40,7 +40,11 @@ def create_app(daemon: Daemon, *, manage_daemon: bool = True) -> FastAPI:
                 daemon.stop()
 
     app = FastAPI(title="trainwatch", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
-    collector = TrainwatchCollector(lambda: daemon.snapshot)
+    collector = TrainwatchCollector(
+        lambda: daemon.snapshot,
+        deaths=lambda: dict(daemon.deaths.deaths_total),
+        postmortems=lambda: daemon.store.written_total,
+    )
     app.state.daemon = daemon
 
     @app.get("/metrics")
@@ -55,6 +59,24 @@ def create_app(daemon: Daemon, *, manage_daemon: bool = True) -> FastAPI:
     @app.get("/ranks")
     def ranks() -> JSONResponse:
         return JSONResponse(ranks_view(daemon.snapshot))
+
+    @app.get("/postmortem")
+    def postmortem() -> JSONResponse:
+        doc = daemon.store.newest()
+        if doc is None:
+            return JSONResponse({"detail": "no postmortem yet: no rank has died abnormally"}, status_code=404)
+        return JSONResponse(doc)
+
+    @app.get("/postmortems")
+    def postmortems() -> JSONResponse:
+        return JSONResponse(daemon.store.listing())
+
+    @app.get("/postmortems/{ident}")
+    def postmortem_by_id(ident: str) -> JSONResponse:
+        doc = daemon.store.get(ident)
+        if doc is None:
+            return JSONResponse({"detail": f"no postmortem with id {ident!r}"}, status_code=404)
+        return JSONResponse(doc)
 
     @app.get("/healthz")
     def healthz() -> JSONResponse:

@@ -90,7 +90,7 @@ def test_overruns_are_counted_and_the_loop_survives_errors(proc_tree, tmp_path):
         return real()
 
     sampler.sample = flaky  # type: ignore[method-assign]
-    daemon = Daemon(settings, sampler)
+    daemon = Daemon(settings, sampler, watch_deaths=False)
     daemon.start()
     try:
         deadline = time.monotonic() + 10
@@ -114,7 +114,7 @@ def test_deadlines_do_not_drift(proc_tree, tmp_path):
         return real()
 
     sampler.sample = slow  # type: ignore[method-assign]
-    daemon = Daemon(settings, sampler)
+    daemon = Daemon(settings, sampler, watch_deaths=False)
     daemon.start()
     time.sleep(1.02)
     daemon.stop()

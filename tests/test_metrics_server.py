@@ -27,7 +27,7 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 @pytest.fixture
 def daemon(proc_tree, tmp_path):
     sampler = _sampler(proc_tree, tmp_path, gpu="two_gpus")
-    d = Daemon(sampler.settings, sampler)
+    d = Daemon(sampler.settings, sampler, watch_deaths=False)
     d.sample_now()
     return d
 
@@ -107,7 +107,7 @@ def test_ranks_view(daemon):
 
 def test_healthz_follows_the_sampler(proc_tree, tmp_path):
     sampler = _sampler(proc_tree, tmp_path)
-    d = Daemon(sampler.settings, sampler)
+    d = Daemon(sampler.settings, sampler, watch_deaths=False)
     app = create_app(d, manage_daemon=False)
     with TestClient(app) as client:
         assert client.get("/healthz").status_code == 503  # not started
@@ -126,7 +126,7 @@ def test_scrape_does_not_wait_for_a_slow_sampler(proc_tree, tmp_path):
     import threading
 
     sampler = _sampler(proc_tree, tmp_path)
-    d = Daemon(sampler.settings, sampler)
+    d = Daemon(sampler.settings, sampler, watch_deaths=False)
     d.sample_now()
     gate = threading.Event()
     real = sampler.sample

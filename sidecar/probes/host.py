@@ -99,6 +99,13 @@ class HostReader:
         self.proc_root = proc_root
         self.shm_path = shm_path
 
+    def oom_kills(self) -> int | None:
+        """/proc/vmstat oom_kill right now (None when unreadable or absent)."""
+        try:
+            return parse_vmstat_oom_kill(read_bytes(f"{self.proc_root}/vmstat"))
+        except ProbeError:
+            return None
+
     def sample(self) -> HostSample:
         mem = parse_meminfo(read_bytes(f"{self.proc_root}/meminfo"))
         try:

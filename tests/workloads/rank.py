@@ -41,6 +41,10 @@ def main() -> int:
     ap.add_argument("--ready-dir", default=None)
     ap.add_argument("--fail-rank", type=int, default=-1)
     ap.add_argument("--fail-after", type=float, default=0.0)
+    ap.add_argument(
+        "--grow-rank", type=int, default=-1, help="this rank keeps allocating after --grow-after s"
+    )
+    ap.add_argument("--grow-after", type=float, default=1.0)
     args = ap.parse_args()
 
     import torch
@@ -76,12 +80,20 @@ def main() -> int:
         os.rename(path + ".tmp", path)
     start = time.monotonic()
     t = torch.ones(4)
+    grown: list[bytearray] = []
+    if rank == args.grow_rank and restart == 0:
+        with open("/proc/self/oom_score_adj", "w") as f:  # be the OOM killer's choice
+            f.write("1000")
     while time.monotonic() - start < args.duration:
         if args.stop_file and os.path.exists(args.stop_file):
             break
         if restart == 0 and rank == args.fail_rank and time.monotonic() - start > args.fail_after:
             print(f"rank {rank}: failing on purpose", file=sys.stderr, flush=True)
             os._exit(1)
+        if rank == args.grow_rank and restart == 0 and time.monotonic() - start > args.grow_after:
+            grown.append(hold(64))  # until a memory limit stops it
+            time.sleep(0.02)
+            continue
         dist.all_reduce(t)
         time.sleep(0.2)
     del buf

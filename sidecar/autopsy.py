@@ -1,0 +1,291 @@
+"""The verdict: a pure function from a window of evidence to who killed each rank.
+
+No I/O, no clock: everything arrives in ``Evidence``. Rules (CONTRACTS.md, EVIDENCE.md §9):
+
+1. The root cause is the rank that died first by its *own* death time (the exit event),
+   not by the time torchrun noticed.
+2. A SIGKILL whose pid a kernel OOM record names is ``kernel_oom`` (``global_oom`` /
+   ``Out of memory``) or ``cgroup_oom`` (``oom_memcg=`` / ``Memory cgroup out of
+   memory``), ``certain``: a first-hand record names the pid.
+3. A SIGKILL with no record but with the OOM counters moving across the death (the host's
+   vmstat oom_kill and the rank's cgroup oom_kill) is an OOM at ``likely``.
+4. A SIGKILL with no record and no counter movement is ``external_signal``, never an OOM.
+5. Ranks that died after the root cause by SIGTERM, SIGKILL (torchrun escalates 30 s after
+   an ignored SIGTERM) or a status a SIGTERM handler returns, with no OOM record of their
+   own, were ended by the agent: ``terminated_by_agent``. Ranks an OOM record names too are
+   ``same_cause``.
+"""
+
+from __future__ import annotations
+
+import signal as _signal
+from dataclasses import dataclass, field
+
+__all__ = ["Evidence", "EvidenceItem", "KernelOom", "RankState", "Verdict", "autopsy", "signal_name"]
+
+TEARDOWN_WINDOW_NS = 45 * 10**9  # SIGTERM, then SIGKILL 30 s later, plus slack
+OOM_RECORD_WINDOW_NS = 15 * 10**9  # an OOM record this close to a death may explain it
+
+
+def signal_name(number: int | None) -> str | None:
+    """``SIGKILL`` for 9; never raises."""
+    if number is None:
+        return None
+    try:
+        return _signal.Signals(number).name
+    except ValueError:
+        return f"SIG{number}"
+
+
+@dataclass(frozen=True, slots=True)
+class RankState:
+    """A rank as the autopsy sees it. ``exit_code`` is the raw wait status (None: alive,
+    or exit unknown when ``died_ns`` is set); ``died_ns`` is CLOCK_MONOTONIC."""
+
+    label: str
+    rank: int | None
+    local_rank: int | None
+    pid: int
+    ns_pids: tuple[int, ...] = ()
+    exit_code: int | None = None
+    died_ns: int | None = None
+    cgroup: str | None = None
+    cgroup_limited_by: str | None = None
+
+    @property
+    def dead(self) -> bool:
+        return self.died_ns is not None
+
+    @property
+    def signal(self) -> int | None:
+        if self.exit_code is None or self.exit_code & 0x7F == 0:
+            return None
+        return self.exit_code & 0x7F
+
+    @property
+    def status(self) -> int | None:
+        if self.exit_code is None or self.exit_code & 0x7F:
+            return None
+        return (self.exit_code >> 8) & 0xFF
+
+    @property
+    def returncode(self) -> int | None:
+        """-N for signal N, else the exit status (as torchrun prints ``exitcode``)."""
+        if self.exit_code is None:
+            return None
+        return -self.signal if self.signal is not None else self.status
+
+    @property
+    def abnormal(self) -> bool:
+        return self.dead and (self.exit_code is None or self.returncode != 0)
+
+
+@dataclass(frozen=True, slots=True)
+class KernelOom:
+    """What the kernel log said about one OOM kill: merged summary and kill line."""
+
+    pid: int
+    at_ns: int
+    scope: str | None  # "global" | "memcg" | None (pre-5.1 kill line without prefix)
+    oom_memcg: str | None
+    task_memcg: str | None
+    comm: str
+    rss_bytes: int | None
+    lines: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    ranks: tuple[RankState, ...]
+    kernel: tuple[KernelOom, ...] = ()
+    host_oom_kills_before: int | None = None
+    host_oom_kills_after: int | None = None
+    cgroup_oom_kills_before: dict[str, int] = field(default_factory=dict)
+    cgroup_oom_kills_after: dict[str, int] = field(default_factory=dict)
+    kernel_log_readable: bool = True
+    exits_first_hand: bool = True  # exit codes came from the kernel (process connector)
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceItem:
+    source: str
+    at_ns: int | None
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    victim: RankState
+    kind: str
+    confidence: str
+    summary: str
+    evidence: tuple[EvidenceItem, ...]
+    fates: dict[str, str]
+    oom: KernelOom | None = None
+
+
+def _oom_for(rank: RankState, kernel: tuple[KernelOom, ...]) -> KernelOom | None:
+    if rank.died_ns is None:
+        return None
+    pids = {rank.pid, *rank.ns_pids}
+    matches = [k for k in kernel if k.pid in pids and abs(k.at_ns - rank.died_ns) <= OOM_RECORD_WINDOW_NS]
+    return min(matches, key=lambda k: abs(k.at_ns - (rank.died_ns or 0))) if matches else None
+
+
+def _describe_exit(rank: RankState) -> str:
+    if rank.exit_code is None:
+        return "exit status unknown"
+    if rank.signal is not None:
+        return f"killed by {signal_name(rank.signal)} (exit code -{rank.signal})"
+    return f"exited with status {rank.status}"
+
+
+def autopsy(ev: Evidence) -> Verdict | None:
+    """The verdict for the first abnormal death in ``ev``, or None when no rank died."""
+    dead = sorted((r for r in ev.ranks if r.abnormal), key=lambda r: (r.died_ns or 0, r.pid))
+    if not dead:
+        return None
+    victim = dead[0]
+    items: list[EvidenceItem] = [
+        EvidenceItem(
+            "exit" if ev.exits_first_hand else "proc",
+            victim.died_ns,
+            f"rank {victim.label} (pid {victim.pid}) {_describe_exit(victim)}",
+        )
+    ]
+    oom = _oom_for(victim, ev.kernel)
+    kind, confidence, summary = _victim_verdict(victim, oom, ev, items)
+
+    fates: dict[str, str] = {}
+    for r in ev.ranks:
+        if r is victim:
+            fates[r.label] = "root_cause"
+        elif not r.dead:
+            fates[r.label] = "running"
+        elif r.returncode == 0:
+            fates[r.label] = "exited_cleanly"
+        elif _oom_for(r, ev.kernel) is not None and kind in ("kernel_oom", "cgroup_oom"):
+            fates[r.label] = "same_cause"
+        elif _ended_by_agent(r, victim):
+            fates[r.label] = "terminated_by_agent"
+        else:
+            fates[r.label] = "unknown"
+    return Verdict(victim, kind, confidence, summary, tuple(items), fates, oom)
+
+
+def _ended_by_agent(rank: RankState, victim: RankState) -> bool:
+    if rank.died_ns is None or victim.died_ns is None:
+        return False
+    after = 0 <= rank.died_ns - victim.died_ns <= TEARDOWN_WINDOW_NS
+    # SIGTERM's default action, SIGKILL after the 30 s grace, or a handler's exit status
+    by_signal = rank.signal in (_signal.SIGTERM, _signal.SIGKILL, _signal.SIGINT)
+    by_handler = rank.status is not None and rank.status in (1, 2, 130, 143)
+    return after and (by_signal or by_handler)
+
+
+def _counter_moved(ev: Evidence, victim: RankState) -> tuple[bool, bool, str | None]:
+    host = (
+        ev.host_oom_kills_before is not None
+        and ev.host_oom_kills_after is not None
+        and ev.host_oom_kills_after > ev.host_oom_kills_before
+    )
+    cgroup_path = None
+    cgroup = False
+    for path in (victim.cgroup, victim.cgroup_limited_by):
+        before, after = ev.cgroup_oom_kills_before.get(path or ""), ev.cgroup_oom_kills_after.get(path or "")
+        if before is not None and after is not None and after > before:
+            cgroup, cgroup_path = True, path
+            break
+    return host, cgroup, cgroup_path
+
+
+def _victim_verdict(
+    victim: RankState, oom: KernelOom | None, ev: Evidence, items: list[EvidenceItem]
+) -> tuple[str, str, str]:
+    who = f"rank {victim.label} (pid {victim.pid})"
+    if oom is not None:
+        for line in oom.lines:
+            items.append(EvidenceItem("kmsg", oom.at_ns, line))
+        is_global = oom.scope == "global" or (oom.oom_memcg is None and oom.scope != "memcg")
+        if is_global and oom.oom_memcg is None:
+            rss = f" holding {oom.rss_bytes / 2**30:.1f} GiB" if oom.rss_bytes else ""
+            return (
+                "kernel_oom",
+                "certain",
+                f"The kernel's OOM killer killed {who}{rss}: the whole machine ran out of memory.",
+            )
+        limit_cgroup = oom.oom_memcg or victim.cgroup_limited_by or victim.cgroup or "its cgroup"
+        return (
+            "cgroup_oom",
+            "certain",
+            f"{who} was killed by the kernel because memory cgroup {limit_cgroup} reached its limit.",
+        )
+    if victim.signal == _signal.SIGKILL:
+        host, cgroup, path = _counter_moved(ev, victim)
+        if host or cgroup:
+            if ev.host_oom_kills_before is not None:
+                items.append(
+                    EvidenceItem(
+                        "vmstat",
+                        None,
+                        f"/proc/vmstat oom_kill {ev.host_oom_kills_before} -> {ev.host_oom_kills_after}",
+                    )
+                )
+            if cgroup and path:
+                items.append(
+                    EvidenceItem(
+                        "cgroup",
+                        None,
+                        f"{path} oom_kill {ev.cgroup_oom_kills_before[path]} -> "
+                        f"{ev.cgroup_oom_kills_after[path]}",
+                    )
+                )
+            missing = "no kernel log record named the pid" + (
+                "" if ev.kernel_log_readable else " (the kernel log was not readable)"
+            )
+            if cgroup and path and path != "/":
+                return (
+                    "cgroup_oom",
+                    "likely",
+                    f"{who} was SIGKILLed as the OOM counter of memory cgroup {path} moved; {missing}.",
+                )
+            return (
+                "kernel_oom",
+                "likely",
+                f"{who} was SIGKILLed as the kernel's OOM counter moved; {missing}.",
+            )
+        why = "no kernel OOM record named it, no OOM counter moved"
+        if not ev.kernel_log_readable:
+            why = "the kernel log was not readable and no OOM counter moved"
+        items.append(EvidenceItem("counters", None, "vmstat oom_kill and the cgroup's oom_kill did not move"))
+        return (
+            "external_signal",
+            "likely" if ev.kernel_log_readable else "possible",
+            f"{who} was killed by a SIGKILL from outside: {why}. The sender is unknown.",
+        )
+    sig = victim.signal
+    if sig == _signal.SIGSEGV:
+        return "segfault", "likely", f"{who} crashed with a segmentation fault (SIGSEGV)."
+    if sig == _signal.SIGBUS:
+        return "bus_error", "likely", f"{who} crashed with SIGBUS (often /dev/shm exhausted)."
+    if sig == _signal.SIGABRT:
+        return "abort", "possible", f"{who} aborted (SIGABRT); no collective-timeout evidence was read."
+    if sig is not None:
+        return (
+            "external_signal",
+            "possible",
+            f"{who} was killed by {signal_name(sig)} from outside; the sender is unknown.",
+        )
+    if victim.exit_code is None:
+        return (
+            "unknown",
+            "possible",
+            f"{who} ended but its exit status could not be read (run trainwatch as root in the host's "
+            "namespaces so the process connector reports exits).",
+        )
+    return (
+        "python_exception",
+        "possible",
+        f"{who} exited with status {victim.status}, as Python does after an uncaught exception; "
+        "its output was not read.",
+    )

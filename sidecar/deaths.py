@@ -1,0 +1,508 @@
+"""Deaths, live: exit events and kernel log records in, postmortems out.
+
+The sampler tells this room which processes are ranks (``observe``, every round); the
+process connector reports exits (``on_exit``) and the kernel log its OOM records
+(``on_kmsg``), each from its own thread. The first abnormal death of a rank opens an
+*incident* for its job; a worker thread runs the autopsy a quarter of a second later
+(time for the kernel's records to arrive, well inside the 1 s budget), writes the
+postmortem, and rewrites it as the other ranks' fates become known and when the agent
+exits. The sampler is never blocked: all of this happens on the worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sidecar.autopsy import Evidence, KernelOom, RankState, Verdict, autopsy, signal_name
+from sidecar.model import RankSample, Snapshot
+from sidecar.parse.kernel import KmsgRecord, OomKill, OomSummary, parse_oom_line
+from sidecar.postmortem import PostmortemStore, iso, make_id
+from sidecar.timeline import Timeline
+from sidecar.watch.exits import ExitEvent
+
+__all__ = ["DeathWatch"]
+
+log = logging.getLogger(__name__)
+
+AUTOPSY_DELAY_S = 0.25
+INCIDENT_QUIET_S = 60.0  # an incident closes this long after its last death (or at agent exit)
+KNOWN_GRACE_S = 120.0  # ranks gone from the snapshot are remembered this long
+TIMELINE_WINDOW_S = 300.0
+
+
+@dataclass(slots=True)
+class _Known:
+    job: str
+    agent_pid: int
+    run_id: str | None
+    world_size: int | None
+    restart: int
+    entrypoint: str | None
+    sample: RankSample
+    cgroup_limited_by: str | None
+    seen_ns: int
+
+
+@dataclass(slots=True)
+class _Incident:
+    job: str
+    agent_pid: int
+    run_id: str | None
+    world_size: int | None
+    restart: int
+    entrypoint: str | None
+    ranks: dict[int, _Known]
+    deaths: dict[int, tuple[int | None, int]] = field(default_factory=dict)  # pid -> (wait status, ns)
+    agent_exit: tuple[int, int] | None = None
+    doc_id: str | None = None
+    due_ns: int | None = None
+    last_death_ns: int = 0
+    counted: dict[int, str] = field(default_factory=dict)
+    host_oom_before: int | None = None
+    cgroup_oom_before: dict[str, int] = field(default_factory=dict)
+    snapshot_before: Snapshot | None = None
+
+
+class DeathWatch:
+    def __init__(
+        self,
+        store: PostmortemStore,
+        timeline: Timeline,
+        *,
+        read_host_oom_kills: Callable[[], int | None] = lambda: None,
+        hostname: str | None = None,
+        clock_ns: Callable[[], int] = time.monotonic_ns,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.timeline = timeline
+        self.read_host_oom_kills = read_host_oom_kills
+        self.hostname = hostname or socket.gethostname()
+        self.clock_ns = clock_ns
+        self.wall = wall
+        self.kernel_log_readable = False
+        self.exits_first_hand = False
+        self.deaths_total: dict[tuple[str, str], int] = {}
+        self._known: dict[int, _Known] = {}
+        self._snapshots: deque[tuple[int, Snapshot]] = deque(maxlen=8)
+        self._kernel: deque[KernelOom] = deque(maxlen=512)
+        self._incidents: dict[str, _Incident] = {}
+        self._cv = threading.Condition()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    # -- feeds ---------------------------------------------------------------------
+
+    def observe(self, snap: Snapshot) -> None:
+        """Sampler thread: remember the live ranks and the snapshot (for counters)."""
+        now = self.clock_ns()
+        cgroups = {c.path: c for c in snap.cgroups}
+        with self._cv:
+            self._snapshots.append((now, snap))
+            for job in snap.jobs:
+                for r in job.ranks:
+                    cg = cgroups.get(r.cgroup or "")
+                    self._known[r.key.pid] = _Known(
+                        job.key,
+                        job.agent.pid,
+                        job.run_id,
+                        job.world_size,
+                        r.restart,
+                        job.entrypoint,
+                        r,
+                        cg.limited_by if cg else None,
+                        now,
+                    )
+            cutoff = now - int(KNOWN_GRACE_S * 1e9)
+            for pid in [p for p, k in self._known.items() if k.seen_ns < cutoff]:
+                del self._known[pid]
+            for job_key in [
+                k
+                for k, inc in self._incidents.items()
+                if inc.due_ns is None and now - inc.last_death_ns > INCIDENT_QUIET_S * 1e9
+            ]:
+                del self._incidents[job_key]
+
+    def on_exit(self, event: ExitEvent) -> None:
+        """Connector thread (or the sampler's zombie fallback): a process exited."""
+        with self._cv:
+            known = self._known.get(event.pid)
+            if known is None:
+                for open_inc in self._incidents.values():
+                    if open_inc.agent_pid == event.pid and open_inc.agent_exit is None:
+                        open_inc.agent_exit = (event.exit_code, event.monotonic_ns)
+                        self._schedule(open_inc, event.monotonic_ns)
+                return
+            if known.sample.key.pid != event.pid:
+                return
+            inc = self._incidents.get(known.job)
+            abnormal = event.exit_code != 0
+            if inc is None:
+                if not abnormal:
+                    return
+                inc = self._open(known, event)
+            if event.pid in inc.deaths:
+                return
+            inc.deaths[event.pid] = (event.exit_code, event.monotonic_ns)
+            inc.last_death_ns = max(inc.last_death_ns, event.monotonic_ns)
+            self._schedule(inc, event.monotonic_ns)
+
+    def on_kmsg(self, record: KmsgRecord) -> None:
+        """Kernel-log thread: keep the OOM records (merged per pid)."""
+        if not record.from_kernel:
+            return
+        parsed = parse_oom_line(record.text)
+        if not isinstance(parsed, (OomSummary, OomKill)):
+            return
+        at = record.timestamp_us * 1000
+        with self._cv:
+            previous = next(
+                (k for k in reversed(self._kernel) if k.pid == parsed.pid and abs(k.at_ns - at) < 5 * 10**9),
+                None,
+            )
+            if isinstance(parsed, OomSummary):
+                merged = KernelOom(
+                    parsed.pid,
+                    at,
+                    "global" if parsed.global_oom else "memcg",
+                    parsed.oom_memcg,
+                    parsed.task_memcg,
+                    parsed.comm,
+                    None,
+                    (record.text,),
+                )
+                if previous is not None:
+                    merged = KernelOom(
+                        parsed.pid,
+                        previous.at_ns,
+                        previous.scope or merged.scope,
+                        merged.oom_memcg,
+                        merged.task_memcg,
+                        parsed.comm,
+                        previous.rss_bytes,
+                        (*previous.lines, record.text),
+                    )
+            else:
+                merged = KernelOom(
+                    parsed.pid, at, parsed.scope, None, None, parsed.comm, parsed.rss_bytes, (record.text,)
+                )
+                if previous is not None:
+                    merged = KernelOom(
+                        parsed.pid,
+                        previous.at_ns,
+                        parsed.scope or previous.scope,
+                        previous.oom_memcg,
+                        previous.task_memcg,
+                        parsed.comm,
+                        parsed.rss_bytes,
+                        (*previous.lines, record.text),
+                    )
+            if previous is not None:
+                self._kernel.remove(previous)
+            self._kernel.append(merged)
+            for inc in self._incidents.values():
+                if parsed.pid in inc.deaths:
+                    self._schedule(inc, self.clock_ns())
+
+    # -- incidents -----------------------------------------------------------------
+
+    def _open(self, known: _Known, event: ExitEvent) -> _Incident:
+        ranks = {
+            pid: k for pid, k in self._known.items() if k.job == known.job and k.agent_pid == known.agent_pid
+        }
+        before = next((s for ns, s in reversed(self._snapshots) if ns <= event.monotonic_ns), None)
+        inc = _Incident(
+            known.job,
+            known.agent_pid,
+            known.run_id,
+            known.world_size,
+            known.restart,
+            known.entrypoint,
+            ranks,
+            snapshot_before=before,
+        )
+        if before is not None and before.host is not None:
+            inc.host_oom_before = before.host.oom_kills
+        if before is not None:
+            inc.cgroup_oom_before = {c.path: c.oom_kills for c in before.cgroups if c.oom_kills is not None}
+        self._incidents[known.job] = inc
+        log.warning(
+            "job %s: rank %s (pid %d) died (%s); writing a postmortem",
+            known.job,
+            known.sample.rank_label,
+            event.pid,
+            _exit_text(event.exit_code),
+        )
+        return inc
+
+    def _schedule(self, inc: _Incident, at_ns: int) -> None:
+        due = max(at_ns, self.clock_ns()) + int(AUTOPSY_DELAY_S * 1e9)
+        if inc.due_ns is None or due < inc.due_ns:
+            inc.due_ns = due
+        self._cv.notify()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="trainwatch-deaths", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Finish the postmortems in flight, then stop."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while True:
+                    due = [inc for inc in self._incidents.values() if inc.due_ns is not None]
+                    now = self.clock_ns()
+                    ready = [inc for inc in due if inc.due_ns is not None and inc.due_ns <= now]
+                    if ready or (self._stop and not due):
+                        break
+                    if self._stop:  # finish what is pending right away
+                        ready = due
+                        break
+                    wait = min((inc.due_ns - now for inc in due if inc.due_ns is not None), default=None)
+                    self._cv.wait(None if wait is None else wait / 1e9)
+                if not ready and self._stop:
+                    return
+                for inc in ready:
+                    inc.due_ns = None
+                work = [(inc, self._evidence(inc)) for inc in ready]
+            for inc, evidence in work:
+                try:
+                    self._write(inc, evidence)
+                except Exception:
+                    log.exception("job %s: postmortem failed", inc.job)
+
+    def _evidence(self, inc: _Incident) -> Evidence:
+        ranks = []
+        for pid, k in sorted(
+            inc.ranks.items(), key=lambda kv: (kv[1].sample.rank is None, kv[1].sample.rank or 0)
+        ):
+            code, ns = inc.deaths.get(pid, (None, None))
+            ranks.append(
+                RankState(
+                    k.sample.rank_label,
+                    k.sample.rank,
+                    k.sample.local_rank,
+                    pid,
+                    k.sample.ns_pids,
+                    code,
+                    ns,
+                    k.sample.cgroup,
+                    k.cgroup_limited_by,
+                )
+            )
+        latest = self._snapshots[-1][1] if self._snapshots else None
+        after_cg = {c.path: c.oom_kills for c in latest.cgroups if c.oom_kills is not None} if latest else {}
+        host_after = self.read_host_oom_kills()
+        return Evidence(
+            tuple(ranks),
+            tuple(self._kernel),
+            inc.host_oom_before,
+            host_after,
+            inc.cgroup_oom_before,
+            after_cg,
+            self.kernel_log_readable,
+            self.exits_first_hand,
+        )
+
+    # -- the document --------------------------------------------------------------
+
+    def _wall(self, ns: int | None) -> float | None:
+        if ns is None:
+            return None
+        return self.wall() - (self.clock_ns() - ns) / 1e9
+
+    def _write(self, inc: _Incident, ev: Evidence) -> None:
+        verdict = autopsy(ev)
+        if verdict is None:
+            return
+        first = inc.doc_id is None
+        died_at = self._wall(verdict.victim.died_ns) or self.wall()
+        if inc.doc_id is None:
+            inc.doc_id = make_id(died_at, inc.agent_pid, verdict.victim.label, self.hostname)
+        doc = self._document(inc, verdict, died_at, ev)
+        self.store.put(doc, first=first)
+        with self._cv:
+            for r in ev.ranks:
+                fate = verdict.fates.get(r.label)
+                if not r.abnormal or r.pid in inc.counted:
+                    continue
+                killer = {
+                    "root_cause": verdict.kind,
+                    "same_cause": verdict.kind,
+                    "terminated_by_agent": "agent_teardown",
+                }.get(fate or "", "unknown")
+                inc.counted[r.pid] = killer
+                self.deaths_total[(inc.job, killer)] = self.deaths_total.get((inc.job, killer), 0) + 1
+        if first:
+            log.warning(
+                "job %s: postmortem %s: %s (%s)", inc.job, inc.doc_id, verdict.summary, verdict.confidence
+            )
+
+    def _document(self, inc: _Incident, v: Verdict, died_at: float, ev: Evidence) -> dict[str, Any]:
+        before = inc.snapshot_before
+        cgroups = {c.path: c for c in before.cgroups} if before else {}
+        cg_path = (
+            (v.oom.oom_memcg if v.oom and v.oom.oom_memcg else None)
+            or v.victim.cgroup_limited_by
+            or v.victim.cgroup
+        )
+        cg = cgroups.get(cg_path or "")
+        if cg is None and v.victim.cgroup:
+            cg = cgroups.get(v.victim.cgroup)
+        points = self.timeline.window(inc.job, since=died_at - TIMELINE_WINDOW_S)
+        ranks = []
+        for r in ev.ranks:
+            k = inc.ranks.get(r.pid)
+            s = k.sample if k else None
+            ranks.append(
+                {
+                    "rank": r.rank,
+                    "local_rank": r.local_rank,
+                    "pid": r.pid,
+                    "exit_code": r.returncode,
+                    "signal": signal_name(r.signal),
+                    "died_at": iso(self._wall(r.died_ns)),
+                    "fate": v.fates.get(r.label, "unknown"),
+                    "rss_bytes": s.rss_bytes if s else None,
+                    "peak_rss_bytes": s.peak_rss_bytes if s else None,
+                    "tree_rss_bytes": s.tree_rss_bytes if s else None,
+                    "gpu_memory_bytes": sum(s.gpu_memory_bytes.values())
+                    if s and s.gpu_memory_bytes
+                    else None,
+                }
+            )
+        host = before.host if before else None
+        min_avail = min(
+            (p.host_available_bytes for p in points if p.host_available_bytes is not None), default=None
+        )
+        doc: dict[str, Any] = {
+            "schema": "trainwatch.postmortem/v1",
+            "id": inc.doc_id,
+            "created_at": iso(self.wall()),
+            "host": self.hostname,
+            "job": {
+                "agent_pid": inc.agent_pid,
+                "run_id": inc.run_id,
+                "world_size": inc.world_size,
+                "restart_count": inc.restart,
+                "entrypoint": inc.entrypoint,
+                "key": inc.job,
+            },
+            "victim": {
+                "rank": v.victim.rank,
+                "local_rank": v.victim.local_rank,
+                "pid": v.victim.pid,
+                "exit_code": v.victim.returncode,
+                "signal": signal_name(v.victim.signal),
+                "died_at": iso(died_at),
+            },
+            "killer": {
+                "kind": v.kind,
+                "confidence": v.confidence,
+                "summary": v.summary,
+                "evidence": [
+                    {"source": e.source, "at": iso(self._wall(e.at_ns)), "detail": e.detail}
+                    for e in v.evidence
+                ],
+            },
+            "ranks": ranks,
+            "memory": {
+                "host": {
+                    "total_bytes": host.total_bytes if host else None,
+                    "available_bytes_at_death": host.available_bytes if host else None,
+                    "min_available_bytes": min_avail,
+                },
+                "cgroup": None
+                if cg is None
+                else {
+                    "path": cg.path,
+                    "version": cg.version,
+                    "limit_bytes": cg.effective_limit_bytes,
+                    "usage_bytes_at_death": cg.usage_bytes,
+                    "peak_bytes": cg.peak_bytes,
+                    "oom_kills": cg.oom_kills,
+                },
+            },
+            "timeline": [
+                {
+                    "at": iso(p.at),
+                    "host_available_bytes": p.host_available_bytes,
+                    "cgroup_usage_bytes": p.cgroup_usage_bytes,
+                    "rss_bytes": p.rss_bytes,
+                    "tree_rss_bytes": p.tree_rss_bytes,
+                    "gpu_memory_bytes": p.gpu_memory_bytes,
+                }
+                for p in points
+            ],
+            "advice": advice(v, ranks, cg, host.total_bytes if host else None),
+        }
+        return doc
+
+
+def _exit_text(code: int) -> str:
+    return f"signal {signal_name(code & 0x7F)}" if code & 0x7F else f"exit status {(code >> 8) & 0xFF}"
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+def advice(v: Verdict, ranks: list[dict[str, Any]], cg: Any, host_total: int | None) -> list[str]:
+    """What to change, from the verdict and the numbers."""
+    out: list[str] = []
+    rss = [r["rss_bytes"] for r in ranks if r.get("rss_bytes")]
+    trees = [
+        (r["rss_bytes"], r["tree_rss_bytes"]) for r in ranks if r.get("rss_bytes") and r.get("tree_rss_bytes")
+    ]
+    if (
+        v.kind in ("kernel_oom", "cgroup_oom")
+        and len(rss) > 1
+        and max(rss) > 1 << 30
+        and min(rss) > 0.75 * max(rss)
+    ):
+        out.append(
+            f"Every rank held about the same host memory ({_gib(min(rss))} to {_gib(max(rss))}): each "
+            "process loads its own full copy. Load the weights once (low_cpu_mem_usage=True, meta-device or "
+            "ZeRO-3 init), load them straight to the GPU, or stagger loading across ranks."
+        )
+    if v.kind == "cgroup_oom" and cg is not None and cg.effective_limit_bytes:
+        total = sum(r.get("tree_rss_bytes") or 0 for r in ranks)
+        out.append(
+            f"The limit of memory cgroup {cg.path} is {_gib(cg.effective_limit_bytes)}"
+            + (f"; the job's processes held {_gib(total)} in RSS before the kill" if total else "")
+            + ". Raise that limit (container or pod memory, Slurm --mem) or reduce host memory per rank."
+        )
+    if v.kind == "kernel_oom" and host_total:
+        out.append(
+            f"The machine has {_gib(host_total)} of RAM and no limit stopped the job first: reduce host "
+            "memory per rank or run fewer ranks per node; a memory limit on the job turns this into a "
+            "contained failure."
+        )
+    if trees and any(t > 2 * r and t - r > 1 << 30 for r, t in trees):
+        out.append(
+            "The ranks' child processes (DataLoader workers) held much of the memory: lower num_workers, "
+            "avoid copying the dataset into each worker, or use shared memory for it."
+        )
+    if v.kind == "external_signal":
+        out.append(
+            "Nothing on this machine recorded an OOM. Look at who sends signals here: the scheduler "
+            "(Slurm time limit, Kubernetes eviction or preemption), an operator, a watchdog."
+        )
+    if v.kind == "unknown":
+        out.append("Run trainwatch as root in the host's PID and network namespaces so exits are captured.")
+    return out

@@ -1,0 +1,1 @@
+"""Text parsers shared by live watchers and offline diagnosis: one module per format family."""

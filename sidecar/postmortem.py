@@ -1,0 +1,137 @@
+"""The postmortem: the ``trainwatch.postmortem/v1`` document (CONTRACTS.md), assembled from
+a verdict and what the daemon recorded, and its store.
+
+The store writes each document atomically (temp file, fsync, rename) with mode 0640 into
+the postmortem directory and keeps the newest ones in memory too, so a full disk or a
+read-only directory loses nothing that is being served (the error is logged once). At
+start it loads what earlier runs wrote. Ids are validated before any file is touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import socket
+import threading
+from collections import OrderedDict
+from datetime import datetime, timezone
+from typing import Any
+
+__all__ = ["ID_PATTERN", "PostmortemStore", "iso", "make_id"]
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "trainwatch.postmortem/v1"
+ID_PATTERN = re.compile(r"^[0-9]{8}T[0-9]{6}Z-[A-Za-z0-9_.-]{1,64}-[0-9]{1,10}-r[A-Za-z0-9_.-]{1,32}$")
+KEEP_IN_MEMORY = 64
+
+
+def iso(epoch: float | None) -> str | None:
+    """ISO-8601 with offset (UTC), millisecond precision."""
+    if epoch is None:
+        return None
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+def make_id(died_at: float, agent_pid: int, rank_label: str, host: str | None = None) -> str:
+    host = re.sub(r"[^A-Za-z0-9_.-]", "-", (host or socket.gethostname()))[:64] or "host"
+    stamp = datetime.fromtimestamp(died_at, tz=timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    label = re.sub(r"[^A-Za-z0-9_.-]", "-", rank_label)[:32] or "x"
+    return f"{stamp}-{host}-{agent_pid}-r{label}"
+
+
+class PostmortemStore:
+    """Postmortem documents by id, newest last; on disk under ``directory`` when it is usable."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self._docs: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.written_total = 0
+        self._disk_error: str | None = None
+        self._load()
+
+    def _load(self) -> None:
+        try:
+            names = sorted(n for n in os.listdir(self.directory) if n.endswith(".json"))
+        except OSError:
+            return
+        for name in names[-KEEP_IN_MEMORY:]:
+            ident = name[:-5]
+            if not ID_PATTERN.match(ident):
+                continue
+            try:
+                with open(os.path.join(self.directory, name), encoding="utf-8") as f:
+                    doc = json.load(f)
+            except (OSError, ValueError) as exc:
+                log.warning("postmortem %s is unreadable, skipped: %s", name, exc)
+                continue
+            if isinstance(doc, dict) and doc.get("schema") == SCHEMA:
+                self._docs[ident] = doc
+        if self._docs:
+            log.info("loaded %d postmortem(s) from %s", len(self._docs), self.directory)
+
+    def put(self, doc: dict[str, Any], first: bool) -> None:
+        """Store (or update) a document; ``first`` counts it as a new postmortem."""
+        ident = doc["id"]
+        with self._lock:
+            self._docs[ident] = doc
+            self._docs.move_to_end(ident)
+            while len(self._docs) > KEEP_IN_MEMORY:
+                self._docs.popitem(last=False)
+            if first:
+                self.written_total += 1
+        self._write(ident, doc)
+
+    def _write(self, ident: str, doc: dict[str, Any]) -> None:
+        path = os.path.join(self.directory, ident + ".json")
+        tmp = path + ".tmp"
+        try:
+            os.makedirs(self.directory, mode=0o750, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
+            try:
+                os.write(fd, json.dumps(doc, indent=1, sort_keys=False).encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+            if self._disk_error is not None:
+                log.info("postmortem directory %s is writable again", self.directory)
+                self._disk_error = None
+        except OSError as exc:
+            message = f"cannot write postmortem {path}: {exc.strerror}; it is kept in memory and served"
+            if message != self._disk_error:
+                log.error("%s", message)
+                self._disk_error = message
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+    def get(self, ident: str) -> dict[str, Any] | None:
+        if not ID_PATTERN.match(ident):
+            return None
+        with self._lock:
+            return self._docs.get(ident)
+
+    def newest(self) -> dict[str, Any] | None:
+        with self._lock:
+            return next(reversed(self._docs.values()), None) if self._docs else None
+
+    def listing(self) -> list[dict[str, Any]]:
+        with self._lock:
+            docs = list(self._docs.values())
+        docs.sort(key=lambda d: d.get("created_at") or "", reverse=True)
+        return [
+            {
+                "id": d["id"],
+                "created_at": d.get("created_at"),
+                "victim": {"rank": (d.get("victim") or {}).get("rank")},
+                "killer": {
+                    "kind": (d.get("killer") or {}).get("kind"),
+                    "summary": (d.get("killer") or {}).get("summary"),
+                },
+            }
+            for d in docs
+        ]

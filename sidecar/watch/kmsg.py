@@ -1,0 +1,94 @@
+"""The kernel log, live: /dev/kmsg read from its end, one record per read().
+
+Each record's timestamp is microseconds on the printk clock (monotonic since boot), so it
+orders with the process connector's CLOCK_MONOTONIC exit times (a few ms apart at most).
+When the ring buffer overwrote records before they were read, read() fails with EPIPE
+and the reader carries on from the oldest record left, counting what was lost from the
+sequence numbers. Needs read access to /dev/kmsg (root, or CAP_SYSLOG when
+kernel.dmesg_restrict=1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import select
+import threading
+from collections.abc import Callable
+
+from sidecar.parse.kernel import KmsgRecord, parse_kmsg_record
+
+__all__ = ["KmsgWatcher"]
+
+log = logging.getLogger(__name__)
+
+
+class KmsgWatcher:
+    """Calls ``on_record`` (from its own thread) for every kernel record written after
+    ``start()``. ``start()`` raises OSError when /dev/kmsg cannot be opened."""
+
+    def __init__(self, on_record: Callable[[KmsgRecord], None], path: str = "/dev/kmsg") -> None:
+        self.on_record = on_record
+        self.path = path
+        self.lost = 0
+        self._fd: int | None = None
+        self._last_seq: int | None = None
+        self._stop_r, self._stop_w = os.pipe()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            os.lseek(fd, 0, os.SEEK_END)
+        except OSError:
+            os.close(fd)
+            raise
+        self._fd = fd
+        self._thread = threading.Thread(target=self._run, name="trainwatch-kmsg", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        assert self._fd is not None
+        fd = self._fd
+        while True:
+            ready, _, _ = select.select([fd, self._stop_r], [], [])
+            if self._stop_r in ready:
+                return
+            while True:
+                try:
+                    raw = os.read(fd, 16384)
+                except BlockingIOError:
+                    break
+                except OSError as exc:
+                    if exc.errno == errno.EPIPE:
+                        log.warning("kernel log: records were overwritten before trainwatch read them")
+                        continue
+                    if exc.errno == errno.EINTR:
+                        continue
+                    log.error("kernel log: read failed: %s; no more kernel evidence", exc)
+                    return
+                if not raw:
+                    break
+                record = parse_kmsg_record(raw)
+                if record is None:
+                    continue
+                if self._last_seq is not None and record.sequence > self._last_seq + 1:
+                    self.lost += record.sequence - self._last_seq - 1
+                self._last_seq = record.sequence
+                try:
+                    self.on_record(record)
+                except Exception:
+                    log.exception("kernel log handler failed")
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            os.write(self._stop_w, b"x")
+            self._thread.join(5)
+            self._thread = None
+        for fd in (self._fd, self._stop_r, self._stop_w):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._fd = None

@@ -1,0 +1,125 @@
+"""Real deaths, produced here, through the real daemon: a rank that exceeds a real memory
+cgroup limit, and a rank killed with kill -9 from outside."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.e2e import DaemonProc, TorchrunJob, wait_for
+
+GIB = 1 << 30
+V1 = Path("/sys/fs/cgroup/memory")
+V2 = Path("/sys/fs/cgroup")
+
+pytestmark = [pytest.mark.slow]
+
+
+def _postmortem(daemon: DaemonProc, victim_rank: int, want_fates: int) -> dict:
+    def ready():
+        status, body = daemon.get("/postmortem")
+        if status != 200:
+            return None
+        doc = json.loads(body)
+        decided = [r for r in doc["ranks"] if r["fate"] not in ("running", "unknown")]
+        return doc if doc["victim"]["rank"] == victim_rank and len(decided) >= want_fates else None
+
+    return wait_for(ready, 60, "the postmortem with every rank's fate", 0.2)
+
+
+def _cgroup_root() -> tuple[int, Path] | None:
+    if os.geteuid() != 0:
+        return None
+    sub = V2 / "cgroup.subtree_control"
+    if sub.exists() and "memory" in sub.read_text().split():
+        return 2, V2
+    if (V1 / "cgroup.procs").exists():
+        return 1, V1
+    return None
+
+
+@pytest.mark.root
+@pytest.mark.skipif(_cgroup_root() is None, reason="needs root and a writable memory cgroup hierarchy")
+def test_cgroup_oom_is_named_with_certainty(tmp_path):
+    version, root = _cgroup_root()  # type: ignore[misc]
+    parent = root / f"trainwatch-oom-{uuid.uuid4().hex[:8]}"
+    parent.mkdir()
+    child = parent / "job"
+    try:
+        if version == 1:
+            (parent / "memory.limit_in_bytes").write_text(str(int(1.5 * GIB)))
+        else:
+            (parent / "memory.max").write_text(str(int(1.5 * GIB)))
+            (parent / "cgroup.subtree_control").write_text("+memory")
+        child.mkdir()
+        wrap = ["sh", "-c", f'echo $$ > {child}/cgroup.procs && exec "$@"', "sh"]
+        with (
+            DaemonProc(tmp_path) as daemon,
+            TorchrunJob(tmp_path, "oom", wrap=wrap, hold_mb=50, workers=0, grow_rank=1, grow_after=2) as job,
+        ):
+            pids = job.ready()
+            doc = _postmortem(daemon, victim_rank=1, want_fates=2)
+            job.proc.wait(60)
+            killer = doc["killer"]
+            assert killer["kind"] == "cgroup_oom" and killer["confidence"] == "certain", killer
+            assert f"/{parent.name}" in killer["summary"]
+            assert doc["victim"]["pid"] == pids[1][0] and doc["victim"]["signal"] == "SIGKILL"
+            assert doc["victim"]["exit_code"] == -9
+            fates = {r["rank"]: r["fate"] for r in doc["ranks"]}
+            assert fates == {0: "terminated_by_agent", 1: "root_cause"}
+            assert any(
+                e["source"] == "kmsg" and f"pid={pids[1][0]}" in e["detail"] for e in killer["evidence"]
+            )
+            assert doc["memory"]["cgroup"]["limit_bytes"] == int(1.5 * GIB)
+            assert doc["timeline"], "the memory curve before death"
+            assert any("limit" in a for a in doc["advice"])
+            files = list((tmp_path / "postmortems").glob("*.json"))
+            assert [f.name for f in files] == [doc["id"] + ".json"]
+            assert oct(files[0].stat().st_mode & 0o777) == "0o640"
+            assert json.loads(files[0].read_text())["killer"]["kind"] == "cgroup_oom"
+            m = daemon.metrics()
+            assert any(
+                labels.get("killer") == "cgroup_oom" and v == 1
+                for labels, v in m["trainwatch_rank_deaths_total"]
+            )
+            assert m["trainwatch_postmortems_written_total"][0][1] == 1
+            listing = json.loads(daemon.get("/postmortems")[1])
+            assert listing[0]["id"] == doc["id"] and listing[0]["killer"]["kind"] == "cgroup_oom"
+            assert json.loads(daemon.get(f"/postmortems/{doc['id']}")[1])["id"] == doc["id"]
+            assert daemon.get("/postmortems/..%2F..%2Fetc%2Fpasswd")[0] == 404
+            assert daemon.get("/postmortems/nope")[0] == 404
+            assert daemon.stop() == 0
+    finally:
+        for d in (child, parent):
+            for _ in range(100):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
+def test_kill_9_from_outside_is_an_external_signal_not_an_oom(tmp_path):
+    with DaemonProc(tmp_path) as daemon, TorchrunJob(tmp_path, "kill", hold_mb=50, workers=1) as job:
+        pids = job.ready()
+        time.sleep(1.5)  # the daemon has sampled the ranks
+        os.kill(pids[1][0], signal.SIGKILL)
+        doc = _postmortem(daemon, victim_rank=1, want_fates=2)
+        job.proc.wait(60)
+        killer = doc["killer"]
+        assert killer["kind"] == "external_signal", killer
+        assert killer["confidence"] in ("likely", "possible") and "SIGKILL" in killer["summary"]
+        assert doc["victim"]["pid"] == pids[1][0]
+        assert {r["rank"]: r["fate"] for r in doc["ranks"]} == {0: "terminated_by_agent", 1: "root_cause"}
+        m = daemon.metrics()
+        killers = {labels["killer"]: v for labels, v in m["trainwatch_rank_deaths_total"]}
+        assert killers == {"external_signal": 1, "agent_teardown": 1}
+        assert daemon.stop() == 0
