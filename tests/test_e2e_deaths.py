@@ -108,12 +108,22 @@ def test_cgroup_oom_is_named_with_certainty(tmp_path):
 
 
 def test_kill_9_from_outside_is_an_external_signal_not_an_oom(tmp_path):
-    with DaemonProc(tmp_path) as daemon, TorchrunJob(tmp_path, "kill", hold_mb=50, workers=1) as job:
+    with (
+        DaemonProc(tmp_path) as daemon,
+        TorchrunJob(tmp_path, "kill", hold_mb=50, workers=1) as job,
+        TorchrunJob(tmp_path, "bystander", hold_mb=50, workers=0) as other,
+    ):
         pids = job.ready()
+        other_pids = other.ready()
         time.sleep(1.5)  # the daemon has sampled the ranks
         os.kill(pids[1][0], signal.SIGKILL)
         doc = _postmortem(daemon, victim_rank=1, want_fates=2)
         job.proc.wait(60)
+        # the other job is untouched and not mentioned
+        assert other.proc.poll() is None
+        assert not {r["pid"] for r in doc["ranks"]} & {p[0] for p in other_pids.values()}
+        assert doc["job"]["agent_pid"] == job.agent_pid
+        assert len(json.loads(daemon.get("/postmortems")[1])) == 1
         killer = doc["killer"]
         assert killer["kind"] == "external_signal", killer
         assert killer["confidence"] in ("likely", "possible") and "SIGKILL" in killer["summary"]
@@ -122,4 +132,48 @@ def test_kill_9_from_outside_is_an_external_signal_not_an_oom(tmp_path):
         m = daemon.metrics()
         killers = {labels["killer"]: v for labels, v in m["trainwatch_rank_deaths_total"]}
         assert killers == {"external_signal": 1, "agent_teardown": 1}
+        assert daemon.stop() == 0
+
+
+def test_the_agents_sigkill_after_an_ignored_sigterm_is_teardown(tmp_path):
+    """Rank 0 ignores SIGTERM; torchrun SIGKILLs it 30 s after the SIGTERM: a -9 that is
+    not an OOM and not the root cause."""
+    with (
+        DaemonProc(tmp_path) as daemon,
+        TorchrunJob(tmp_path, "stubborn", hold_mb=50, workers=0, ignore_sigterm_rank=0) as job,
+    ):
+        pids = job.ready()
+        time.sleep(1.5)
+        os.kill(pids[1][0], signal.SIGKILL)
+        job.proc.wait(90)
+        doc = _postmortem(daemon, victim_rank=1, want_fates=2)
+        r0 = next(r for r in doc["ranks"] if r["rank"] == 0)
+        assert r0["signal"] == "SIGKILL" and r0["fate"] == "terminated_by_agent", r0
+        assert doc["killer"]["kind"] == "external_signal" and doc["victim"]["rank"] == 1
+        assert daemon.stop() == 0
+
+
+GLOBAL_OOM = os.environ.get("TRAINWATCH_E2E_GLOBAL_OOM") == "1"
+
+
+@pytest.mark.root
+@pytest.mark.skipif(
+    not (GLOBAL_OOM and os.geteuid() == 0),
+    reason="a real global OOM: set TRAINWATCH_E2E_GLOBAL_OOM=1 on a disposable machine (.ci/run does)",
+)
+def test_global_oom_is_kernel_oom(tmp_path):
+    """The whole machine runs out of memory; the growing rank has oom_score_adj=1000, so
+    the kernel's OOM killer takes it and nothing else."""
+    with (
+        DaemonProc(tmp_path) as daemon,
+        TorchrunJob(tmp_path, "global", hold_mb=50, workers=0, grow_rank=1, grow_after=2) as job,
+    ):
+        pids = job.ready()
+        doc = _postmortem(daemon, victim_rank=1, want_fates=2)
+        job.proc.wait(60)
+        killer = doc["killer"]
+        assert killer["kind"] == "kernel_oom" and killer["confidence"] == "certain", killer
+        assert doc["victim"]["pid"] == pids[1][0]
+        assert {r["rank"]: r["fate"] for r in doc["ranks"]} == {0: "terminated_by_agent", 1: "root_cause"}
+        assert any("global_oom" in e["detail"] or "Out of memory" in e["detail"] for e in killer["evidence"])
         assert daemon.stop() == 0

@@ -45,6 +45,8 @@ def main() -> int:
         "--grow-rank", type=int, default=-1, help="this rank keeps allocating after --grow-after s"
     )
     ap.add_argument("--grow-after", type=float, default=1.0)
+    ap.add_argument("--grow-mb", type=int, default=64, help="MiB added every 20 ms by --grow-rank")
+    ap.add_argument("--ignore-sigterm-rank", type=int, default=-1, help="this rank ignores SIGTERM")
     args = ap.parse_args()
 
     import torch
@@ -52,6 +54,10 @@ def main() -> int:
 
     rank = int(os.environ["RANK"])
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if rank == args.ignore_sigterm_rank:
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # A store prefix per attempt: the agent's store outlives a restart, and gloo would
     # otherwise find the first attempt's (dead) peer addresses in it.
     store = dist.TCPStore(
@@ -91,10 +97,11 @@ def main() -> int:
             print(f"rank {rank}: failing on purpose", file=sys.stderr, flush=True)
             os._exit(1)
         if rank == args.grow_rank and restart == 0 and time.monotonic() - start > args.grow_after:
-            grown.append(hold(64))  # until a memory limit stops it
+            grown.append(hold(args.grow_mb))  # until a memory limit stops it
             time.sleep(0.02)
             continue
-        dist.all_reduce(t)
+        if rank != args.ignore_sigterm_rank:  # that one only waits (a peer's death must not fail it)
+            dist.all_reduce(t)
         time.sleep(0.2)
     del buf
     for p in procs:
