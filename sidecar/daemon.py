@@ -45,6 +45,27 @@ __all__ = ["Daemon", "Sampler"]
 log = logging.getLogger(__name__)
 
 CGROUP_RECHECK_SECONDS = 10.0
+# Near a memory limit the last sample before an OOM kill should be close to the kill:
+# the sampler runs this often while a rank's cgroup is at >= PRESSURE_SHARE of its
+# limit or the host has less than 1 - PRESSURE_SHARE of its memory available.
+PRESSURE_INTERVAL_SECONDS = 0.1
+PRESSURE_SHARE = 0.9
+
+
+def under_pressure(snapshot: Snapshot) -> bool:
+    """True when a watched rank's memory is close to the limit that would OOM it."""
+    if not snapshot.jobs:
+        return False
+    host = snapshot.host
+    if host is not None and host.available_bytes < (1 - PRESSURE_SHARE) * host.total_bytes:
+        return True
+    for cg in snapshot.cgroups:
+        limit = cg.effective_limit_bytes
+        if limit and cg.usage_bytes is not None and cg.usage_bytes >= PRESSURE_SHARE * limit:
+            return True
+    return False
+
+
 PROBES = ("discovery", "proc", "cgroup", "gpu", "host")
 
 
@@ -279,8 +300,10 @@ class Sampler:
         except NoSuchProcess:
             discovery.forget(pid)
             return None
+        if status.rss_bytes is None:
+            return None  # no address space any more: killed and exiting, not a live rank
         tree = discovery.trees.get(pid) or discovery.tree(pid)
-        rss = status.rss_bytes if status.rss_bytes is not None else st.rss_bytes
+        rss = status.rss_bytes
         tree_rss = rss
         members = 1
         entries = discovery.entries
@@ -511,14 +534,27 @@ class Daemon:
         self.deaths.observe(snapshot)
 
     def _run(self) -> None:
-        interval = self.settings.interval_seconds
+        base = self.settings.interval_seconds
+        interval = base
         clock = self.sampler.clock
         deadline = clock()
         while not self._stop.is_set():
+            snapshot = None
             try:
-                self._publish(self.sampler.sample())
+                snapshot = self.sampler.sample()
+                self._publish(snapshot)
             except Exception:
                 log.exception("sampling round failed")
+            fast = snapshot is not None and under_pressure(snapshot)
+            if fast != (interval < base):
+                if fast:
+                    log.info(
+                        "memory is near a limit: sampling every %gs until it is not",
+                        PRESSURE_INTERVAL_SECONDS,
+                    )
+                else:
+                    log.info("memory pressure is over: back to sampling every %gs", base)
+            interval = min(base, PRESSURE_INTERVAL_SECONDS) if fast else base
             deadline += interval
             now = clock()
             if now > deadline:

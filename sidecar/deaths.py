@@ -62,6 +62,7 @@ class _Incident:
     deaths: dict[int, tuple[int | None, int]] = field(default_factory=dict)  # pid -> (wait status, ns)
     agent_exit: tuple[int, int] | None = None
     doc_id: str | None = None
+    created_at: float | None = None
     due_ns: int | None = None
     last_death_ns: int = 0
     counted: dict[int, str] = field(default_factory=dict)
@@ -334,6 +335,7 @@ class DeathWatch:
         died_at = self._wall(verdict.victim.died_ns) or self.wall()
         if inc.doc_id is None:
             inc.doc_id = make_id(died_at, inc.agent_pid, verdict.victim.label, self.hostname)
+            inc.created_at = self.wall()
         doc = self._document(inc, verdict, died_at, ev)
         self.store.put(doc, first=first)
         with self._cv:
@@ -393,7 +395,8 @@ class DeathWatch:
         doc: dict[str, Any] = {
             "schema": "trainwatch.postmortem/v1",
             "id": inc.doc_id,
-            "created_at": iso(self.wall()),
+            "created_at": iso(inc.created_at),
+            "updated_at": iso(self.wall()),
             "host": self.hostname,
             "job": {
                 "agent_pid": inc.agent_pid,
@@ -410,6 +413,8 @@ class DeathWatch:
                 "exit_code": v.victim.returncode,
                 "signal": signal_name(v.victim.signal),
                 "died_at": iso(died_at),
+                # first-hand, from the kernel's kill line: the RSS at the moment of the kill
+                "kernel_rss_bytes": v.oom.rss_bytes if v.oom else None,
             },
             "killer": {
                 "kind": v.kind,

@@ -122,3 +122,40 @@ def test_deadlines_do_not_drift(proc_tree, tmp_path):
     # a full interval after each 0.05 s round would drift to 0.15 s a round: about 7.
     assert 9 <= sampler.samples_total <= 12, sampler.samples_total
     assert sampler.overruns_total == 0
+
+
+def test_pressure_means_a_rank_close_to_a_limit():
+    from dataclasses import replace
+
+    from sidecar.daemon import under_pressure
+    from sidecar.model import CgroupSample, HostSample
+
+    host = HostSample(
+        total_bytes=100,
+        available_bytes=50,
+        oom_kills=0,
+        psi_some_avg10_ratio=None,
+        psi_full_avg10_ratio=None,
+        psi_some_total_seconds=None,
+        psi_full_total_seconds=None,
+        shm_total_bytes=None,
+        shm_used_bytes=None,
+    )
+    cg = CgroupSample(
+        path="/job",
+        version=1,
+        usage_bytes=80,
+        limit_bytes=None,
+        peak_bytes=None,
+        oom_kills=0,
+        oom_events=None,
+        limited_by="/",
+        effective_limit_bytes=100,
+    )
+    snap = replace(_snapshot(1, (_job("a", 1),)), host=host, cgroups=(cg,))
+    assert not under_pressure(snap)
+    assert under_pressure(replace(snap, cgroups=(replace(cg, usage_bytes=95),)))
+    assert under_pressure(replace(snap, host=replace(host, available_bytes=5)))
+    assert not under_pressure(
+        replace(snap, jobs=(), host=replace(host, available_bytes=5))
+    )  # nothing to watch
