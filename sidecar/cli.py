@@ -40,6 +40,8 @@ GPU memory (NVML), memory cgroup limits and host memory, served as Prometheus me
 on /metrics, with a live JSON view on /ranks and a health check on /healthz."""
 
 EPILOG = """\
+Also: trainwatch postmortem [ID|PATH|URL] prints a postmortem in the terminal.
+
 Every option can also be set by an environment variable: TRAINWATCH_ATTACH_TORCHRUN=1,
 TRAINWATCH_PID (comma-separated), TRAINWATCH_INTERVAL, TRAINWATCH_HOST, TRAINWATCH_PORT,
 TRAINWATCH_POSTMORTEM_DIR, TRAINWATCH_HISTORY, TRAINWATCH_LOG_LEVEL. Options win over
@@ -332,12 +334,72 @@ def serve(settings: Settings) -> int:
     return 0
 
 
+def postmortem_command(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> int:
+    """``trainwatch postmortem [ID|PATH|URL] [--format text|json] [--postmortem-dir DIR]``:
+    print one postmortem. Without an argument: the newest in the postmortem directory,
+    else the one a local daemon serves."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    from sidecar.postmortem import ID_PATTERN, PostmortemStore, render_text
+
+    env = os.environ if environ is None else environ
+    p = _Parser(prog="trainwatch postmortem", description="Print a postmortem in the terminal.")
+    p.add_argument(
+        "what", nargs="?", help="a postmortem id, a .json file, or a URL (http://host:port[/postmortem...])"
+    )
+    p.add_argument("--format", choices=("text", "json"), default="text")
+    p.add_argument("--postmortem-dir", default=None, help="where to look for ids (default as the daemon's)")
+    ns = p.parse_args(list(argv))
+    directory = ns.postmortem_dir or env.get("TRAINWATCH_POSTMORTEM_DIR") or default_postmortem_dir()
+    what: str | None = ns.what
+    doc = None
+    if what and (what.startswith("http://") or what.startswith("https://")):
+        url = what if "/postmortem" in what else what.rstrip("/") + "/postmortem"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                doc = json.loads(r.read())
+        except (urllib.error.URLError, ValueError, OSError) as exc:
+            raise ConfigError(f"{what}: cannot fetch a postmortem: {getattr(exc, 'reason', exc)}") from None
+    elif what and (os.path.sep in what or what.endswith(".json")):
+        try:
+            with open(what, encoding="utf-8") as f:
+                doc = json.load(f)
+        except OSError as exc:
+            raise ConfigError(f"{what}: {exc.strerror}") from None
+        except ValueError:
+            raise ConfigError(f"{what}: not a postmortem (not JSON)") from None
+    else:
+        if what and not ID_PATTERN.match(what):
+            raise ConfigError(f"{what!r} is not a postmortem id, a path or a URL")
+        store = PostmortemStore(directory)
+        doc = store.get(what) if what else store.newest()
+        if doc is None and what is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{DEFAULT_PORT}/postmortem", timeout=3) as r:
+                    doc = json.loads(r.read())
+            except (urllib.error.URLError, ValueError, OSError):
+                doc = None
+        if doc is None:
+            raise ConfigError(
+                f"no postmortem {what or 'yet'} in {directory}"
+                + ("" if what else f" nor at http://127.0.0.1:{DEFAULT_PORT}/postmortem")
+            )
+    if not isinstance(doc, dict) or doc.get("schema") != "trainwatch.postmortem/v1":
+        raise ConfigError("not a trainwatch.postmortem/v1 document")
+    sys.stdout.write(json.dumps(doc, indent=1) + "\n" if ns.format == "json" else render_text(doc))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         if not args:
             _parser().print_help(sys.stderr)
             return 2
+        if args[0] == "postmortem":
+            return postmortem_command(args[1:])
         settings = parse_args(args)
         _configure_logging(settings.log_level)
         return serve(settings)

@@ -440,7 +440,8 @@ class DeathWatch:
                     "limit_bytes": cg.effective_limit_bytes,
                     "usage_bytes_at_death": cg.usage_bytes,
                     "peak_bytes": cg.peak_bytes,
-                    "oom_kills": cg.oom_kills,
+                    # counted after the death (the snapshot before it predates the kill)
+                    "oom_kills": ev.cgroup_oom_kills_after.get(cg.path, cg.oom_kills),
                 },
             },
             "timeline": [

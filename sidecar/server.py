@@ -13,13 +13,14 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from sidecar import __version__
 from sidecar.daemon import Daemon
 from sidecar.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT, render
 from sidecar.metrics import TrainwatchCollector
 from sidecar.model import Snapshot
+from sidecar.postmortem import render_text
 
 __all__ = ["create_app", "ranks_view"]
 
@@ -60,23 +61,28 @@ def create_app(daemon: Daemon, *, manage_daemon: bool = True) -> FastAPI:
     def ranks() -> JSONResponse:
         return JSONResponse(ranks_view(daemon.snapshot))
 
+    def present(doc: dict[str, Any], request: Request) -> Response:
+        if request.query_params.get("format") == "text":
+            return PlainTextResponse(render_text(doc))
+        return JSONResponse(doc)
+
     @app.get("/postmortem")
-    def postmortem() -> JSONResponse:
+    def postmortem(request: Request) -> Response:
         doc = daemon.store.newest()
         if doc is None:
             return JSONResponse({"detail": "no postmortem yet: no rank has died abnormally"}, status_code=404)
-        return JSONResponse(doc)
+        return present(doc, request)
 
     @app.get("/postmortems")
     def postmortems() -> JSONResponse:
         return JSONResponse(daemon.store.listing())
 
     @app.get("/postmortems/{ident}")
-    def postmortem_by_id(ident: str) -> JSONResponse:
+    def postmortem_by_id(ident: str, request: Request) -> Response:
         doc = daemon.store.get(ident)
         if doc is None:
             return JSONResponse({"detail": f"no postmortem with id {ident!r}"}, status_code=404)
-        return JSONResponse(doc)
+        return present(doc, request)
 
     @app.get("/healthz")
     def healthz() -> JSONResponse:

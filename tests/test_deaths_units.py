@@ -298,3 +298,71 @@ def test_unwritable_directory_keeps_the_postmortem_in_memory(tmp_path, caplog):
     store.put(_doc(ident), first=False)
     assert store.get(ident) is not None and store.written_total == 1
     assert sum("kept in memory" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_text_view_and_cli(tmp_path):
+    import sys
+
+    from sidecar.postmortem import render_text
+
+    doc = _doc(make_id(1796212414.0, 4356, "1", "node-17"))
+    doc.update(
+        {
+            "victim": {
+                "rank": 1,
+                "pid": 4387,
+                "exit_code": -9,
+                "signal": "SIGKILL",
+                "died_at": "2026-12-02T11:53:34+00:00",
+            },
+            "killer": {
+                "kind": "cgroup_oom",
+                "confidence": "certain",
+                "summary": "rank 1 hit /pod's limit",
+                "evidence": [{"source": "kmsg", "at": None, "detail": "oom-kill:...pid=4387"}],
+            },
+            "ranks": [
+                {
+                    "rank": 0,
+                    "pid": 4386,
+                    "fate": "terminated_by_agent",
+                    "exit_code": -15,
+                    "rss_bytes": 3 << 30,
+                },
+                {"rank": 1, "pid": 4387, "fate": "root_cause", "exit_code": -9, "rss_bytes": 5 << 30},
+            ],
+            "memory": {
+                "host": {"total_bytes": 64 << 30},
+                "cgroup": {"path": "/pod", "version": 2, "limit_bytes": 8 << 30},
+            },
+            "timeline": [{"rss_bytes": {"1": n << 30}} for n in (1, 2, 4, 5)],
+            "advice": ["raise the limit"],
+        }
+    )
+    text = render_text(doc)
+    for needle in (
+        "killer: cgroup_oom (certain)",
+        "[kmsg]",
+        "terminated_by_agent",
+        "5.0 GiB",
+        "/pod (v2)",
+        "- raise the limit",
+        "▁",
+    ):
+        assert needle in text, needle
+    store = PostmortemStore(str(tmp_path))
+    store.put(doc, first=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "sidecar", "postmortem", "--postmortem-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0 and out.stdout == text
+    bad = subprocess.run(
+        [sys.executable, "-m", "sidecar", "postmortem", str(tmp_path / "missing.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -94,6 +96,32 @@ def test_cgroup_oom_is_named_with_certainty(tmp_path):
             assert json.loads(daemon.get(f"/postmortems/{doc['id']}")[1])["id"] == doc["id"]
             assert daemon.get("/postmortems/..%2F..%2Fetc%2Fpasswd")[0] == 404
             assert daemon.get("/postmortems/nope")[0] == 404
+            status, text = daemon.get("/postmortem?format=text")
+            assert status == 200 and "killer: cgroup_oom (certain)" in text and "terminated_by_agent" in text
+            out = subprocess.run(
+                [sys.executable, "-m", "sidecar", "postmortem", daemon.base],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert out.returncode == 0 and "killer: cgroup_oom (certain)" in out.stdout, out.stderr
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "sidecar",
+                    "postmortem",
+                    "--postmortem-dir",
+                    str(tmp_path / "postmortems"),
+                    doc["id"],
+                    "--format",
+                    "json",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert json.loads(out.stdout)["id"] == doc["id"]
             assert daemon.stop() == 0
     finally:
         for d in (child, parent):
