@@ -347,7 +347,7 @@ def test_text_view_and_cli(tmp_path):
         "5.0 GiB",
         "/pod (v2)",
         "- raise the limit",
-        "▁",
+        "▂▃▆█",
     ):
         assert needle in text, needle
     store = PostmortemStore(str(tmp_path))
