@@ -441,7 +441,12 @@ class Daemon:
         self.timeline = Timeline(settings.history_seconds, settings.interval_seconds)
         self.store = PostmortemStore(settings.postmortem_dir)
         host = HostReader(settings.proc_root)
-        self.deaths = DeathWatch(self.store, self.timeline, read_host_oom_kills=host.oom_kills)
+        self.deaths = DeathWatch(
+            self.store,
+            self.timeline,
+            read_host_oom_kills=host.oom_kills,
+            read_cgroup_oom_kills=self.sampler.cgroups.oom_kills,
+        )
         self.watch_deaths = watch_deaths
         self.connector: ProcConnector | None = None
         self.kmsg: KmsgWatcher | None = None

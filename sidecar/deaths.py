@@ -78,6 +78,7 @@ class DeathWatch:
         timeline: Timeline,
         *,
         read_host_oom_kills: Callable[[], int | None] = lambda: None,
+        read_cgroup_oom_kills: Callable[[str, int], int | None] = lambda path, version: None,
         hostname: str | None = None,
         clock_ns: Callable[[], int] = time.monotonic_ns,
         wall: Callable[[], float] = time.time,
@@ -85,6 +86,7 @@ class DeathWatch:
         self.store = store
         self.timeline = timeline
         self.read_host_oom_kills = read_host_oom_kills
+        self.read_cgroup_oom_kills = read_cgroup_oom_kills
         self.hostname = hostname or socket.gethostname()
         self.clock_ns = clock_ns
         self.wall = wall
@@ -308,6 +310,13 @@ class DeathWatch:
             )
         latest = self._snapshots[-1][1] if self._snapshots else None
         after_cg = {c.path: c.oom_kills for c in latest.cgroups if c.oom_kills is not None} if latest else {}
+        # The cgroups the ranks were in may hold no live rank any more (so no snapshot
+        # samples them): read their counters now.
+        before = inc.snapshot_before
+        for cg in before.cgroups if before else ():
+            now = self.read_cgroup_oom_kills(cg.path, cg.version)
+            if now is not None:
+                after_cg[cg.path] = now
         host_after = self.read_host_oom_kills()
         return Evidence(
             tuple(ranks),
@@ -440,8 +449,17 @@ class DeathWatch:
                     "limit_bytes": cg.effective_limit_bytes,
                     "usage_bytes_at_death": cg.usage_bytes,
                     "peak_bytes": cg.peak_bytes,
-                    # counted after the death (the snapshot before it predates the kill)
-                    "oom_kills": ev.cgroup_oom_kills_after.get(cg.path, cg.oom_kills),
+                    # counted after the death (the snapshot before it predates the kill); on v1
+                    # the counter is per cgroup, so the kill shows in the victim's own one
+                    "oom_kills": max(
+                        (
+                            n
+                            for path, n in ev.cgroup_oom_kills_after.items()
+                            if path == cg.path
+                            or (v.victim.cgroup == path and path.startswith(cg.path.rstrip("/") + "/"))
+                        ),
+                        default=cg.oom_kills,
+                    ),
                 },
             },
             "timeline": [

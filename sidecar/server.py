@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 
 from sidecar import __version__
 from sidecar.daemon import Daemon
@@ -21,6 +21,7 @@ from sidecar.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT, rend
 from sidecar.metrics import TrainwatchCollector
 from sidecar.model import Snapshot
 from sidecar.postmortem import render_text
+from sidecar.postmortem_html import render_html
 
 __all__ = ["create_app", "ranks_view"]
 
@@ -62,8 +63,11 @@ def create_app(daemon: Daemon, *, manage_daemon: bool = True) -> FastAPI:
         return JSONResponse(ranks_view(daemon.snapshot))
 
     def present(doc: dict[str, Any], request: Request) -> Response:
-        if request.query_params.get("format") == "text":
+        wanted = request.query_params.get("format")
+        if wanted == "text":
             return PlainTextResponse(render_text(doc))
+        if wanted == "html" or (wanted is None and _prefers_html(request.headers.get("accept", ""))):
+            return HTMLResponse(render_html(doc))
         return JSONResponse(doc)
 
     @app.get("/postmortem")
@@ -92,6 +96,28 @@ def create_app(daemon: Daemon, *, manage_daemon: bool = True) -> FastAPI:
         )
 
     return app
+
+
+def _prefers_html(accept: str) -> bool:
+    """True when the client ranks text/html above application/json (a browser does)."""
+
+    def quality(media: str) -> float:
+        best = 0.0
+        for part in accept.split(","):
+            name, *params = (p.strip() for p in part.split(";"))
+            if name in (media, media.split("/")[0] + "/*"):
+                q = next(
+                    (
+                        float(p[2:])
+                        for p in params
+                        if p.startswith("q=") and p[2:].replace(".", "", 1).isdigit()
+                    ),
+                    1.0,
+                )
+                best = max(best, q * (1.0 if name == media else 0.99))
+        return best
+
+    return quality("text/html") > quality("application/json")
 
 
 def ranks_view(snap: Snapshot | None) -> dict[str, Any]:

@@ -366,3 +366,44 @@ def test_text_view_and_cli(tmp_path):
         timeout=60,
     )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+
+
+def test_html_view_is_self_contained_and_escaped():
+    from sidecar.postmortem_html import render_html
+
+    doc = _doc(make_id(1796212414.0, 1, "1", "h"))
+    doc.update(
+        {
+            "killer": {
+                "kind": "cgroup_oom",
+                "confidence": "certain",
+                "summary": "<script>alert(1)</script>",
+                "evidence": [{"source": "kmsg", "at": None, "detail": "a & b"}],
+            },
+            "ranks": [
+                {
+                    "rank": 1,
+                    "pid": 2,
+                    "fate": "root_cause",
+                    "died_at": "2026-12-02T11:53:40+00:00",
+                    "rss_bytes": 5 << 30,
+                }
+            ],
+            "memory": {"cgroup": {"path": "/pod", "version": 2, "limit_bytes": 8 << 30}},
+            "timeline": [
+                {
+                    "at": f"2026-12-02T11:53:3{i}+00:00",
+                    "rss_bytes": {"1": i << 30},
+                    "tree_rss_bytes": {"1": i << 30},
+                    "host_available_bytes": 50 << 30,
+                    "cgroup_usage_bytes": i << 30,
+                }
+                for i in range(10)
+            ],
+        }
+    )
+    page = render_html(doc)
+    assert "<script>" not in page and "&lt;script&gt;" in page and "a &amp; b" in page
+    assert page.count("<polyline") >= 3 and "cgroup limit 8.0 GiB" in page and "✕ rank 1" in page
+    assert "default-src 'none'" in page
+    assert "https://" not in page and "http://" not in page.replace("http://www.w3.org/2000/svg", "")

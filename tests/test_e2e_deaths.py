@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.browser import CHROMIUM, screenshot
 from tests.e2e import DaemonProc, TorchrunJob, wait_for
 
 GIB = 1 << 30
@@ -32,7 +33,13 @@ def _postmortem(daemon: DaemonProc, victim_rank: int, want_fates: int) -> dict:
         decided = [r for r in doc["ranks"] if r["fate"] not in ("running", "unknown")]
         return doc if doc["victim"]["rank"] == victim_rank and len(decided) >= want_fates else None
 
-    return wait_for(ready, 60, "the postmortem with every rank's fate", 0.2)
+    try:
+        return wait_for(ready, 60, "the postmortem with every rank's fate", 0.2)
+    except AssertionError as exc:
+        status, body = daemon.get("/postmortem")
+        raise AssertionError(
+            f"{exc}\n/postmortem {status}: {body[:3000]}\ndaemon log:\n{daemon.log()[-4000:]}"
+        ) from None
 
 
 def _cgroup_root() -> tuple[int, Path] | None:
@@ -79,6 +86,7 @@ def test_cgroup_oom_is_named_with_certainty(tmp_path):
                 e["source"] == "kmsg" and f"pid={pids[1][0]}" in e["detail"] for e in killer["evidence"]
             )
             assert doc["memory"]["cgroup"]["limit_bytes"] == int(1.5 * GIB)
+            assert doc["memory"]["cgroup"]["oom_kills"] == 1
             assert doc["timeline"], "the memory curve before death"
             assert any("limit" in a for a in doc["advice"])
             files = list((tmp_path / "postmortems").glob("*.json"))
@@ -122,6 +130,12 @@ def test_cgroup_oom_is_named_with_certainty(tmp_path):
                 timeout=60,
             )
             assert json.loads(out.stdout)["id"] == doc["id"]
+            status, page = daemon.get("/postmortem", {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"})
+            assert status == 200 and page.startswith("<!doctype html>") and "<svg" in page
+            if CHROMIUM:
+                png, chromium_log = screenshot(page, tmp_path, "postmortem-cgroup-oom")
+                assert png.exists() and png.stat().st_size > 20_000, chromium_log
+                assert "Refused to" not in chromium_log and "Uncaught" not in chromium_log, chromium_log
             assert daemon.stop() == 0
     finally:
         for d in (child, parent):

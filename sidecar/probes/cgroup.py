@@ -196,6 +196,17 @@ class CgroupReader:
                 return MemoryCgroupRef(2, path, directory, base)
         return None
 
+    def oom_kills(self, path: str, version: int) -> int | None:
+        """The oom_kill counter of the memory cgroup at hierarchy ``path`` right now (v1
+        memory.oom_control, v2 memory.events), None when it cannot be read. Safe to call
+        from any thread: it only reads one file."""
+        mount = self.v1_memory if version == 1 else self.v2
+        if mount is None:
+            return None
+        directory = self._directory(mount, path)
+        keyed = _read_keyed(f"{directory}/{'memory.oom_control' if version == 1 else 'memory.events'}")
+        return keyed.get("oom_kill") if keyed is not None else None
+
     def sample(self, ref: MemoryCgroupRef) -> CgroupSample:
         """Read the cgroup's counters and its ancestors' limits. Raises NoSuchProcess when
         the cgroup directory is gone (the job's container or step ended)."""
