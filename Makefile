@@ -20,3 +20,4 @@ test: setup lint
 bench: setup
 	.venv/bin/python benchmarks/overhead.py $(ARGS)
 	.venv/bin/python benchmarks/accuracy.py
+	.venv/bin/python benchmarks/deaths.py
