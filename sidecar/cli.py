@@ -40,7 +40,8 @@ GPU memory (NVML), memory cgroup limits and host memory, served as Prometheus me
 on /metrics, with a live JSON view on /ranks and a health check on /healthz."""
 
 EPILOG = """\
-Also: trainwatch postmortem [ID|PATH|URL] prints a postmortem in the terminal.
+Also: trainwatch postmortem [ID|PATH|URL] prints a postmortem in the terminal;
+trainwatch doctor says which evidence sources work here and how to get the missing ones.
 
 Every option can also be set by an environment variable: TRAINWATCH_ATTACH_TORCHRUN=1,
 TRAINWATCH_PID (comma-separated), TRAINWATCH_INTERVAL, TRAINWATCH_HOST, TRAINWATCH_PORT,
@@ -287,6 +288,10 @@ def serve(settings: Settings) -> int:
     sock = _listen(settings)
     host, port = sock.getsockname()[:2]
     _prepare_postmortem_dir(settings.postmortem_dir)
+    from sidecar.doctor import checks, summary_line
+
+    # the daemon subscribes to the connector itself and logs how that went
+    log.info("%s", summary_line(checks(settings, connector=False)))
     daemon = Daemon(settings)
     app = create_app(daemon)
     config = uvicorn.Config(
@@ -400,6 +405,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         if args[0] == "postmortem":
             return postmortem_command(args[1:])
+        if args[0] == "doctor":
+            from sidecar.doctor import checks, render
+
+            if len(args) > 1:
+                raise ConfigError("doctor takes no arguments")
+            sys.stdout.write(render(checks(Settings())))
+            return 0
         settings = parse_args(args)
         _configure_logging(settings.log_level)
         return serve(settings)

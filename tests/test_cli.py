@@ -154,3 +154,38 @@ def test_pid_that_does_not_exist_is_one_line():
     assert out.returncode == 2 and out.stderr.startswith(
         "trainwatch: error: --pid 999999999: no such process"
     )
+
+
+def test_doctor_names_every_source():
+    out = subprocess.run(
+        [sys.executable, "-m", "sidecar", "doctor"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    for source in (
+        "host PID namespace",
+        "other users' /proc",
+        "process connector",
+        "kernel log",
+        "signal tracepoint",
+        "memory cgroups",
+        "NVML",
+        "memory PSI",
+        "user namespace",
+    ):
+        assert source in out.stdout
+
+
+def test_doctor_says_what_is_lost_and_the_fix():
+    from sidecar.doctor import Check, render, summary_line
+
+    text = render(
+        [
+            Check("kernel log", False, "/dev/kmsg: Permission denied", "certain OOM verdicts", "run as root"),
+            Check("NVML", True, "1 GPU(s)"),
+        ]
+    )
+    lines = text.splitlines()
+    i = next(n for n, line in enumerate(lines) if "MISSING  kernel log" in line)
+    assert "loses: certain OOM verdicts" in lines[i + 1] and "fix:   run as root" in lines[i + 2]
+    assert "ok       NVML" in text and lines[-1] == "1 missing: kernel log"
+    assert summary_line([Check("NVML", True, "x")]) == "evidence sources: NVML ok"

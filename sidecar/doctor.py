@@ -1,0 +1,240 @@
+"""``trainwatch doctor``: which evidence sources work on this machine for this user, and
+for each missing one what is lost and what brings it back. The daemon logs the same
+summary at start.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from sidecar.errors import ProbeError, read_bytes
+from sidecar.probes.cgroup import CgroupReader
+from sidecar.probes.gpu import GpuProbe
+from sidecar.settings import Settings
+
+__all__ = ["Check", "checks", "render", "summary_line"]
+
+# The inode numbers of the initial namespaces are fixed by the kernel (include/linux/proc_ns.h).
+INIT_NS = {"pid": 0xEFFFFFFC, "user": 0xEFFFFFFD, "cgroup": 0xEFFFFFFB}
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    lost: str = ""
+    fix: str = ""
+
+
+def _namespace(kind: str, proc_root: str) -> bool | None:
+    try:
+        return os.stat(f"{proc_root}/self/ns/{kind}").st_ino == INIT_NS[kind]
+    except OSError:
+        return None
+
+
+def _has_capability(proc_root: str, bit: int) -> bool:
+    try:
+        for line in read_bytes(f"{proc_root}/self/status").decode().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> bit & 1)
+    except (ProbeError, ValueError):
+        pass
+    return False
+
+
+def checks(settings: Settings, *, connector: bool = True) -> list[Check]:
+    root = settings.proc_root
+    out: list[Check] = []
+    in_pid, in_user, in_cg = (_namespace(k, root) for k in ("pid", "user", "cgroup"))
+    out.append(
+        Check(
+            "host PID namespace",
+            in_pid is not False,
+            "yes"
+            if in_pid
+            else ("unknown" if in_pid is None else "no: trainwatch is in a PID namespace of its own"),
+            "jobs outside this namespace, and GPU memory per rank (NVML reports host pids)",
+            "run in the host's PID namespace: docker --pid=host, Kubernetes hostPID: true",
+        )
+    )
+    if os.geteuid() == 0 or _has_capability(root, 19):  # CAP_SYS_PTRACE
+        out.append(
+            Check(
+                "other users' /proc",
+                True,
+                "root" if os.geteuid() == 0 else "CAP_SYS_PTRACE: other users' environments are readable",
+            )
+        )
+    else:
+        out.append(
+            Check(
+                "other users' /proc",
+                False,
+                "not root and no CAP_SYS_PTRACE",
+                "RANK/LOCAL_RANK of other users' ranks (labelled local0, local1... by start order)",
+                "run as root or as the job's user, or grant CAP_SYS_PTRACE",
+            )
+        )
+    if connector:
+        from sidecar.watch.exits import ProcConnector
+
+        probe = ProcConnector(lambda event: None)
+        try:
+            probe.start(timeout=0.5)
+            out.append(
+                Check(
+                    "process connector",
+                    True,
+                    "subscribed" + (" (non-zero exits only)" if probe.filtered else ""),
+                )
+            )
+        except OSError as exc:
+            out.append(
+                Check(
+                    "process connector",
+                    False,
+                    exc.strerror or str(exc),
+                    "first-hand exit codes and death times (then only zombies seen in /proc)",
+                    "run as root in the host's PID, user and network namespaces (hostNetwork, hostPID, no "
+                    "user-namespace remapping); CAP_NET_ADMIN before Linux 6.6",
+                )
+            )
+        finally:
+            probe.stop()
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+        os.close(fd)
+        out.append(Check("kernel log", True, "/dev/kmsg readable"))
+    except OSError as exc:
+        out.append(
+            Check(
+                "kernel log",
+                False,
+                f"/dev/kmsg: {exc.strerror}",
+                "kernel OOM records naming the victim: OOM verdicts drop from 'certain' to 'likely'",
+                "run as root or with CAP_SYSLOG (kernel.dmesg_restrict=1); expose /dev/kmsg to the container",
+            )
+        )
+    tracing = "/sys/kernel/tracing/events/signal/signal_generate"
+    if os.path.isdir(tracing):
+        out.append(
+            Check(
+                "signal tracepoint",
+                os.access(tracing + "/enable", os.W_OK),
+                "signal:signal_generate available"
+                + ("" if os.access(tracing + "/enable", os.W_OK) else " but not writable"),
+                "the sender of a SIGKILL/SIGTERM (not used by this version yet)",
+                "run as root",
+            )
+        )
+    else:
+        out.append(
+            Check(
+                "signal tracepoint",
+                False,
+                "tracefs not mounted at /sys/kernel/tracing",
+                "the sender of a SIGKILL/SIGTERM (not used by this version yet)",
+                "mount -t tracefs nodev /sys/kernel/tracing (as root)",
+            )
+        )
+    reader = CgroupReader.for_host(root)
+    if reader.available:
+        try:
+            ref = reader.resolve(read_bytes(f"{root}/self/cgroup"))
+        except ProbeError:
+            ref = None
+        kinds = (
+            ("v1 memory" if reader.v1_memory else "")
+            + (" + " if reader.v1_memory and reader.v2 else "")
+            + ("cgroup2" if reader.v2 else "")
+        )
+        readable = False
+        if ref is not None:
+            try:
+                reader.sample(ref)
+                readable = True
+            except ProbeError:
+                readable = False
+        detail = f"{kinds} mounted; own memory cgroup {ref.path if ref else 'not found'}" + (
+            ", readable" if readable else ""
+        )
+        if in_cg is False:
+            detail += "; in a cgroup namespace of its own (other pods' paths are hidden)"
+        out.append(
+            Check(
+                "memory cgroups",
+                readable,
+                detail,
+                "limits, usage, peaks and OOM counts of the ranks' cgroups",
+                "mount /sys/fs/cgroup read-only into the container; use the host cgroup namespace "
+                "(--cgroupns=host)",
+            )
+        )
+    else:
+        out.append(
+            Check(
+                "memory cgroups",
+                False,
+                "no memory cgroup hierarchy mounted",
+                "cgroup limits, usage and OOM counts",
+                "mount the cgroup hierarchy at /sys/fs/cgroup",
+            )
+        )
+    gpu = GpuProbe()
+    result = gpu.sample()
+    gpu.close()
+    out.append(
+        Check(
+            "NVML",
+            result.success,
+            f"{len(result.devices)} GPU(s)" if result.success else (result.message or "unavailable"),
+            "GPU memory per device and per rank",
+            "install the NVIDIA driver and nvidia-ml-py; in a container, the NVIDIA container toolkit",
+        )
+    )
+    try:
+        read_bytes(f"{root}/pressure/memory")
+        out.append(Check("memory PSI", True, "/proc/pressure/memory readable"))
+    except ProbeError as exc:
+        out.append(
+            Check(
+                "memory PSI",
+                False,
+                str(exc),
+                "memory pressure (stall time) metrics",
+                "a kernel with CONFIG_PSI=y booted with psi=1",
+            )
+        )
+    out.append(
+        Check(
+            "user namespace",
+            in_user is not False,
+            "initial" if in_user else "remapped or unknown",
+            "" if in_user else "the process connector (it ignores requests from other user namespaces)",
+            "" if in_user else "run without user-namespace remapping",
+        )
+    )
+    return out
+
+
+def render(results: list[Check]) -> str:
+    lines = ["trainwatch doctor: evidence sources on this machine, for this user", ""]
+    for c in results:
+        lines.append(f"  {'ok     ' if c.ok else 'MISSING'}  {c.name:<20} {c.detail}")
+        if not c.ok and c.lost:
+            lines.append(f"           {'':<20} loses: {c.lost}")
+        if not c.ok and c.fix:
+            lines.append(f"           {'':<20} fix:   {c.fix}")
+    missing = [c.name for c in results if not c.ok]
+    lines += [
+        "",
+        "everything is available" if not missing else f"{len(missing)} missing: {', '.join(missing)}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def summary_line(results: list[Check]) -> str:
+    return "evidence sources: " + ", ".join(f"{c.name} {'ok' if c.ok else 'MISSING'}" for c in results)
