@@ -1,10 +1,14 @@
 # The two commands of the README:
-#   make run    set up, then run the daemon (trainwatch --attach-torchrun)
+#   make demo   set up, then run the demo (a real torchrun job dies; its postmortem is printed)
 #   make test   set up, then lint, type-check and run every test
-.PHONY: setup run test lint bench
+# and `make run`: set up, then run the daemon (trainwatch --attach-torchrun).
+.PHONY: setup demo run test lint bench
 
 setup:
 	@scripts/dev-setup
+
+demo: setup
+	.venv/bin/trainwatch demo
 
 run: setup
 	.venv/bin/trainwatch --attach-torchrun $(ARGS)

@@ -41,7 +41,8 @@ on /metrics, with a live JSON view on /ranks and a health check on /healthz."""
 
 EPILOG = """\
 Also: trainwatch postmortem [ID|PATH|URL] prints a postmortem in the terminal;
-trainwatch doctor says which evidence sources work here and how to get the missing ones.
+trainwatch doctor says which evidence sources work here and how to get the missing ones;
+trainwatch demo runs a small real torchrun job in which a rank exceeds a memory limit.
 
 Every option can also be set by an environment variable: TRAINWATCH_ATTACH_TORCHRUN=1,
 TRAINWATCH_PID (comma-separated), TRAINWATCH_INTERVAL, TRAINWATCH_HOST, TRAINWATCH_PORT,
@@ -405,6 +406,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         if args[0] == "postmortem":
             return postmortem_command(args[1:])
+        if args[0] == "demo":
+            from sidecar.demo import run_demo
+
+            return run_demo()
         if args[0] == "doctor":
             from sidecar.doctor import checks, render
 

@@ -220,7 +220,18 @@ class DeathWatch:
         ranks = {
             pid: k for pid, k in self._known.items() if k.job == known.job and k.agent_pid == known.agent_pid
         }
-        before = next((s for ns, s in reversed(self._snapshots) if ns <= event.monotonic_ns), None)
+        # The memory "at death" is the last snapshot that saw the victim alive (a snapshot
+        # can be published just after the death it predates, so not "the last one before").
+        before = next(
+            (
+                s
+                for _, s in reversed(self._snapshots)
+                if any(r.key.pid == event.pid for j in s.jobs for r in j.ranks)
+            ),
+            None,
+        )
+        if before is None:
+            before = next((s for ns, s in reversed(self._snapshots) if ns <= event.monotonic_ns), None)
         inc = _Incident(
             known.job,
             known.agent_pid,

@@ -219,3 +219,17 @@ def test_global_oom_is_kernel_oom(tmp_path):
         assert {r["rank"]: r["fate"] for r in doc["ranks"]} == {0: "terminated_by_agent", 1: "root_cause"}
         assert any("global_oom" in e["detail"] or "Out of memory" in e["detail"] for e in killer["evidence"])
         assert daemon.stop() == 0
+
+
+def test_demo_ends_with_a_postmortem(tmp_path):
+    """`trainwatch demo`, the README's first command: a real job, a real limit (or a kill
+    from outside without root), the postmortem printed, the HTML view written."""
+    out = subprocess.run(
+        [sys.executable, "-m", "sidecar", "demo"], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    expected = "killer: cgroup_oom (certain)" if _cgroup_root() else "killer: external_signal"
+    assert expected in out.stdout, out.stdout
+    assert "terminated_by_agent" in out.stdout and "root_cause" in out.stdout
+    html = next(line.split("file://", 1)[1] for line in out.stdout.splitlines() if "file://" in line)
+    assert Path(html).read_text().startswith("<!doctype html>")
