@@ -472,7 +472,8 @@ class Daemon:
         self._thread.start()
 
     def _start_watchers(self) -> None:
-        connector = ProcConnector(self.deaths.on_exit)
+        connector = ProcConnector(self.deaths.on_exit,
+                                  on_overrun=lambda: self.deaths.resync(self.settings.proc_root))
         try:
             connector.start()
             self.connector = connector

@@ -143,19 +143,43 @@ class DeathWatch:
                         open_inc.agent_exit = (event.exit_code, event.monotonic_ns)
                         self._schedule(open_inc, event.monotonic_ns)
                 return
-            if known.sample.key.pid != event.pid:
-                return
-            inc = self._incidents.get(known.job)
-            abnormal = event.exit_code != 0
-            if inc is None:
-                if not abnormal:
-                    return
-                inc = self._open(known, event)
-            if event.pid in inc.deaths:
-                return
-            inc.deaths[event.pid] = (event.exit_code, event.monotonic_ns)
-            inc.last_death_ns = max(inc.last_death_ns, event.monotonic_ns)
-            self._schedule(inc, event.monotonic_ns)
+            self._record(known, event.pid, event.exit_code, event.monotonic_ns)
+
+    def resync(self, proc_root: str = "/proc") -> None:
+        """After the connector lost events (ENOBUFS): every known rank that is gone and
+        whose death was not recorded died with an unknown exit status."""
+        now = self.clock_ns()
+        with self._cv:
+            for pid, known in list(self._known.items()):
+                if any(pid in inc.deaths for inc in self._incidents.values()):
+                    continue
+                try:
+                    with open(f"{proc_root}/{pid}/stat", "rb") as f:
+                        data = f.read()
+                    start = int(data[data.rindex(b")") + 2 :].split()[19])
+                    alive = start == known.sample.key.start_ticks and b") Z" not in data
+                except (OSError, ValueError, IndexError):
+                    alive = False
+                if not alive:
+                    log.warning(
+                        "job %s: rank %s (pid %d) vanished while exit events were lost; exit status unknown",
+                        known.job,
+                        known.sample.rank_label,
+                        pid,
+                    )
+                    self._record(known, pid, None, now)
+
+    def _record(self, known: _Known, pid: int, exit_code: int | None, at_ns: int) -> None:
+        inc = self._incidents.get(known.job)
+        if inc is None:
+            if exit_code == 0:
+                return  # a clean exit opens no incident
+            inc = self._open(known, pid, exit_code, at_ns)
+        if pid in inc.deaths:
+            return
+        inc.deaths[pid] = (exit_code, at_ns)
+        inc.last_death_ns = max(inc.last_death_ns, at_ns)
+        self._schedule(inc, at_ns)
 
     def on_kmsg(self, record: KmsgRecord) -> None:
         """Kernel-log thread: keep the OOM records (merged per pid)."""
@@ -216,7 +240,7 @@ class DeathWatch:
 
     # -- incidents -----------------------------------------------------------------
 
-    def _open(self, known: _Known, event: ExitEvent) -> _Incident:
+    def _open(self, known: _Known, pid: int, exit_code: int | None, at_ns: int) -> _Incident:
         ranks = {
             pid: k for pid, k in self._known.items() if k.job == known.job and k.agent_pid == known.agent_pid
         }
@@ -226,12 +250,12 @@ class DeathWatch:
             (
                 s
                 for _, s in reversed(self._snapshots)
-                if any(r.key.pid == event.pid for j in s.jobs for r in j.ranks)
+                if any(r.key.pid == pid for j in s.jobs for r in j.ranks)
             ),
             None,
         )
         if before is None:
-            before = next((s for ns, s in reversed(self._snapshots) if ns <= event.monotonic_ns), None)
+            before = next((s for ns, s in reversed(self._snapshots) if ns <= at_ns), None)
         inc = _Incident(
             known.job,
             known.agent_pid,
@@ -251,8 +275,8 @@ class DeathWatch:
             "job %s: rank %s (pid %d) died (%s); writing a postmortem",
             known.job,
             known.sample.rank_label,
-            event.pid,
-            _exit_text(event.exit_code),
+            pid,
+            _exit_text(exit_code),
         )
         return inc
 
@@ -489,7 +513,9 @@ class DeathWatch:
         return doc
 
 
-def _exit_text(code: int) -> str:
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "exit status unknown"
     return f"signal {signal_name(code & 0x7F)}" if code & 0x7F else f"exit status {(code >> 8) & 0xFF}"
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from sidecar.errors import AccessDenied, NoSuchProcess, ParseError, ProbeError
 from sidecar.model import ProcKey, RankEnv
 from sidecar.probes.proc import TICKS_PER_SECOND, ProcReader, entrypoint_of, parse_rank_env
+from sidecar.redact import redact_argv
 
 __all__ = ["AGENT_COMM", "Discovery", "TrackedJob", "TrackedRank", "is_agent_argv", "job_key_for"]
 
@@ -336,7 +337,9 @@ class Discovery:
         except ProbeError:
             argv = ()
         self.jobs[entry.key.pid] = TrackedJob(entry.key, argv, self._started_at(entry.key))
-        log.info("found torchrun agent pid %d: %s", entry.key.pid, " ".join(argv)[:300] or entry.comm)
+        log.info(
+            "found torchrun agent pid %d: %s", entry.key.pid, " ".join(redact_argv(argv))[:300] or entry.comm
+        )
         # Children seen before their parent was known to be an agent.
         now = self.clock()
         for child_pid in sorted(self.children.get(entry.key.pid, ())):

@@ -407,3 +407,113 @@ def test_html_view_is_self_contained_and_escaped():
     assert page.count("<polyline") >= 3 and "cgroup limit 8.0 GiB" in page and "✕ rank 1" in page
     assert "default-src 'none'" in page
     assert "https://" not in page and "http://" not in page.replace("http://www.w3.org/2000/svg", "")
+
+
+CAPTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "device-captures"
+
+
+@pytest.mark.skipif(
+    not (CAPTURES / "torchrun-A.json").exists(), reason="shared fixtures not beside the checkout"
+)
+@pytest.mark.parametrize(
+    "name, victim, kind",
+    [
+        # A: rank 2 SIGKILLs itself (no OOM record, as a kill from outside leaves); rank 0
+        # ignores SIGTERM and gets torchrun's SIGKILL 30 s later; rank 1 dies of SIGTERM;
+        # rank 3 exits 143 from its handler.
+        ("torchrun-A", 2, "external_signal"),
+        # B: rank 1 raises an exception (exit 1); the others die of the agent's SIGTERM.
+        ("torchrun-B", 1, "python_exception"),
+    ],
+)
+def test_autopsy_on_real_exit_events_captured_on_the_gpu_machine(name, victim, kind):
+    capture = json.loads((CAPTURES / f"{name}.json").read_text())
+    pid_rank = {v["pid"]: int(v["RANK"]) for v in capture["env_files"].values() if "RANK" in v}
+    exits = {e["pid"]: e for e in capture["cn_proc_exits_workers"]}
+    ranks = tuple(
+        RankState(str(r), r, r, pid, (), exits[pid]["exit_code"], int(exits[pid]["ts_mono"] * S))
+        for pid, r in sorted(pid_rank.items(), key=lambda kv: kv[1])
+    )
+    v = autopsy(Evidence(ranks, host_oom_kills_before=3, host_oom_kills_after=3))
+    assert v.victim.rank == victim and v.kind == kind
+    assert v.fates == {
+        str(r.rank): "root_cause" if r.rank == victim else "terminated_by_agent" for r in ranks
+    }
+    if name == "torchrun-A":
+        r0 = next(r for r in ranks if r.rank == 0)
+        assert (
+            r0.signal == signal.SIGKILL and (r0.died_ns - v.victim.died_ns) / S > 29
+        )  # the -9 that is no OOM
+
+
+def test_secrets_are_redacted():
+    from sidecar.redact import REDACTED, redact_argv, redact_env
+
+    argv = [
+        "torchrun",
+        "train.py",
+        "--hf_token=hf_abc",
+        "--password",
+        "hunter2",
+        "--lr",
+        "1e-4",
+        "WANDB_API_KEY=x",
+        "--output-dir",
+        "/ckpt",
+    ]
+    assert redact_argv(argv) == [
+        "torchrun",
+        "train.py",
+        f"--hf_token={REDACTED}",
+        "--password",
+        REDACTED,
+        "--lr",
+        "1e-4",
+        f"WANDB_API_KEY={REDACTED}",
+        "--output-dir",
+        "/ckpt",
+    ]
+    assert redact_env({"HF_TOKEN": "a", "AWS_SECRET_ACCESS_KEY": "b", "RANK": "0"}) == {
+        "HF_TOKEN": REDACTED,
+        "AWS_SECRET_ACCESS_KEY": REDACTED,
+        "RANK": "0",
+    }
+
+
+def test_the_agent_log_line_is_redacted(proc_tree, caplog):
+    import logging
+
+    from sidecar.discovery import Discovery
+    from sidecar.probes.proc import ProcReader
+    from tests.conftest import AGENT
+
+    cmdline = proc_tree / str(AGENT) / "cmdline"
+    cmdline.write_bytes(cmdline.read_bytes() + b"--hf_token=hf_SECRETVALUE\0")
+    with caplog.at_level(logging.INFO):
+        Discovery(ProcReader(str(proc_tree))).tick()
+    found = [r.getMessage() for r in caplog.records if "found torchrun agent" in r.getMessage()]
+    assert found and "hf_SECRETVALUE" not in found[0] and "--hf_token=<redacted>" in found[0]
+
+
+def test_lost_exit_events_give_an_unknown_verdict(tmp_path):
+    """After ENOBUFS the rank that vanished is dead with an unknown exit status: the
+    postmortem says 'unknown', never a guess."""
+    from sidecar.deaths import DeathWatch
+    from sidecar.timeline import Timeline
+    from tests.test_daemon_loop import _job, _snapshot
+
+    store = PostmortemStore(str(tmp_path))
+    watch = DeathWatch(store, Timeline(60, 1), hostname="h")
+    watch.start()
+    try:
+        watch.observe(_snapshot(1, (_job("a", 100),)))  # a rank whose pid (10) is not this one's
+        live = PostmortemStore(str(tmp_path))
+        watch.resync(proc_root=str(tmp_path / "no-proc"))
+        deadline = time.monotonic() + 5
+        while store.newest() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        watch.stop()
+    doc = store.newest()
+    assert doc is not None and doc["killer"]["kind"] == "unknown" and doc["victim"]["exit_code"] is None
+    assert live.newest() is None  # nothing was on disk before the resync
