@@ -472,8 +472,9 @@ class Daemon:
         self._thread.start()
 
     def _start_watchers(self) -> None:
-        connector = ProcConnector(self.deaths.on_exit,
-                                  on_overrun=lambda: self.deaths.resync(self.settings.proc_root))
+        connector = ProcConnector(
+            self.deaths.on_exit, on_overrun=lambda: self.deaths.resync(self.settings.proc_root)
+        )
         try:
             connector.start()
             self.connector = connector
