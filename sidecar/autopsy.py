@@ -21,7 +21,16 @@ from __future__ import annotations
 import signal as _signal
 from dataclasses import dataclass, field
 
-__all__ = ["Evidence", "EvidenceItem", "KernelOom", "RankState", "Verdict", "autopsy", "signal_name"]
+__all__ = [
+    "Evidence",
+    "EvidenceItem",
+    "KernelOom",
+    "RankState",
+    "SignalSent",
+    "Verdict",
+    "autopsy",
+    "signal_name",
+]
 
 TEARDOWN_WINDOW_NS = 45 * 10**9  # SIGTERM, then SIGKILL 30 s later, plus slack
 OOM_RECORD_WINDOW_NS = 15 * 10**9  # an OOM record this close to a death may explain it
@@ -95,9 +104,27 @@ class KernelOom:
 
 
 @dataclass(frozen=True, slots=True)
+class SignalSent:
+    """From the signal:signal_generate tracepoint: who sent which signal to whom."""
+
+    sender_comm: str
+    sender_pid: int
+    target_pid: int
+    signal: int
+    code: int
+    at_ns: int
+
+
+USERSPACE_OOM_DAEMONS = ("earlyoom", "systemd-oomd", "oomd", "nohang")
+SIGNAL_WINDOW_NS = 5 * 10**9
+
+
+@dataclass(frozen=True, slots=True)
 class Evidence:
     ranks: tuple[RankState, ...]
     kernel: tuple[KernelOom, ...] = ()
+    signals: tuple[SignalSent, ...] = ()
+    agent_pid: int | None = None
     host_oom_kills_before: int | None = None
     host_oom_kills_after: int | None = None
     cgroup_oom_kills_before: dict[str, int] = field(default_factory=dict)
@@ -173,6 +200,22 @@ def autopsy(ev: Evidence) -> Verdict | None:
     return Verdict(victim, kind, confidence, summary, tuple(items), fates, oom)
 
 
+def _sender(rank: RankState, signals: tuple[SignalSent, ...]) -> SignalSent | None:
+    """The signal that killed ``rank``: the last one of its death signal sent to it
+    shortly before it died."""
+    if rank.died_ns is None or rank.signal is None:
+        return None
+    pids = {rank.pid, *rank.ns_pids}
+    candidates = [
+        s
+        for s in signals
+        if s.target_pid in pids
+        and s.signal == rank.signal
+        and rank.died_ns - SIGNAL_WINDOW_NS <= s.at_ns <= rank.died_ns + 10**8
+    ]
+    return max(candidates, key=lambda s: s.at_ns) if candidates else None
+
+
 def _ended_by_agent(rank: RankState, victim: RankState) -> bool:
     if rank.died_ns is None or victim.died_ns is None:
         return False
@@ -219,6 +262,36 @@ def _victim_verdict(
             "cgroup_oom",
             "certain",
             f"{who} was killed by the kernel because memory cgroup {limit_cgroup} reached its limit.",
+        )
+    sent = _sender(victim, ev.signals)
+    if sent is not None and not (sent.code == 128 and victim.signal == _signal.SIGKILL):
+        name = signal_name(sent.signal)
+        items.append(
+            EvidenceItem(
+                "tracepoint",
+                sent.at_ns,
+                f"signal_generate: {sent.sender_comm}-{sent.sender_pid} "
+                f"sent {name} to pid {sent.target_pid} (si_code {sent.code})",
+            )
+        )
+        if any(sent.sender_comm.startswith(d) for d in USERSPACE_OOM_DAEMONS):
+            return (
+                "userspace_oom",
+                "certain",
+                f"{who} was killed by the userspace OOM daemon {sent.sender_comm} (pid {sent.sender_pid}), "
+                f"which sent {name}.",
+            )
+        if ev.agent_pid is not None and sent.sender_pid == ev.agent_pid:
+            return (
+                "agent_teardown",
+                "certain",
+                f"{who} was sent {name} by the torchrun agent (pid {sent.sender_pid}) "
+                "before any other rank died.",
+            )
+        return (
+            "external_signal",
+            "certain",
+            f"{who} was killed from outside: pid {sent.sender_pid} ({sent.sender_comm}) sent {name}.",
         )
     if victim.signal == _signal.SIGKILL:
         host, cgroup, path = _counter_moved(ev, victim)

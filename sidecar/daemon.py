@@ -39,6 +39,7 @@ from sidecar.settings import Settings
 from sidecar.timeline import Timeline
 from sidecar.watch.exits import ExitEvent, ProcConnector
 from sidecar.watch.kmsg import KmsgWatcher
+from sidecar.watch.signals import SignalWatcher
 
 __all__ = ["Daemon", "Sampler"]
 
@@ -450,6 +451,7 @@ class Daemon:
         self.watch_deaths = watch_deaths
         self.connector: ProcConnector | None = None
         self.kmsg: KmsgWatcher | None = None
+        self.signals: SignalWatcher | None = None
         self._snapshot: Snapshot | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -502,6 +504,17 @@ class Daemon:
                 "'certain'; run as root (or with CAP_SYSLOG) to read it",
                 exc.strerror or exc,
             )
+        signals = SignalWatcher(self.deaths.on_signal)
+        try:
+            signals.start()
+            self.signals = signals
+            log.info("signals: signal:signal_generate tracepoint enabled in a private tracefs instance")
+        except OSError as exc:
+            log.info(
+                "signals: the signal tracepoint is not available (%s): the sender of a kill is not known; "
+                "mount tracefs (mount -t tracefs nodev /sys/kernel/tracing) and run as root to name it",
+                exc.strerror or exc,
+            )
         self.sampler.on_zombie = self.deaths.on_exit
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -509,10 +522,10 @@ class Daemon:
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
-        for watcher in (self.connector, self.kmsg):
+        for watcher in (self.connector, self.kmsg, self.signals):
             if watcher is not None:
                 watcher.stop()
-        self.connector = self.kmsg = None
+        self.connector = self.kmsg = self.signals = None
         self.deaths.stop()  # finishes any postmortem in flight
         self.sampler.gpu.close()
 

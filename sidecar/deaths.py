@@ -20,12 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.autopsy import Evidence, KernelOom, RankState, Verdict, autopsy, signal_name
+from sidecar.autopsy import Evidence, KernelOom, RankState, SignalSent, Verdict, autopsy, signal_name
 from sidecar.model import RankSample, Snapshot
 from sidecar.parse.kernel import KmsgRecord, OomKill, OomSummary, parse_oom_line
 from sidecar.postmortem import PostmortemStore, iso, make_id
 from sidecar.timeline import Timeline
 from sidecar.watch.exits import ExitEvent
+from sidecar.watch.signals import SignalEvent
 
 __all__ = ["DeathWatch"]
 
@@ -96,6 +97,8 @@ class DeathWatch:
         self._known: dict[int, _Known] = {}
         self._snapshots: deque[tuple[int, Snapshot]] = deque(maxlen=8)
         self._kernel: deque[KernelOom] = deque(maxlen=512)
+        self._signals: deque[SignalSent] = deque(maxlen=1024)
+        self.signal_senders_known = False
         self._incidents: dict[str, _Incident] = {}
         self._cv = threading.Condition()
         self._stop = False
@@ -180,6 +183,22 @@ class DeathWatch:
         inc.deaths[pid] = (exit_code, at_ns)
         inc.last_death_ns = max(inc.last_death_ns, at_ns)
         self._schedule(inc, at_ns)
+
+    def on_signal(self, event: SignalEvent) -> None:
+        """Tracepoint thread: keep the signals sent to ranks (the rest is not evidence)."""
+        with self._cv:
+            if event.target_pid not in self._known:
+                return
+            self._signals.append(
+                SignalSent(
+                    event.sender_comm,
+                    event.sender_pid,
+                    event.target_pid,
+                    event.signal,
+                    event.code,
+                    event.monotonic_ns,
+                )
+            )
 
     def on_kmsg(self, record: KmsgRecord) -> None:
         """Kernel-log thread: keep the OOM records (merged per pid)."""
@@ -356,6 +375,8 @@ class DeathWatch:
         return Evidence(
             tuple(ranks),
             tuple(self._kernel),
+            tuple(self._signals),
+            inc.agent_pid,
             inc.host_oom_before,
             host_after,
             inc.cgroup_oom_before,

@@ -517,3 +517,50 @@ def test_lost_exit_events_give_an_unknown_verdict(tmp_path):
     doc = store.newest()
     assert doc is not None and doc["killer"]["kind"] == "unknown" and doc["victim"]["exit_code"] is None
     assert live.newest() is None  # nothing was on disk before the resync
+
+
+def test_trace_lines_of_signal_generate():
+    from sidecar.watch.signals import parse_trace_line
+
+    # captured on the development machine (EVIDENCE.md §2.3), trace_clock=mono
+    e = parse_trace_line(
+        "kill-8787           [001] d..1. 721.695636: signal_generate: sig=9  errno=0 code=0 "
+        "comm=sleep pid=8784 grp=1 res=0".replace("sig=9  ", "sig=9 ")
+    )
+    assert (e.sender_comm, e.sender_pid, e.target_pid, e.signal, e.code) == ("kill", 8787, 8784, 9, 0)
+    assert e.monotonic_ns == 721_695_636_000
+    oom = parse_trace_line(
+        "python3-8740 [000] d..2. 710.978684: signal_generate: sig=9 errno=0 code=128 "
+        "comm=python3 pid=8740 grp=1 res=0"
+    )
+    assert oom.from_kernel and oom.sender_pid == oom.target_pid == 8740
+    spaced = parse_trace_line(
+        "   pt_main thread-17 (  17) [003] ..... 5.000001: signal_generate: sig=15 errno=0 "
+        "code=0 comm=python pid=20 grp=1 res=0"
+    )
+    assert spaced.sender_comm == "pt_main thread" and spaced.signal == 15
+    assert parse_trace_line("# tracer: nop") is None
+
+
+def test_the_tracepoint_names_the_sender():
+    from sidecar.autopsy import SignalSent
+
+    victim = _r("1", 102, 9, 10.0)
+    by_kill = SignalSent("kill", 4242, 102, 9, 0, int(9.999 * S))
+    v = autopsy(Evidence((_r("0", 101, 15, 10.05), victim), signals=(by_kill,)))
+    assert (
+        v.kind == "external_signal"
+        and v.confidence == "certain"
+        and "pid 4242 (kill) sent SIGKILL" in v.summary
+    )
+    by_earlyoom = SignalSent("earlyoom", 900, 102, 9, 0, int(9.999 * S))
+    assert autopsy(Evidence((victim,), signals=(by_earlyoom,))).kind == "userspace_oom"
+    by_agent = SignalSent("pt_elastic", 77, 102, 9, 0, int(9.999 * S))
+    assert autopsy(Evidence((victim,), signals=(by_agent,), agent_pid=77)).kind == "agent_teardown"
+    # an old signal to the same pid is not this death's
+    stale = SignalSent("kill", 4242, 102, 9, 0, int(1 * S))
+    assert autopsy(Evidence((victim,), signals=(stale,))).confidence != "certain"
+    # the kernel's own SIGKILL (si_code 128) is the OOM killer's business, not a sender's
+    kernel = SignalSent("python3", 102, 102, 9, 128, int(9.999 * S))
+    oom = KernelOom(102, int(10 * S), "memcg", "/job", "/job", "python3", None, ())
+    assert autopsy(Evidence((victim,), (oom,), signals=(kernel,))).kind == "cgroup_oom"

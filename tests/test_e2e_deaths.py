@@ -22,6 +22,7 @@ V1 = Path("/sys/fs/cgroup/memory")
 V2 = Path("/sys/fs/cgroup")
 
 pytestmark = [pytest.mark.slow]
+TRACEFS_READY = os.geteuid() == 0 and os.path.isdir("/sys/kernel/tracing/events/signal/signal_generate")
 
 
 def _postmortem(daemon: DaemonProc, victim_rank: int, want_fates: int) -> dict:
@@ -158,9 +159,15 @@ def test_kill_9_from_outside_is_an_external_signal_not_an_oom(tmp_path):
         pids = job.ready()
         other_pids = other.ready()
         time.sleep(1.5)  # the daemon has sampled the ranks
-        os.kill(pids[1][0], signal.SIGKILL)
+        killer_proc = subprocess.run(
+            ["sh", "-c", f"kill -9 {pids[1][0]}; echo $$"], capture_output=True, text=True
+        )
         doc = _postmortem(daemon, victim_rank=1, want_fates=2)
         job.proc.wait(60)
+        if TRACEFS_READY:  # the tracepoint names the sender: first-hand, so certain
+            assert doc["killer"]["confidence"] == "certain", doc["killer"]
+            assert f"pid {killer_proc.stdout.strip()} (sh)" in doc["killer"]["summary"], doc["killer"]
+            assert any(e["source"] == "tracepoint" for e in doc["killer"]["evidence"])
         # the other job is untouched and not mentioned
         assert other.proc.poll() is None
         assert not {r["pid"] for r in doc["ranks"]} & {p[0] for p in other_pids.values()}
@@ -168,7 +175,7 @@ def test_kill_9_from_outside_is_an_external_signal_not_an_oom(tmp_path):
         assert len(json.loads(daemon.get("/postmortems")[1])) == 1
         killer = doc["killer"]
         assert killer["kind"] == "external_signal", killer
-        assert killer["confidence"] in ("likely", "possible") and "SIGKILL" in killer["summary"]
+        assert killer["confidence"] in ("certain", "likely", "possible") and "SIGKILL" in killer["summary"]
         assert doc["victim"]["pid"] == pids[1][0]
         assert {r["rank"]: r["fate"] for r in doc["ranks"]} == {0: "terminated_by_agent", 1: "root_cause"}
         m = daemon.metrics()
