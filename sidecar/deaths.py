@@ -99,7 +99,9 @@ class DeathWatch:
         self._kernel: deque[KernelOom] = deque(maxlen=512)
         self._signals: deque[SignalSent] = deque(maxlen=1024)
         self.signal_senders_known = False
-        self._incidents: dict[str, _Incident] = {}
+        # One incident per job and worker generation: after an elastic restart the new
+        # generation's deaths get a postmortem of their own.
+        self._incidents: dict[tuple[str, int], _Incident] = {}
         self._cv = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -173,7 +175,7 @@ class DeathWatch:
                     self._record(known, pid, None, now)
 
     def _record(self, known: _Known, pid: int, exit_code: int | None, at_ns: int) -> None:
-        inc = self._incidents.get(known.job)
+        inc = self._incidents.get((known.job, known.restart))
         if inc is None:
             if exit_code == 0:
                 return  # a clean exit opens no incident
@@ -261,7 +263,9 @@ class DeathWatch:
 
     def _open(self, known: _Known, pid: int, exit_code: int | None, at_ns: int) -> _Incident:
         ranks = {
-            pid: k for pid, k in self._known.items() if k.job == known.job and k.agent_pid == known.agent_pid
+            pid: k
+            for pid, k in self._known.items()
+            if k.job == known.job and k.agent_pid == known.agent_pid and k.restart == known.restart
         }
         # The memory "at death" is the last snapshot that saw the victim alive (a snapshot
         # can be published just after the death it predates, so not "the last one before").
@@ -289,7 +293,7 @@ class DeathWatch:
             inc.host_oom_before = before.host.oom_kills
         if before is not None:
             inc.cgroup_oom_before = {c.path: c.oom_kills for c in before.cgroups if c.oom_kills is not None}
-        self._incidents[known.job] = inc
+        self._incidents[(known.job, known.restart)] = inc
         log.warning(
             "job %s: rank %s (pid %d) died (%s); writing a postmortem",
             known.job,
@@ -399,7 +403,7 @@ class DeathWatch:
         first = inc.doc_id is None
         died_at = self._wall(verdict.victim.died_ns) or self.wall()
         if inc.doc_id is None:
-            inc.doc_id = make_id(died_at, inc.agent_pid, verdict.victim.label, self.hostname)
+            inc.doc_id = make_id(died_at, inc.agent_pid, verdict.victim.label, self.hostname, inc.restart)
             inc.created_at = self.wall()
         doc = self._document(inc, verdict, died_at, ev)
         self.store.put(doc, first=first)

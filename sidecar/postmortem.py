@@ -36,11 +36,15 @@ def iso(epoch: float | None) -> str | None:
     return datetime.fromtimestamp(epoch, tz=timezone.utc).isoformat(timespec="milliseconds")
 
 
-def make_id(died_at: float, agent_pid: int, rank_label: str, host: str | None = None) -> str:
+def make_id(
+    died_at: float, agent_pid: int, rank_label: str, host: str | None = None, restart: int = 0
+) -> str:
+    """``<UTC second>-<host>-<agent pid>-r<rank>``, plus ``-a<restart>`` for a later worker
+    generation (whose rank of the same label may die within the same second)."""
     host = re.sub(r"[^A-Za-z0-9_.-]", "-", (host or socket.gethostname()))[:64] or "host"
     stamp = datetime.fromtimestamp(died_at, tz=timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     label = re.sub(r"[^A-Za-z0-9_.-]", "-", rank_label)[:32] or "x"
-    return f"{stamp}-{host}-{agent_pid}-r{label}"
+    return f"{stamp}-{host}-{agent_pid}-r{label}" + (f"-a{restart}" if restart else "")
 
 
 class PostmortemStore:

@@ -564,3 +564,37 @@ def test_the_tracepoint_names_the_sender():
     kernel = SignalSent("python3", 102, 102, 9, 128, int(9.999 * S))
     oom = KernelOom(102, int(10 * S), "memcg", "/job", "/job", "python3", None, ())
     assert autopsy(Evidence((victim,), (oom,), signals=(kernel,))).kind == "cgroup_oom"
+
+
+def test_each_worker_generation_gets_its_own_postmortem(tmp_path):
+    """After an elastic restart the new generation's death is a new incident."""
+    from dataclasses import replace
+
+    from sidecar.deaths import DeathWatch
+    from sidecar.model import ProcKey
+    from sidecar.timeline import Timeline
+    from tests.test_daemon_loop import _job, _snapshot
+
+    store = PostmortemStore(str(tmp_path))
+    watch = DeathWatch(store, Timeline(60, 1), hostname="h")
+    watch.start()
+    gen0 = _job("a", 100)
+    gen1 = replace(gen0, restart_count=1, ranks=(replace(gen0.ranks[0], key=ProcKey(11, 2), restart=1),))
+
+    def wait(n: int) -> None:
+        deadline = time.monotonic() + 5
+        while len(store.listing()) < n and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    try:
+        watch.observe(_snapshot(1, (gen0,)))
+        watch.on_exit(ExitEvent(10, 9, 9, time.monotonic_ns()))
+        wait(1)
+        watch.observe(_snapshot(2, (gen1,)))
+        watch.on_exit(ExitEvent(11, 256, 9, time.monotonic_ns()))
+        wait(2)
+    finally:
+        watch.stop()
+    kinds = sorted(d["killer"]["kind"] for d in store.listing())
+    assert kinds == ["external_signal", "python_exception"]
+    assert any(d["id"].endswith("-r0-a1") for d in store.listing())
