@@ -125,6 +125,7 @@ class Evidence:
     kernel: tuple[KernelOom, ...] = ()
     signals: tuple[SignalSent, ...] = ()
     agent_pid: int | None = None
+    oom_daemons: tuple[tuple[str, int], ...] = ()  # userspace OOM daemons running here: (comm, pid)
     host_oom_kills_before: int | None = None
     host_oom_kills_after: int | None = None
     cgroup_oom_kills_before: dict[str, int] = field(default_factory=dict)
@@ -331,9 +332,20 @@ def _victim_verdict(
         if not ev.kernel_log_readable:
             why = "the kernel log was not readable and no OOM counter moved"
         items.append(EvidenceItem("counters", None, "vmstat oom_kill and the cgroup's oom_kill did not move"))
+        for comm, pid in ev.oom_daemons:
+            items.append(
+                EvidenceItem(
+                    "proc",
+                    None,
+                    f"{comm} (pid {pid}) runs on this machine and kills by signal: it may have sent this one",
+                )
+            )
+        if ev.oom_daemons:
+            names = ", ".join(f"{c} (pid {p})" for c, p in ev.oom_daemons)
+            why += f"; {names} runs here and may have sent it"
         return (
             "external_signal",
-            "likely" if ev.kernel_log_readable else "possible",
+            "likely" if ev.kernel_log_readable and not ev.oom_daemons else "possible",
             f"{who} was killed by a SIGKILL from outside: {why}. The sender is unknown.",
         )
     sig = victim.signal

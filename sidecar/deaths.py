@@ -12,6 +12,7 @@ exits. The sampler is never blocked: all of this happens on the worker thread.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -20,7 +21,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.autopsy import Evidence, KernelOom, RankState, SignalSent, Verdict, autopsy, signal_name
+from sidecar.autopsy import (
+    USERSPACE_OOM_DAEMONS,
+    Evidence,
+    KernelOom,
+    RankState,
+    SignalSent,
+    Verdict,
+    autopsy,
+    signal_name,
+)
 from sidecar.model import RankSample, Snapshot
 from sidecar.parse.kernel import KmsgRecord, OomKill, OomSummary, parse_oom_line
 from sidecar.postmortem import PostmortemStore, iso, make_id
@@ -81,6 +91,7 @@ class DeathWatch:
         read_host_oom_kills: Callable[[], int | None] = lambda: None,
         read_cgroup_oom_kills: Callable[[str, int], int | None] = lambda path, version: None,
         hostname: str | None = None,
+        proc_root: str = "/proc",
         clock_ns: Callable[[], int] = time.monotonic_ns,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -89,6 +100,7 @@ class DeathWatch:
         self.read_host_oom_kills = read_host_oom_kills
         self.read_cgroup_oom_kills = read_cgroup_oom_kills
         self.hostname = hostname or socket.gethostname()
+        self.proc_root = proc_root
         self.clock_ns = clock_ns
         self.wall = wall
         self.kernel_log_readable = False
@@ -347,6 +359,23 @@ class DeathWatch:
                 except Exception:
                     log.exception("job %s: postmortem failed", inc.job)
 
+    def oom_daemons(self) -> tuple[tuple[str, int], ...]:
+        """Userspace OOM daemons running now (a /proc scan, done only when a rank died)."""
+        found = []
+        try:
+            names = [n for n in os.listdir(self.proc_root) if n.isdigit()]
+        except OSError:
+            return ()
+        for name in names:
+            try:
+                with open(f"{self.proc_root}/{name}/comm", "rb") as f:
+                    comm = f.read().decode("utf-8", "replace").strip()
+            except OSError:
+                continue
+            if comm in USERSPACE_OOM_DAEMONS:
+                found.append((comm, int(name)))
+        return tuple(sorted(found))
+
     def _evidence(self, inc: _Incident) -> Evidence:
         ranks = []
         for pid, k in sorted(
@@ -381,6 +410,7 @@ class DeathWatch:
             tuple(self._kernel),
             tuple(self._signals),
             inc.agent_pid,
+            self.oom_daemons(),
             inc.host_oom_before,
             host_after,
             inc.cgroup_oom_before,

@@ -598,3 +598,9 @@ def test_each_worker_generation_gets_its_own_postmortem(tmp_path):
     kinds = sorted(d["killer"]["kind"] for d in store.listing())
     assert kinds == ["external_signal", "python_exception"]
     assert any(d["id"].endswith("-r0-a1") for d in store.listing())
+
+
+def test_a_running_oom_daemon_makes_an_unexplained_kill_only_possible():
+    v = autopsy(Evidence((_r("1", 102, 9, 10.0),), oom_daemons=(("earlyoom", 812),)))
+    assert v.kind == "external_signal" and v.confidence == "possible"  # never guessed as an OOM
+    assert "earlyoom (pid 812)" in v.summary and any(e.source == "proc" for e in v.evidence)

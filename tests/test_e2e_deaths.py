@@ -240,3 +240,21 @@ def test_demo_ends_with_a_postmortem(tmp_path):
     assert "terminated_by_agent" in out.stdout and "root_cause" in out.stdout
     html = next(line.split("file://", 1)[1] for line in out.stdout.splitlines() if "file://" in line)
     assert Path(html).read_text().startswith("<!doctype html>")
+
+
+@pytest.mark.skipif(not TRACEFS_READY, reason="naming the sender needs root and tracefs mounted")
+def test_a_userspace_oom_daemon_is_named_by_the_tracepoint(tmp_path):
+    """A stand-in for earlyoom (a process whose comm is earlyoom) SIGKILLs a rank."""
+    daemon_script = tmp_path / "earlyoom"
+    daemon_script.write_text('#!/bin/sh\nkill -9 "$1"\n')
+    daemon_script.chmod(0o755)
+    with DaemonProc(tmp_path) as daemon, TorchrunJob(tmp_path, "eo", hold_mb=50, workers=0) as job:
+        pids = job.ready()
+        time.sleep(1.5)
+        subprocess.run([str(daemon_script), str(pids[1][0])], check=True)
+        doc = _postmortem(daemon, victim_rank=1, want_fates=2)
+        job.proc.wait(60)
+        killer = doc["killer"]
+        assert killer["kind"] == "userspace_oom" and killer["confidence"] == "certain", killer
+        assert "earlyoom" in killer["summary"]
+        assert daemon.stop() == 0
