@@ -264,6 +264,7 @@ class Sampler:
                     entrypoint=job.entrypoint,
                     started_at=job.started_at,
                     ranks=tuple(ranks),
+                    agent_alive=job.agent_alive,
                 )
             )
         self.samples_total += 1

@@ -104,6 +104,7 @@ class TrackedJob:
     max_restarts: int | None = None
     entrypoint: str | None = None
     ranks: dict[int, TrackedRank] = field(default_factory=dict)
+    agent_alive: bool = True
 
 
 @dataclass(slots=True)
@@ -154,7 +155,10 @@ class Discovery:
         """Update the view from /proc and return the live jobs (agent start order)."""
         now = self.clock()
         current = set(self.reader.pids())
-        for pid in [p for p in self.entries if p not in current]:
+        gone = [p for p in self.entries if p not in current]
+        # ranks before agents: a job whose agent and ranks ended together is not "orphaned"
+        gone.sort(key=lambda p: self.entries[p].kind == "agent")
+        for pid in gone:
             self.forget(pid)
         fresh: list[_Entry] = []
         for pid in current:
@@ -219,14 +223,31 @@ class Discovery:
         self._pending.discard(pid)
         self._young.discard(pid)
         if entry.kind == "agent":
-            job = self.jobs.pop(pid, None)
-            if job is not None:
+            job = self.jobs.get(pid)
+            if job is None:
+                return
+            if job.ranks:
+                # Workers are session leaders of their own: they outlive a killed agent, and
+                # still hold their memory. Keep watching them until they exit.
+                job.agent_alive = False
+                log.warning(
+                    "job %s: the agent (pid %d) exited but %d rank(s) still run; watching them until "
+                    "they exit",
+                    job.key,
+                    pid,
+                    len(job.ranks),
+                )
+            else:
+                del self.jobs[pid]
                 log.info("job %s: agent pid %d exited, detached", job.key or f"(agent {pid})", pid)
         elif entry.kind == "rank":
             job = self.jobs.get(entry.ppid)
             rank = job.ranks.pop(pid, None) if job else None
             if job is not None and rank is not None:
                 log.info("job %s: rank %s (pid %d) exited", job.key, rank.label, pid)
+                if not job.agent_alive and not job.ranks:
+                    del self.jobs[entry.ppid]
+                    log.info("job %s: the last orphaned rank exited, detached", job.key)
 
     # -- internals ----------------------------------------------------------------------
 

@@ -163,6 +163,7 @@ class JobSample:
     entrypoint: str | None
     started_at: float
     ranks: tuple[RankSample, ...]
+    agent_alive: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -167,6 +167,7 @@ def ranks_view(snap: Snapshot | None) -> dict[str, Any]:
                 "max_restarts": job.max_restarts,
                 "entrypoint": job.entrypoint,
                 "started_at": job.started_at,
+                "agent_alive": job.agent_alive,
                 "ranks": ranks,
             }
         )

@@ -298,3 +298,17 @@ def test_an_old_process_that_execs_torchrun_is_found_by_the_sweep(proc_tree):
     assert SHELL not in {j.agent.pid for j in d.tick()}  # old processes are not re-read every tick
     clock.now += 5
     assert SHELL in {j.agent.pid for j in d.tick()}
+
+
+def test_ranks_that_outlive_their_agent_stay_watched(proc_tree, tmp_path):
+    import shutil
+
+    sampler = _sampler(proc_tree, tmp_path)
+    sampler.sample()
+    shutil.rmtree(proc_tree / str(AGENT))  # the agent is killed; its workers are their own sessions
+    snap = sampler.sample()
+    (job,) = snap.jobs
+    assert not job.agent_alive and [r.rank for r in job.ranks] == [0, 1]
+    for pid in (RANK0, RANK1, *RANK0_WORKERS, *RANK1_WORKERS):
+        shutil.rmtree(proc_tree / str(pid))
+    assert sampler.sample().jobs == ()
