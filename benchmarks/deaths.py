@@ -13,6 +13,7 @@ against the kernel's figure in its kill line. Prints p50/p95 and the RSS errors.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -20,26 +21,15 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from sidecar.demo import join_cgroup, memory_cgroup, memory_hierarchy
 from tests.e2e import DaemonProc, TorchrunJob, wait_for
 
-V1, V2 = Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")
 GIB = 1 << 30
-
-
-def cgroup_root() -> tuple[int, Path] | None:
-    if os.geteuid() != 0:
-        return None
-    if (V2 / "cgroup.subtree_control").exists() and "memory" in (
-        V2 / "cgroup.subtree_control"
-    ).read_text().split():
-        return 2, V2
-    return (1, V1) if (V1 / "cgroup.procs").exists() else None
 
 
 def ts(text: str) -> float:
@@ -52,64 +42,43 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=1.0)
     ap.add_argument("--grow-mb", type=int, default=4)
     args = ap.parse_args()
-    root = cgroup_root()
     latencies, rss_errors, kinds = [], [], []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         t = Path(tmp)
-        parent = child = None
-        if root is not None:
-            version, base = root
-            parent = base / f"trainwatch-bench-{uuid.uuid4().hex[:8]}"
-            parent.mkdir()
-            limit_file = "memory.limit_in_bytes" if version == 1 else "memory.max"
-            (parent / limit_file).write_text(str(int(1.5 * GIB)))
-            if version == 2:
-                (parent / "cgroup.subtree_control").write_text("+memory")
-            child = parent / "job"
-            child.mkdir()
-        try:
-            with DaemonProc(t, interval=args.interval) as daemon:
-                for i in range(args.deaths):
-                    wrap = (
-                        ["sh", "-c", f'echo $$ > {child}/cgroup.procs && exec "$@"', "sh"] if child else None
-                    )
-                    grow = {"grow_rank": 1, "grow_after": 3, "grow_mb": args.grow_mb} if child else {}
-                    with TorchrunJob(t, f"job{i}", hold_mb=50, workers=0, wrap=wrap, **grow) as job:
-                        pids = job.ready()
-                        if child is None:
-                            time.sleep(3)
-                            os.kill(pids[1][0], signal.SIGKILL)
+        child = None
+        if memory_hierarchy() is not None:
+            _, _, child = stack.enter_context(memory_cgroup(int(1.5 * GIB), "trainwatch-bench"))
+        with DaemonProc(t, interval=args.interval) as daemon:
+            for i in range(args.deaths):
+                wrap = join_cgroup(child) if child else None
+                grow = {"grow_rank": 1, "grow_after": 3, "grow_mb": args.grow_mb} if child else {}
+                with TorchrunJob(t, f"job{i}", hold_mb=50, workers=0, wrap=wrap, **grow) as job:
+                    pids = job.ready()
+                    if child is None:
+                        time.sleep(3)
+                        os.kill(pids[1][0], signal.SIGKILL)
 
-                        def newest(job=job):
-                            status, body = daemon.get("/postmortem")
-                            doc = json.loads(body) if status == 200 else None
-                            return doc if doc and doc["job"]["agent_pid"] == job.agent_pid else None
+                    def newest(job=job):
+                        status, body = daemon.get("/postmortem")
+                        doc = json.loads(body) if status == 200 else None
+                        return doc if doc and doc["job"]["agent_pid"] == job.agent_pid else None
 
-                        doc = wait_for(newest, 120, f"postmortem {i}")
-                        job.proc.wait(90)
-                    latency = ts(doc["created_at"]) - ts(doc["victim"]["died_at"])
-                    latencies.append(latency)
-                    kinds.append(doc["killer"]["kind"])
-                    victim = next(r for r in doc["ranks"] if r["pid"] == doc["victim"]["pid"])
-                    kernel = doc["victim"].get("kernel_rss_bytes")
-                    if kernel and victim["rss_bytes"]:
-                        rss_errors.append((victim["rss_bytes"] - kernel) / kernel)
-                    print(
-                        f"death {i}: {doc['killer']['kind']} ({doc['killer']['confidence']}), "
-                        f"latency {latency * 1000:.0f} ms, sampled RSS {victim['rss_bytes']}, "
-                        f"kernel RSS {kernel}",
-                        flush=True,
-                    )
-                daemon.stop()
-        finally:
-            for d in (child, parent):
-                for _ in range(100):
-                    try:
-                        if d is not None:
-                            d.rmdir()
-                        break
-                    except OSError:
-                        time.sleep(0.1)
+                    doc = wait_for(newest, 120, f"postmortem {i}")
+                    job.proc.wait(90)
+                latency = ts(doc["created_at"]) - ts(doc["victim"]["died_at"])
+                latencies.append(latency)
+                kinds.append(doc["killer"]["kind"])
+                victim = next(r for r in doc["ranks"] if r["pid"] == doc["victim"]["pid"])
+                kernel = doc["victim"].get("kernel_rss_bytes")
+                if kernel and victim["rss_bytes"]:
+                    rss_errors.append((victim["rss_bytes"] - kernel) / kernel)
+                print(
+                    f"death {i}: {doc['killer']['kind']} ({doc['killer']['confidence']}), "
+                    f"latency {latency * 1000:.0f} ms, sampled RSS {victim['rss_bytes']}, "
+                    f"kernel RSS {kernel}",
+                    flush=True,
+                )
+            daemon.stop()
     latencies.sort()
     p95 = latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))]
     print(

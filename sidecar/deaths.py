@@ -228,42 +228,22 @@ class DeathWatch:
                 None,
             )
             if isinstance(parsed, OomSummary):
-                merged = KernelOom(
+                scope = "global" if parsed.global_oom else "memcg"
+                fresh = KernelOom(
                     parsed.pid,
                     at,
-                    "global" if parsed.global_oom else "memcg",
+                    scope,
                     parsed.oom_memcg,
                     parsed.task_memcg,
                     parsed.comm,
                     None,
                     (record.text,),
                 )
-                if previous is not None:
-                    merged = KernelOom(
-                        parsed.pid,
-                        previous.at_ns,
-                        previous.scope or merged.scope,
-                        merged.oom_memcg,
-                        merged.task_memcg,
-                        parsed.comm,
-                        previous.rss_bytes,
-                        (*previous.lines, record.text),
-                    )
             else:
-                merged = KernelOom(
+                fresh = KernelOom(
                     parsed.pid, at, parsed.scope, None, None, parsed.comm, parsed.rss_bytes, (record.text,)
                 )
-                if previous is not None:
-                    merged = KernelOom(
-                        parsed.pid,
-                        previous.at_ns,
-                        parsed.scope or previous.scope,
-                        previous.oom_memcg,
-                        previous.task_memcg,
-                        parsed.comm,
-                        parsed.rss_bytes,
-                        (*previous.lines, record.text),
-                    )
+            merged = fresh if previous is None else _merge(previous, fresh)
             if previous is not None:
                 self._kernel.remove(previous)
             self._kernel.append(merged)
@@ -566,6 +546,20 @@ class DeathWatch:
             "advice": advice(v, ranks, cg, host.total_bytes if host else None),
         }
         return doc
+
+
+def _merge(previous: KernelOom, fresh: KernelOom) -> KernelOom:
+    """One OOM kill told by several records (the summary, the kill line): what each adds."""
+    return KernelOom(
+        pid=fresh.pid,
+        at_ns=min(previous.at_ns, fresh.at_ns),
+        scope=fresh.scope or previous.scope,
+        oom_memcg=fresh.oom_memcg or previous.oom_memcg,
+        task_memcg=fresh.task_memcg or previous.task_memcg,
+        comm=fresh.comm,
+        rss_bytes=fresh.rss_bytes if fresh.rss_bytes is not None else previous.rss_bytes,
+        lines=(*previous.lines, *fresh.lines),
+    )
 
 
 def _exit_text(code: int | None) -> str:

@@ -22,49 +22,62 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["run_demo"]
+__all__ = ["join_cgroup", "memory_cgroup", "memory_hierarchy", "run_demo"]
 
 LIMIT_BYTES = 1536 << 20
 
 
-def _make_cgroup() -> tuple[Path | None, str]:
+def memory_hierarchy() -> tuple[int, Path] | None:
+    """(version, root) of a memory cgroup hierarchy this process may create groups in, or
+    None (not root, or no memory controller mounted where it can be used)."""
     if os.geteuid() != 0:
-        return None, "not root, so no memory cgroup can be created"
+        return None
     v2 = Path("/sys/fs/cgroup")
-    v1 = Path("/sys/fs/cgroup/memory")
-    name = f"trainwatch-demo-{uuid.uuid4().hex[:6]}"
+    sub = v2 / "cgroup.subtree_control"
+    if sub.exists() and "memory" in sub.read_text().split():
+        return 2, v2
+    v1 = v2 / "memory"
+    return (1, v1) if (v1 / "cgroup.procs").exists() else None
+
+
+@contextlib.contextmanager
+def memory_cgroup(limit_bytes: int, prefix: str = "trainwatch") -> Iterator[tuple[int, Path, Path]]:
+    """A parent memory cgroup limited to ``limit_bytes`` and an unlimited child ``job``
+    in it (put processes there with ``join_cgroup``); both removed afterwards. Raises
+    OSError saying why when none can be made."""
+    found = memory_hierarchy()
+    if found is None:
+        raise OSError(1, "not root, or no memory cgroup hierarchy to create a group in")
+    version, root = found
+    parent = root / f"{prefix}-{uuid.uuid4().hex[:8]}"
+    parent.mkdir()
+    child = parent / "job"
     try:
-        if (v2 / "cgroup.subtree_control").exists() and "memory" in (
-            v2 / "cgroup.subtree_control"
-        ).read_text().split():
-            parent = v2 / name
-            parent.mkdir()
-            (parent / "memory.max").write_text(str(LIMIT_BYTES))
-            (parent / "cgroup.subtree_control").write_text("+memory")
-        elif (v1 / "cgroup.procs").exists():
-            parent = v1 / name
-            parent.mkdir()
-            (parent / "memory.limit_in_bytes").write_text(str(LIMIT_BYTES))
+        if version == 1:
+            (parent / "memory.limit_in_bytes").write_text(str(limit_bytes))
         else:
-            return None, "no writable memory cgroup hierarchy here"
-        (parent / "job").mkdir()
-        return parent, ""
-    except OSError as exc:
-        return None, f"cannot create a memory cgroup: {exc.strerror}"
+            (parent / "memory.max").write_text(str(limit_bytes))
+            (parent / "cgroup.subtree_control").write_text("+memory")
+        child.mkdir()
+        yield version, parent, child
+    finally:
+        for d in (child, parent):
+            for _ in range(100):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:  # still holds exiting tasks
+                    time.sleep(0.1)
 
 
-def _remove(parent: Path) -> None:
-    for d in (parent / "job", parent):
-        for _ in range(100):
-            try:
-                d.rmdir()
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                time.sleep(0.1)
+def join_cgroup(child: Path) -> list[str]:
+    """A command prefix that moves the command into ``child`` before it execs."""
+    return ["sh", "-c", f'echo $$ > {child}/cgroup.procs && exec "$@"', "sh"]
 
 
 def _get(url: str) -> tuple[int, str]:
@@ -83,16 +96,24 @@ def run_demo() -> int:
     except ImportError:
         print("trainwatch demo: needs torch to run a real torchrun job (pip install torch)", file=sys.stderr)
         return 2
-    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
     tmp = Path(tempfile.mkdtemp(prefix="trainwatch-demo-"))
-    parent, why = _make_cgroup()
-    if parent is None:
-        print(f"trainwatch demo: {why}; rank 1 will be killed with SIGKILL from outside instead.")
-    else:
+    with contextlib.ExitStack() as stack:
+        try:
+            _, parent, child = stack.enter_context(memory_cgroup(LIMIT_BYTES, "trainwatch-demo"))
+        except OSError as exc:
+            print(
+                f"trainwatch demo: {exc.strerror}; rank 1 will be killed with SIGKILL from outside instead."
+            )
+            return _demo(tmp, None)
         print(
             f"trainwatch demo: rank 1 will grow past the {LIMIT_BYTES >> 20} MiB limit of memory cgroup "
             f"{parent.name}."
         )
+        return _demo(tmp, child)
+
+
+def _demo(tmp: Path, child: Path | None) -> int:
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
     log = open(tmp / "daemon.log", "w")  # noqa: SIM115
     daemon = subprocess.Popen(
         [
@@ -136,8 +157,8 @@ def run_demo() -> int:
             "-m",
             "sidecar.demo_worker",
         ]
-        if parent is not None:
-            cmd = ["sh", "-c", f'echo $$ > {parent / "job"}/cgroup.procs && exec "$@"', "sh", *cmd, "grow"]
+        if child is not None:
+            cmd = [*join_cgroup(child), *cmd, "grow"]
         out = open(tmp / "torchrun.log", "w")  # noqa: SIM115
         job = subprocess.Popen(
             cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1")
@@ -152,7 +173,7 @@ def run_demo() -> int:
                 if len(ranks) == 2:
                     break
             time.sleep(0.3)
-        if parent is None and victim is not None:
+        if child is None and victim is not None:
             time.sleep(3)
             os.kill(victim, signal.SIGKILL)
         doc = None
@@ -189,5 +210,3 @@ def run_demo() -> int:
         with contextlib.suppress(subprocess.TimeoutExpired):
             daemon.wait(15)
         log.close()
-        if parent is not None:
-            _remove(parent)

@@ -604,3 +604,26 @@ def test_a_running_oom_daemon_makes_an_unexplained_kill_only_possible():
     v = autopsy(Evidence((_r("1", 102, 9, 10.0),), oom_daemons=(("earlyoom", 812),)))
     assert v.kind == "external_signal" and v.confidence == "possible"  # never guessed as an OOM
     assert "earlyoom (pid 812)" in v.summary and any(e.source == "proc" for e in v.evidence)
+
+
+def test_the_summary_and_the_kill_line_are_one_oom(tmp_path):
+    from sidecar.deaths import DeathWatch
+    from sidecar.timeline import Timeline
+
+    watch = DeathWatch(PostmortemStore(str(tmp_path)), Timeline(60, 1), hostname="h")
+    for raw in (
+        b"6,567,663845864,-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
+        b"oom_memcg=/probe_oom,task_memcg=/probe_oom,task=python3,pid=8366,uid=0",
+        b"3,568,663845901,-;Memory cgroup out of memory: Killed process 8366 (python3) total-vm:119004kB, "
+        b"anon-rss:102016kB, file-rss:6600kB, shmem-rss:0kB, UID:0 pgtables:268kB oom_score_adj:0",
+        b"14,569,663845999,-;Killed process 8366 (python3) written by user space, ignored",
+    ):
+        watch.on_kmsg(parse_kmsg_record(raw))
+    (oom,) = watch._kernel
+    assert (oom.pid, oom.scope, oom.oom_memcg, oom.rss_bytes) == (
+        8366,
+        "memcg",
+        "/probe_oom",
+        (102016 + 6600) * 1024,
+    )
+    assert oom.at_ns == 663845864 * 1000 and len(oom.lines) == 2

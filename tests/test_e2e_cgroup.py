@@ -7,32 +7,15 @@ GPU machine); the v2 reader is also tested on fixture trees everywhere."""
 
 from __future__ import annotations
 
-import os
-import time
-import uuid
-from pathlib import Path
-
 import pytest
 
+from sidecar.demo import join_cgroup, memory_cgroup, memory_hierarchy
 from tests.e2e import DaemonProc, TorchrunJob, value, wait_for
 
 GIB = 1 << 30
-V1 = Path("/sys/fs/cgroup/memory")
-V2 = Path("/sys/fs/cgroup")
 
 
-def _hierarchy() -> tuple[int, Path] | None:
-    if os.geteuid() != 0:
-        return None
-    controllers = V2 / "cgroup.subtree_control"
-    if controllers.exists() and "memory" in controllers.read_text().split():
-        return 2, V2
-    if (V1 / "cgroup.procs").exists():
-        return 1, V1
-    return None
-
-
-HIERARCHY = _hierarchy()
+HIERARCHY = memory_hierarchy()
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.root,
@@ -42,37 +25,15 @@ pytestmark = [
 
 @pytest.fixture
 def cgroups():
-    assert HIERARCHY is not None
-    version, root = HIERARCHY
-    parent = root / f"trainwatch-test-{uuid.uuid4().hex[:8]}"
-    parent.mkdir()
-    child = parent / "job"
-    try:
-        if version == 1:
-            (parent / "memory.limit_in_bytes").write_text(str(3 * GIB))
-        else:
-            (parent / "memory.max").write_text(str(3 * GIB))
-            (parent / "cgroup.subtree_control").write_text("+memory")
-        child.mkdir()
-        yield version, parent, child
-    finally:
-        for d in (child, parent):
-            for _ in range(100):
-                try:
-                    d.rmdir()
-                except FileNotFoundError:
-                    break
-                except OSError:  # still has (exiting) tasks
-                    time.sleep(0.1)
-                    continue
-                break
+    with memory_cgroup(3 * GIB, "trainwatch-test") as made:
+        yield made
 
 
 def test_rank_cgroup_limit_and_usage(tmp_path, cgroups):
     version, parent, child = cgroups
     parent_path, child_path = f"/{parent.name}", f"/{parent.name}/job"
     usage_file = child / ("memory.usage_in_bytes" if version == 1 else "memory.current")
-    wrap = ["sh", "-c", f'echo $$ > {child}/cgroup.procs && exec "$@"', "sh"]
+    wrap = join_cgroup(child)
     with (
         DaemonProc(tmp_path) as daemon,
         TorchrunJob(tmp_path, "cg", wrap=wrap, hold_mb=300, worker_mb=100, workers=2) as job,

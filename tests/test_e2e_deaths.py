@@ -9,17 +9,15 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
+from sidecar.demo import join_cgroup, memory_cgroup, memory_hierarchy
 from tests.browser import CHROMIUM, screenshot
 from tests.e2e import DaemonProc, TorchrunJob, wait_for
 
 GIB = 1 << 30
-V1 = Path("/sys/fs/cgroup/memory")
-V2 = Path("/sys/fs/cgroup")
 
 pytestmark = [pytest.mark.slow]
 TRACEFS_READY = os.geteuid() == 0 and os.path.isdir("/sys/kernel/tracing/events/signal/signal_generate")
@@ -43,32 +41,11 @@ def _postmortem(daemon: DaemonProc, victim_rank: int, want_fates: int) -> dict:
         ) from None
 
 
-def _cgroup_root() -> tuple[int, Path] | None:
-    if os.geteuid() != 0:
-        return None
-    sub = V2 / "cgroup.subtree_control"
-    if sub.exists() and "memory" in sub.read_text().split():
-        return 2, V2
-    if (V1 / "cgroup.procs").exists():
-        return 1, V1
-    return None
-
-
 @pytest.mark.root
-@pytest.mark.skipif(_cgroup_root() is None, reason="needs root and a writable memory cgroup hierarchy")
+@pytest.mark.skipif(memory_hierarchy() is None, reason="needs root and a writable memory cgroup hierarchy")
 def test_cgroup_oom_is_named_with_certainty(tmp_path):
-    version, root = _cgroup_root()  # type: ignore[misc]
-    parent = root / f"trainwatch-oom-{uuid.uuid4().hex[:8]}"
-    parent.mkdir()
-    child = parent / "job"
-    try:
-        if version == 1:
-            (parent / "memory.limit_in_bytes").write_text(str(int(1.5 * GIB)))
-        else:
-            (parent / "memory.max").write_text(str(int(1.5 * GIB)))
-            (parent / "cgroup.subtree_control").write_text("+memory")
-        child.mkdir()
-        wrap = ["sh", "-c", f'echo $$ > {child}/cgroup.procs && exec "$@"', "sh"]
+    with memory_cgroup(int(1.5 * GIB), "trainwatch-oom") as (_version, parent, child):
+        wrap = join_cgroup(child)
         with (
             DaemonProc(tmp_path) as daemon,
             TorchrunJob(tmp_path, "oom", wrap=wrap, hold_mb=50, workers=0, grow_rank=1, grow_after=2) as job,
@@ -90,18 +67,25 @@ def test_cgroup_oom_is_named_with_certainty(tmp_path):
             assert doc["memory"]["cgroup"]["oom_kills"] == 1
             assert doc["timeline"], "the memory curve before death"
             assert any("limit" in a for a in doc["advice"])
-            files = list((tmp_path / "postmortems").glob("*.json"))
+            # (the daemon watches every job on the machine: count only this job's)
+            files = [
+                f
+                for f in (tmp_path / "postmortems").glob("*.json")
+                if json.loads(f.read_text())["job"]["agent_pid"] == job.agent_pid
+            ]
             assert [f.name for f in files] == [doc["id"] + ".json"]
             assert oct(files[0].stat().st_mode & 0o777) == "0o640"
             assert json.loads(files[0].read_text())["killer"]["kind"] == "cgroup_oom"
             m = daemon.metrics()
-            assert any(
-                labels.get("killer") == "cgroup_oom" and v == 1
-                for labels, v in m["trainwatch_rank_deaths_total"]
-            )
-            assert m["trainwatch_postmortems_written_total"][0][1] == 1
+            key = doc["job"]["key"]
+            mine = {
+                labels["killer"]: v for labels, v in m["trainwatch_rank_deaths_total"] if labels["job"] == key
+            }
+            assert mine == {"cgroup_oom": 1, "agent_teardown": 1}
+            assert m["trainwatch_postmortems_written_total"][0][1] >= 1
             listing = json.loads(daemon.get("/postmortems")[1])
-            assert listing[0]["id"] == doc["id"] and listing[0]["killer"]["kind"] == "cgroup_oom"
+            (entry,) = [e for e in listing if e["id"] == doc["id"]]
+            assert entry["killer"]["kind"] == "cgroup_oom" and entry["victim"]["rank"] == 1
             assert json.loads(daemon.get(f"/postmortems/{doc['id']}")[1])["id"] == doc["id"]
             assert daemon.get("/postmortems/..%2F..%2Fetc%2Fpasswd")[0] == 404
             assert daemon.get("/postmortems/nope")[0] == 404
@@ -138,16 +122,6 @@ def test_cgroup_oom_is_named_with_certainty(tmp_path):
                 assert png.exists() and png.stat().st_size > 20_000, chromium_log
                 assert "Refused to" not in chromium_log and "Uncaught" not in chromium_log, chromium_log
             assert daemon.stop() == 0
-    finally:
-        for d in (child, parent):
-            for _ in range(100):
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.1)
 
 
 def test_kill_9_from_outside_is_an_external_signal_not_an_oom(tmp_path):
@@ -172,14 +146,20 @@ def test_kill_9_from_outside_is_an_external_signal_not_an_oom(tmp_path):
         assert other.proc.poll() is None
         assert not {r["pid"] for r in doc["ranks"]} & {p[0] for p in other_pids.values()}
         assert doc["job"]["agent_pid"] == job.agent_pid
-        assert len(json.loads(daemon.get("/postmortems")[1])) == 1
+        for entry in json.loads(daemon.get("/postmortems")[1]):
+            other_doc = json.loads(daemon.get(f"/postmortems/{entry['id']}")[1])
+            assert other_doc["job"]["agent_pid"] != other.agent_pid
         killer = doc["killer"]
         assert killer["kind"] == "external_signal", killer
         assert killer["confidence"] in ("certain", "likely", "possible") and "SIGKILL" in killer["summary"]
         assert doc["victim"]["pid"] == pids[1][0]
         assert {r["rank"]: r["fate"] for r in doc["ranks"]} == {0: "terminated_by_agent", 1: "root_cause"}
         m = daemon.metrics()
-        killers = {labels["killer"]: v for labels, v in m["trainwatch_rank_deaths_total"]}
+        killers = {
+            labels["killer"]: v
+            for labels, v in m["trainwatch_rank_deaths_total"]
+            if labels["job"] == doc["job"]["key"]
+        }
         assert killers == {"external_signal": 1, "agent_teardown": 1}
         assert daemon.stop() == 0
 
@@ -235,7 +215,7 @@ def test_demo_ends_with_a_postmortem(tmp_path):
         [sys.executable, "-m", "sidecar", "demo"], capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    expected = "killer: cgroup_oom (certain)" if _cgroup_root() else "killer: external_signal"
+    expected = "killer: cgroup_oom (certain)" if memory_hierarchy() else "killer: external_signal"
     assert expected in out.stdout, out.stdout
     assert "terminated_by_agent" in out.stdout and "root_cause" in out.stdout
     html = next(line.split("file://", 1)[1] for line in out.stdout.splitlines() if "file://" in line)
