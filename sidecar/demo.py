@@ -178,11 +178,15 @@ def _demo(tmp: Path, child: Path | None) -> int:
             os.kill(victim, signal.SIGKILL)
         doc = None
         while time.monotonic() < deadline:
-            status, body = _get(base + "/postmortem")
-            if status == 200:
-                doc = json.loads(body)
-                if all(r["fate"] not in ("running", "unknown") for r in doc["ranks"]):
+            status, body = _get(base + "/postmortems")
+            for entry in json.loads(body) if status == 200 else []:
+                status, one = _get(f"{base}/postmortems/{entry['id']}")
+                candidate = json.loads(one) if status == 200 else None
+                if candidate and candidate["job"]["agent_pid"] == job.pid:  # this demo's job, not another's
+                    doc = candidate
                     break
+            if doc is not None and all(r["fate"] not in ("running", "unknown") for r in doc["ranks"]):
+                break
             time.sleep(0.3)
         with contextlib.suppress(subprocess.TimeoutExpired):
             job.wait(60)
@@ -193,11 +197,11 @@ def _demo(tmp: Path, child: Path | None) -> int:
                 file=sys.stderr,
             )
             return 1
-        status, text = _get(base + "/postmortem?format=text")
+        status, text = _get(f"{base}/postmortems/{doc['id']}?format=text")
         print()
         print(text)
         path = tmp / "postmortems" / f"{doc['id']}.json"
-        status, page = _get(base + "/postmortem?format=html")
+        status, page = _get(f"{base}/postmortems/{doc['id']}?format=html")
         html_path = tmp / "postmortem.html"
         html_path.write_text(page)
         print(f"Open the HTML view, with the memory chart: {html_path.as_uri()}")

@@ -23,14 +23,21 @@ pytestmark = [pytest.mark.slow]
 TRACEFS_READY = os.geteuid() == 0 and os.path.isdir("/sys/kernel/tracing/events/signal/signal_generate")
 
 
-def _postmortem(daemon: DaemonProc, victim_rank: int, want_fates: int) -> dict:
+def _postmortem(daemon: DaemonProc, victim_rank: int, want_fates: int, job: TorchrunJob) -> dict:
+    """The postmortem of ``job`` once ``want_fates`` ranks' fates are known. (The daemon
+    watches every job on the machine, so the newest postmortem may be another's.)"""
+
     def ready():
-        status, body = daemon.get("/postmortem")
+        status, body = daemon.get("/postmortems")
         if status != 200:
             return None
-        doc = json.loads(body)
-        decided = [r for r in doc["ranks"] if r["fate"] not in ("running", "unknown")]
-        return doc if doc["victim"]["rank"] == victim_rank and len(decided) >= want_fates else None
+        for entry in json.loads(body):
+            doc = json.loads(daemon.get(f"/postmortems/{entry['id']}")[1])
+            if doc["job"]["agent_pid"] != job.agent_pid:
+                continue
+            decided = [r for r in doc["ranks"] if r["fate"] not in ("running", "unknown")]
+            return doc if doc["victim"]["rank"] == victim_rank and len(decided) >= want_fates else None
+        return None
 
     try:
         return wait_for(ready, 60, "the postmortem with every rank's fate", 0.2)
@@ -51,7 +58,7 @@ def test_cgroup_oom_is_named_with_certainty(tmp_path):
             TorchrunJob(tmp_path, "oom", wrap=wrap, hold_mb=50, workers=0, grow_rank=1, grow_after=2) as job,
         ):
             pids = job.ready()
-            doc = _postmortem(daemon, victim_rank=1, want_fates=2)
+            doc = _postmortem(daemon, victim_rank=1, want_fates=2, job=job)
             job.proc.wait(60)
             killer = doc["killer"]
             assert killer["kind"] == "cgroup_oom" and killer["confidence"] == "certain", killer
@@ -89,10 +96,11 @@ def test_cgroup_oom_is_named_with_certainty(tmp_path):
             assert json.loads(daemon.get(f"/postmortems/{doc['id']}")[1])["id"] == doc["id"]
             assert daemon.get("/postmortems/..%2F..%2Fetc%2Fpasswd")[0] == 404
             assert daemon.get("/postmortems/nope")[0] == 404
-            status, text = daemon.get("/postmortem?format=text")
+            assert daemon.get("/postmortem")[0] == 200  # the newest, whichever job it is of
+            status, text = daemon.get(f"/postmortems/{doc['id']}?format=text")
             assert status == 200 and "killer: cgroup_oom (certain)" in text and "terminated_by_agent" in text
             out = subprocess.run(
-                [sys.executable, "-m", "sidecar", "postmortem", daemon.base],
+                [sys.executable, "-m", "sidecar", "postmortem", f"{daemon.base}/postmortems/{doc['id']}"],
                 capture_output=True,
                 text=True,
                 timeout=60,
@@ -115,7 +123,9 @@ def test_cgroup_oom_is_named_with_certainty(tmp_path):
                 timeout=60,
             )
             assert json.loads(out.stdout)["id"] == doc["id"]
-            status, page = daemon.get("/postmortem", {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"})
+            status, page = daemon.get(
+                f"/postmortems/{doc['id']}", {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
+            )
             assert status == 200 and page.startswith("<!doctype html>") and "<svg" in page
             if CHROMIUM:
                 png, chromium_log = screenshot(page, tmp_path, "postmortem-cgroup-oom")
@@ -136,7 +146,7 @@ def test_kill_9_from_outside_is_an_external_signal_not_an_oom(tmp_path):
         killer_proc = subprocess.run(
             ["sh", "-c", f"kill -9 {pids[1][0]}; echo $$"], capture_output=True, text=True
         )
-        doc = _postmortem(daemon, victim_rank=1, want_fates=2)
+        doc = _postmortem(daemon, victim_rank=1, want_fates=2, job=job)
         job.proc.wait(60)
         if TRACEFS_READY:  # the tracepoint names the sender: first-hand, so certain
             assert doc["killer"]["confidence"] == "certain", doc["killer"]
@@ -175,7 +185,7 @@ def test_the_agents_sigkill_after_an_ignored_sigterm_is_teardown(tmp_path):
         time.sleep(1.5)
         os.kill(pids[1][0], signal.SIGKILL)
         job.proc.wait(90)
-        doc = _postmortem(daemon, victim_rank=1, want_fates=2)
+        doc = _postmortem(daemon, victim_rank=1, want_fates=2, job=job)
         r0 = next(r for r in doc["ranks"] if r["rank"] == 0)
         assert r0["signal"] == "SIGKILL" and r0["fate"] == "terminated_by_agent", r0
         assert doc["killer"]["kind"] == "external_signal" and doc["victim"]["rank"] == 1
@@ -198,7 +208,7 @@ def test_global_oom_is_kernel_oom(tmp_path):
         TorchrunJob(tmp_path, "global", hold_mb=50, workers=0, grow_rank=1, grow_after=2) as job,
     ):
         pids = job.ready()
-        doc = _postmortem(daemon, victim_rank=1, want_fates=2)
+        doc = _postmortem(daemon, victim_rank=1, want_fates=2, job=job)
         job.proc.wait(60)
         killer = doc["killer"]
         assert killer["kind"] == "kernel_oom" and killer["confidence"] == "certain", killer
@@ -232,7 +242,7 @@ def test_a_userspace_oom_daemon_is_named_by_the_tracepoint(tmp_path):
         pids = job.ready()
         time.sleep(1.5)
         subprocess.run([str(daemon_script), str(pids[1][0])], check=True)
-        doc = _postmortem(daemon, victim_rank=1, want_fates=2)
+        doc = _postmortem(daemon, victim_rank=1, want_fates=2, job=job)
         job.proc.wait(60)
         killer = doc["killer"]
         assert killer["kind"] == "userspace_oom" and killer["confidence"] == "certain", killer
