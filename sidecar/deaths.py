@@ -110,7 +110,6 @@ class DeathWatch:
         self._snapshots: deque[tuple[int, Snapshot]] = deque(maxlen=8)
         self._kernel: deque[KernelOom] = deque(maxlen=512)
         self._signals: deque[SignalSent] = deque(maxlen=1024)
-        self.signal_senders_known = False
         # One incident per job and worker generation: after an elastic restart the new
         # generation's deaths get a postmortem of their own.
         self._incidents: dict[tuple[str, int], _Incident] = {}
@@ -167,8 +166,10 @@ class DeathWatch:
         whose death was not recorded died with an unknown exit status."""
         now = self.clock_ns()
         with self._cv:
+            latest = self._snapshots[-1][0] if self._snapshots else None
             for pid, known in list(self._known.items()):
-                if any(pid in inc.deaths for inc in self._incidents.values()):
+                # only ranks the last round saw alive: older ones ended (or were handled) before
+                if known.seen_ns != latest or any(pid in inc.deaths for inc in self._incidents.values()):
                     continue
                 try:
                     with open(f"{proc_root}/{pid}/stat", "rb") as f:

@@ -627,3 +627,21 @@ def test_the_summary_and_the_kill_line_are_one_oom(tmp_path):
         (102016 + 6600) * 1024,
     )
     assert oom.at_ns == 663845864 * 1000 and len(oom.lines) == 2
+
+
+def test_resync_leaves_ranks_that_ended_before_the_last_round_alone(tmp_path):
+    from sidecar.deaths import DeathWatch
+    from sidecar.timeline import Timeline
+    from tests.test_daemon_loop import _job, _snapshot
+
+    store = PostmortemStore(str(tmp_path))
+    watch = DeathWatch(store, Timeline(60, 1), hostname="h")
+    watch.start()
+    try:
+        watch.observe(_snapshot(1, (_job("a", 100),)))
+        watch.observe(_snapshot(2, ()))  # the job ended normally before the overrun
+        watch.resync(proc_root=str(tmp_path / "no-proc"))
+        time.sleep(0.6)
+    finally:
+        watch.stop()
+    assert store.newest() is None
