@@ -645,3 +645,24 @@ def test_resync_leaves_ranks_that_ended_before_the_last_round_alone(tmp_path):
     finally:
         watch.stop()
     assert store.newest() is None
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not os.path.isdir("/sys/kernel/tracing/instances"),
+    reason="needs root and tracefs mounted",
+)
+def test_a_killed_daemons_tracefs_instance_is_cleaned_up():
+    from sidecar.watch.signals import SignalWatcher
+
+    stale = Path("/sys/kernel/tracing/instances/trainwatch-999999999")  # above any pid_max: never alive
+    stale.mkdir()
+    watcher = SignalWatcher(lambda e: None)
+    try:
+        watcher.start()
+        assert not stale.exists()
+        assert Path(watcher.instance, "buffer_size_kb").read_text().strip() != "1410"
+    finally:
+        watcher.stop()
+        if stale.exists():
+            stale.rmdir()
+    assert not Path(watcher.instance).exists()

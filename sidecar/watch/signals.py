@@ -26,6 +26,7 @@ __all__ = ["SignalEvent", "SignalWatcher", "parse_trace_line"]
 log = logging.getLogger(__name__)
 
 TRACEFS = "/sys/kernel/tracing"
+BUFFER_KB = 64
 FILTER = "sig == 9 || sig == 15 || sig == 2 || sig == 6 || sig == 11 || sig == 7 || sig == 3 || sig == 1"
 _LINE = re.compile(
     r"^\s*(?P<scomm>.+?)-(?P<spid>\d+)\s+(?:\(\s*[-\d]+\)\s+)?\[\d+\]\s+\S+\s+(?P<ts>\d+\.\d+):\s+signal_generate:\s+"
@@ -88,11 +89,30 @@ class SignalWatcher:
         with open(f"{self.instance}/{rel}", "w") as f:
             f.write(value)
 
+    def _remove_stale(self) -> None:
+        """Instances left by a trainwatch that was SIGKILLed (it could not clean up): each
+        holds a ring buffer of kernel memory. Remove those whose owner is gone."""
+        try:
+            names = os.listdir(f"{self.tracefs}/instances")
+        except OSError:
+            return
+        for name in names:
+            owner = name.removeprefix("trainwatch-")
+            if name.startswith("trainwatch-") and owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
+                try:
+                    os.rmdir(f"{self.tracefs}/instances/{name}")
+                    log.info("removed the tracefs instance %s of a trainwatch that is gone", name)
+                except OSError:
+                    pass
+
     def start(self) -> None:
         if not os.path.isdir(f"{self.tracefs}/events/signal/signal_generate"):
             raise OSError(2, f"tracefs is not mounted at {self.tracefs}")
+        self._remove_stale()
         os.mkdir(self.instance)
         try:
+            # A few signals a second at most: a small ring (per CPU) is plenty.
+            self._write("buffer_size_kb", str(BUFFER_KB))
             self._write("trace_clock", "mono")
             self._write("events/signal/signal_generate/filter", FILTER)
             self._write("events/signal/signal_generate/enable", "1")
