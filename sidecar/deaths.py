@@ -48,14 +48,21 @@ KNOWN_GRACE_S = 120.0  # ranks gone from the snapshot are remembered this long
 TIMELINE_WINDOW_S = 300.0
 
 
-@dataclass(slots=True)
-class _Known:
+@dataclass(frozen=True, slots=True)
+class _Generation:
+    """One worker generation of one job: what its ranks share, and an incident's key."""
+
     job: str
     agent_pid: int
     run_id: str | None
     world_size: int | None
     restart: int
     entrypoint: str | None
+
+
+@dataclass(slots=True)
+class _Known:
+    gen: _Generation
     sample: RankSample
     cgroup_limited_by: str | None
     seen_ns: int
@@ -63,12 +70,7 @@ class _Known:
 
 @dataclass(slots=True)
 class _Incident:
-    job: str
-    agent_pid: int
-    run_id: str | None
-    world_size: int | None
-    restart: int
-    entrypoint: str | None
+    gen: _Generation
     ranks: dict[int, _Known]
     deaths: dict[int, tuple[int | None, int]] = field(default_factory=dict)  # pid -> (wait status, ns)
     agent_exit: tuple[int, int] | None = None
@@ -112,7 +114,7 @@ class DeathWatch:
         self._signals: deque[SignalSent] = deque(maxlen=1024)
         # One incident per job and worker generation: after an elastic restart the new
         # generation's deaths get a postmortem of their own.
-        self._incidents: dict[tuple[str, int], _Incident] = {}
+        self._incidents: dict[_Generation, _Incident] = {}
         self._cv = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -128,17 +130,10 @@ class DeathWatch:
             for job in snap.jobs:
                 for r in job.ranks:
                     cg = cgroups.get(r.cgroup or "")
-                    self._known[r.key.pid] = _Known(
-                        job.key,
-                        job.agent.pid,
-                        job.run_id,
-                        job.world_size,
-                        r.restart,
-                        job.entrypoint,
-                        r,
-                        cg.limited_by if cg else None,
-                        now,
+                    gen = _Generation(
+                        job.key, job.agent.pid, job.run_id, job.world_size, r.restart, job.entrypoint
                     )
+                    self._known[r.key.pid] = _Known(gen, r, cg.limited_by if cg else None, now)
             cutoff = now - int(KNOWN_GRACE_S * 1e9)
             for pid in [p for p, k in self._known.items() if k.seen_ns < cutoff]:
                 del self._known[pid]
@@ -155,7 +150,7 @@ class DeathWatch:
             known = self._known.get(event.pid)
             if known is None:
                 for open_inc in self._incidents.values():
-                    if open_inc.agent_pid == event.pid and open_inc.agent_exit is None:
+                    if open_inc.gen.agent_pid == event.pid and open_inc.agent_exit is None:
                         open_inc.agent_exit = (event.exit_code, event.monotonic_ns)
                         self._schedule(open_inc, event.monotonic_ns)
                 return
@@ -181,14 +176,14 @@ class DeathWatch:
                 if not alive:
                     log.warning(
                         "job %s: rank %s (pid %d) vanished while exit events were lost; exit status unknown",
-                        known.job,
+                        known.gen.job,
                         known.sample.rank_label,
                         pid,
                     )
                     self._record(known, pid, None, now)
 
     def _record(self, known: _Known, pid: int, exit_code: int | None, at_ns: int) -> None:
-        inc = self._incidents.get((known.job, known.restart))
+        inc = self._incidents.get(known.gen)
         if inc is None:
             if exit_code == 0:
                 return  # a clean exit opens no incident
@@ -255,11 +250,7 @@ class DeathWatch:
     # -- incidents -----------------------------------------------------------------
 
     def _open(self, known: _Known, pid: int, exit_code: int | None, at_ns: int) -> _Incident:
-        ranks = {
-            pid: k
-            for pid, k in self._known.items()
-            if k.job == known.job and k.agent_pid == known.agent_pid and k.restart == known.restart
-        }
+        ranks = {rank_pid: k for rank_pid, k in self._known.items() if k.gen == known.gen}
         # The memory "at death" is the last snapshot that saw the victim alive (a snapshot
         # can be published just after the death it predates, so not "the last one before").
         before = next(
@@ -272,24 +263,15 @@ class DeathWatch:
         )
         if before is None:
             before = next((s for ns, s in reversed(self._snapshots) if ns <= at_ns), None)
-        inc = _Incident(
-            known.job,
-            known.agent_pid,
-            known.run_id,
-            known.world_size,
-            known.restart,
-            known.entrypoint,
-            ranks,
-            snapshot_before=before,
-        )
+        inc = _Incident(known.gen, ranks, snapshot_before=before)
         if before is not None and before.host is not None:
             inc.host_oom_before = before.host.oom_kills
         if before is not None:
             inc.cgroup_oom_before = {c.path: c.oom_kills for c in before.cgroups if c.oom_kills is not None}
-        self._incidents[(known.job, known.restart)] = inc
+        self._incidents[known.gen] = inc
         log.warning(
             "job %s: rank %s (pid %d) died (%s); writing a postmortem",
-            known.job,
+            known.gen.job,
             known.sample.rank_label,
             pid,
             _exit_text(exit_code),
@@ -338,7 +320,7 @@ class DeathWatch:
                 try:
                     self._write(inc, evidence)
                 except Exception:
-                    log.exception("job %s: postmortem failed", inc.job)
+                    log.exception("job %s: postmortem failed", inc.gen.job)
 
     def oom_daemons(self) -> tuple[tuple[str, int], ...]:
         """Userspace OOM daemons running now (a /proc scan, done only when a rank died)."""
@@ -390,7 +372,7 @@ class DeathWatch:
             tuple(ranks),
             tuple(self._kernel),
             tuple(self._signals),
-            inc.agent_pid,
+            inc.gen.agent_pid,
             self.oom_daemons(),
             inc.host_oom_before,
             host_after,
@@ -414,7 +396,9 @@ class DeathWatch:
         first = inc.doc_id is None
         died_at = self._wall(verdict.victim.died_ns) or self.wall()
         if inc.doc_id is None:
-            inc.doc_id = make_id(died_at, inc.agent_pid, verdict.victim.label, self.hostname, inc.restart)
+            inc.doc_id = make_id(
+                died_at, inc.gen.agent_pid, verdict.victim.label, self.hostname, inc.gen.restart
+            )
             inc.created_at = self.wall()
         doc = self._document(inc, verdict, died_at, ev)
         self.store.put(doc, first=first)
@@ -429,10 +413,10 @@ class DeathWatch:
                     "terminated_by_agent": "agent_teardown",
                 }.get(fate or "", "unknown")
                 inc.counted[r.pid] = killer
-                self.deaths_total[(inc.job, killer)] = self.deaths_total.get((inc.job, killer), 0) + 1
+                self.deaths_total[(inc.gen.job, killer)] = self.deaths_total.get((inc.gen.job, killer), 0) + 1
         if first:
             log.warning(
-                "job %s: postmortem %s: %s (%s)", inc.job, inc.doc_id, verdict.summary, verdict.confidence
+                "job %s: postmortem %s: %s (%s)", inc.gen.job, inc.doc_id, verdict.summary, verdict.confidence
             )
 
     def _document(self, inc: _Incident, v: Verdict, died_at: float, ev: Evidence) -> dict[str, Any]:
@@ -446,7 +430,7 @@ class DeathWatch:
         cg = cgroups.get(cg_path or "")
         if cg is None and v.victim.cgroup:
             cg = cgroups.get(v.victim.cgroup)
-        points = self.timeline.window(inc.job, since=died_at - TIMELINE_WINDOW_S)
+        points = self.timeline.window(inc.gen.job, since=died_at - TIMELINE_WINDOW_S)
         ranks = []
         for r in ev.ranks:
             k = inc.ranks.get(r.pid)
@@ -479,12 +463,12 @@ class DeathWatch:
             "updated_at": iso(self.wall()),
             "host": self.hostname,
             "job": {
-                "agent_pid": inc.agent_pid,
-                "run_id": inc.run_id,
-                "world_size": inc.world_size,
-                "restart_count": inc.restart,
-                "entrypoint": inc.entrypoint,
-                "key": inc.job,
+                "agent_pid": inc.gen.agent_pid,
+                "run_id": inc.gen.run_id,
+                "world_size": inc.gen.world_size,
+                "restart_count": inc.gen.restart,
+                "entrypoint": inc.gen.entrypoint,
+                "key": inc.gen.job,
             },
             "victim": {
                 "rank": v.victim.rank,
