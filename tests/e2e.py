@@ -115,6 +115,35 @@ class DaemonProc:
         self._log.close()
 
 
+def job_postmortem(
+    daemon: DaemonProc, victim_rank: int | None, want_fates: int, job: TorchrunJob, timeout: float = 60
+) -> dict:
+    """The postmortem of ``job`` once ``want_fates`` ranks' fates are known. (The daemon
+    watches every job on the machine, so the newest postmortem may be another's.)
+    ``victim_rank`` None: whichever rank the postmortem names."""
+
+    def ready():
+        status, body = daemon.get("/postmortems")
+        if status != 200:
+            return None
+        for entry in json.loads(body):
+            doc = json.loads(daemon.get(f"/postmortems/{entry['id']}")[1])
+            if doc["job"]["agent_pid"] != job.agent_pid:
+                continue
+            decided = [r for r in doc["ranks"] if r["fate"] not in ("running", "unknown")]
+            right = victim_rank is None or doc["victim"]["rank"] == victim_rank
+            return doc if right and len(decided) >= want_fates else None
+        return None
+
+    try:
+        return wait_for(ready, timeout, "the postmortem with every rank's fate", 0.2)
+    except AssertionError as exc:
+        status, body = daemon.get("/postmortem")
+        raise AssertionError(
+            f"{exc}\n/postmortem {status}: {body[:3000]}\ndaemon log:\n{daemon.log()[-4000:]}"
+        ) from None
+
+
 class TorchrunJob:
     """A real ``torchrun --standalone`` job of tests/workloads/rank.py (gloo on CPU).
     ``launcher`` picks the command line: ``torchrun``, ``run`` (python -m

@@ -15,37 +15,12 @@ import pytest
 
 from sidecar.demo import join_cgroup, memory_cgroup, memory_hierarchy
 from tests.browser import CHROMIUM, screenshot
-from tests.e2e import DaemonProc, TorchrunJob, wait_for
+from tests.e2e import DaemonProc, TorchrunJob, job_postmortem
 
 GIB = 1 << 30
 
 pytestmark = [pytest.mark.slow]
 TRACEFS_READY = os.geteuid() == 0 and os.path.isdir("/sys/kernel/tracing/events/signal/signal_generate")
-
-
-def _postmortem(daemon: DaemonProc, victim_rank: int, want_fates: int, job: TorchrunJob) -> dict:
-    """The postmortem of ``job`` once ``want_fates`` ranks' fates are known. (The daemon
-    watches every job on the machine, so the newest postmortem may be another's.)"""
-
-    def ready():
-        status, body = daemon.get("/postmortems")
-        if status != 200:
-            return None
-        for entry in json.loads(body):
-            doc = json.loads(daemon.get(f"/postmortems/{entry['id']}")[1])
-            if doc["job"]["agent_pid"] != job.agent_pid:
-                continue
-            decided = [r for r in doc["ranks"] if r["fate"] not in ("running", "unknown")]
-            return doc if doc["victim"]["rank"] == victim_rank and len(decided) >= want_fates else None
-        return None
-
-    try:
-        return wait_for(ready, 60, "the postmortem with every rank's fate", 0.2)
-    except AssertionError as exc:
-        status, body = daemon.get("/postmortem")
-        raise AssertionError(
-            f"{exc}\n/postmortem {status}: {body[:3000]}\ndaemon log:\n{daemon.log()[-4000:]}"
-        ) from None
 
 
 @pytest.mark.root
@@ -58,7 +33,7 @@ def test_cgroup_oom_is_named_with_certainty(tmp_path):
             TorchrunJob(tmp_path, "oom", wrap=wrap, hold_mb=50, workers=0, grow_rank=1, grow_after=2) as job,
         ):
             pids = job.ready()
-            doc = _postmortem(daemon, victim_rank=1, want_fates=2, job=job)
+            doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
             job.proc.wait(60)
             killer = doc["killer"]
             assert killer["kind"] == "cgroup_oom" and killer["confidence"] == "certain", killer
@@ -146,7 +121,7 @@ def test_kill_9_from_outside_is_an_external_signal_not_an_oom(tmp_path):
         killer_proc = subprocess.run(
             ["sh", "-c", f"kill -9 {pids[1][0]}; echo $$"], capture_output=True, text=True
         )
-        doc = _postmortem(daemon, victim_rank=1, want_fates=2, job=job)
+        doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
         job.proc.wait(60)
         if TRACEFS_READY:  # the tracepoint names the sender: first-hand, so certain
             assert doc["killer"]["confidence"] == "certain", doc["killer"]
@@ -185,7 +160,7 @@ def test_the_agents_sigkill_after_an_ignored_sigterm_is_teardown(tmp_path):
         time.sleep(1.5)
         os.kill(pids[1][0], signal.SIGKILL)
         job.proc.wait(90)
-        doc = _postmortem(daemon, victim_rank=1, want_fates=2, job=job)
+        doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
         r0 = next(r for r in doc["ranks"] if r["rank"] == 0)
         assert r0["signal"] == "SIGKILL" and r0["fate"] == "terminated_by_agent", r0
         assert doc["killer"]["kind"] == "external_signal" and doc["victim"]["rank"] == 1
@@ -205,10 +180,12 @@ def test_global_oom_is_kernel_oom(tmp_path):
     the kernel's OOM killer takes it and nothing else."""
     with (
         DaemonProc(tmp_path) as daemon,
-        TorchrunJob(tmp_path, "global", hold_mb=50, workers=0, grow_rank=1, grow_after=2) as job,
+        TorchrunJob(
+            tmp_path, "global", hold_mb=50, workers=0, grow_rank=1, grow_after=2, duration=600
+        ) as job,
     ):
         pids = job.ready()
-        doc = _postmortem(daemon, victim_rank=1, want_fates=2, job=job)
+        doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job, timeout=240)
         job.proc.wait(60)
         killer = doc["killer"]
         assert killer["kind"] == "kernel_oom" and killer["confidence"] == "certain", killer
@@ -242,7 +219,7 @@ def test_a_userspace_oom_daemon_is_named_by_the_tracepoint(tmp_path):
         pids = job.ready()
         time.sleep(1.5)
         subprocess.run([str(daemon_script), str(pids[1][0])], check=True)
-        doc = _postmortem(daemon, victim_rank=1, want_fates=2, job=job)
+        doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
         job.proc.wait(60)
         killer = doc["killer"]
         assert killer["kind"] == "userspace_oom" and killer["confidence"] == "certain", killer
