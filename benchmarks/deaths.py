@@ -1,6 +1,6 @@
 """Death-to-postmortem latency and the victim's RSS at death, over real deaths.
 
-    python benchmarks/deaths.py [--deaths N] [--interval S] [--grow-mb MB]
+    python benchmarks/deaths.py [--deaths N] [--interval S] [--grow-mb MB] [--disable SOURCE]...
 
 Runs N real torchrun jobs (gloo, 2 ranks) one after another under one real daemon; in
 each, rank 1 grows by --grow-mb MiB every 20 ms inside a memory cgroup with a 1.5 GiB
@@ -8,6 +8,8 @@ limit until the kernel kills it (as root with a writable memory cgroup hierarchy
 it is killed with SIGKILL from outside after 3 s). For each postmortem: latency =
 created_at - victim.died_at (both the daemon's), and the victim's last sampled RSS
 against the kernel's figure in its kill line. Prints p50/p95 and the RSS errors.
+``--disable connector`` measures the pidfd fallback instead (its death time is when the
+pidfd became readable, within a millisecond of the exit).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def main() -> int:
     ap.add_argument("--deaths", type=int, default=10)
     ap.add_argument("--interval", type=float, default=1.0)
     ap.add_argument("--grow-mb", type=int, default=4)
+    ap.add_argument("--disable", action="append", default=[], help="passed to the daemon")
     args = ap.parse_args()
     latencies, rss_errors, kinds = [], [], []
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
@@ -48,7 +51,8 @@ def main() -> int:
         child = None
         if memory_hierarchy() is not None:
             _, _, child = stack.enter_context(memory_cgroup(int(1.5 * GIB), "trainwatch-bench"))
-        with DaemonProc(t, interval=args.interval) as daemon:
+        extra = [a for source in args.disable for a in ("--disable", source)]
+        with DaemonProc(t, *extra, interval=args.interval) as daemon:
             for i in range(args.deaths):
                 wrap = join_cgroup(child) if child else None
                 grow = {"grow_rank": 1, "grow_after": 3, "grow_mb": args.grow_mb} if child else {}

@@ -27,6 +27,7 @@ __all__ = [
     "KernelOom",
     "RankState",
     "SignalSent",
+    "UserspaceKill",
     "Verdict",
     "autopsy",
     "signal_name",
@@ -60,6 +61,8 @@ class RankState:
     died_ns: int | None = None
     cgroup: str | None = None
     cgroup_limited_by: str | None = None
+    # who told the exit status: "connector", "pidfd", "proc" (a zombie), "agent-log"
+    exit_source: str | None = None
 
     @property
     def dead(self) -> bool:
@@ -120,6 +123,31 @@ SIGNAL_WINDOW_NS = 5 * 10**9
 
 
 @dataclass(frozen=True, slots=True)
+class UserspaceKill:
+    """A userspace OOM daemon's own record of a kill: its log line (``pid`` named), its
+    kernel-log line or the xattrs it sets on the cgroup it killed (``cgroup`` named)."""
+
+    daemon: str
+    pid: int | None
+    cgroup: str | None
+    signal: int | None
+    at_ns: int | None
+    detail: str
+    source: str  # "log" | "kmsg" | "xattr"
+
+    def names(self, rank: RankState) -> str | None:
+        """ "pid" when it names the rank's pid, "cgroup" when the rank's cgroup is (under)
+        the one it killed, else None."""
+        if self.pid is not None:
+            return "pid" if self.pid in (rank.pid, *rank.ns_pids) else None
+        if self.cgroup and rank.cgroup:
+            top = self.cgroup.rstrip("/") or "/"
+            if rank.cgroup == top or rank.cgroup.startswith(top.rstrip("/") + "/"):
+                return "cgroup"
+        return None
+
+
+@dataclass(frozen=True, slots=True)
 class Evidence:
     ranks: tuple[RankState, ...]
     kernel: tuple[KernelOom, ...] = ()
@@ -132,6 +160,10 @@ class Evidence:
     cgroup_oom_kills_after: dict[str, int] = field(default_factory=dict)
     kernel_log_readable: bool = True
     exits_first_hand: bool = True  # exit codes came from the kernel (process connector)
+    userspace: tuple[UserspaceKill, ...] = ()
+    # pids the agent's log says it sent a closing signal to: torn down, never the root
+    # cause (matters when death times are only when a death was noticed)
+    agent_teardown: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,12 +205,14 @@ def autopsy(ev: Evidence) -> Verdict | None:
     dead = sorted((r for r in ev.ranks if r.abnormal), key=lambda r: (r.died_ns or 0, r.pid))
     if not dead:
         return None
-    victim = dead[0]
+    own = [r for r in dead if r.pid not in ev.agent_teardown]
+    victim = own[0] if own else dead[0]
     items: list[EvidenceItem] = [
         EvidenceItem(
-            "exit" if ev.exits_first_hand else "proc",
+            _EXIT_SOURCES.get(victim.exit_source or "", "exit" if ev.exits_first_hand else "proc"),
             victim.died_ns,
-            f"rank {victim.label} (pid {victim.pid}) {_describe_exit(victim)}",
+            f"rank {victim.label} (pid {victim.pid}) {_describe_exit(victim)}"
+            + (" (from the agent's log)" if victim.exit_source == "agent-log" else ""),
         )
     ]
     oom = _oom_for(victim, ev.kernel)
@@ -192,13 +226,49 @@ def autopsy(ev: Evidence) -> Verdict | None:
             fates[r.label] = "running"
         elif r.returncode == 0:
             fates[r.label] = "exited_cleanly"
-        elif _oom_for(r, ev.kernel) is not None and kind in ("kernel_oom", "cgroup_oom"):
+        elif _same_cause(r, kind, ev):
             fates[r.label] = "same_cause"
-        elif _ended_by_agent(r, victim):
+        elif r.pid in ev.agent_teardown or _ended_by_agent(r, victim):
             fates[r.label] = "terminated_by_agent"
         else:
             fates[r.label] = "unknown"
     return Verdict(victim, kind, confidence, summary, tuple(items), fates, oom)
+
+
+def _same_cause(rank: RankState, kind: str, ev: Evidence) -> bool:
+    """Killed by the same OOM as the victim: a kernel record or a userspace daemon's."""
+    if kind in ("kernel_oom", "cgroup_oom"):
+        return _oom_for(rank, ev.kernel) is not None
+    return kind == "userspace_oom" and _userspace_for(rank, ev) is not None
+
+
+_EXIT_SOURCES = {"connector": "exit", "pidfd": "pidfd", "proc": "proc", "agent-log": "agent-log"}
+
+
+def _userspace_for(rank: RankState, ev: Evidence) -> tuple[UserspaceKill, str] | None:
+    """The userspace OOM daemon's record that explains ``rank``'s death (pid-named first),
+    with how it names it; a sender on the tracepoint that is such a daemon counts too."""
+    if not rank.dead or rank.returncode == 0:
+        return None
+    if rank.signal is not None and rank.signal not in (_signal.SIGKILL, _signal.SIGTERM):
+        return None
+    best: tuple[UserspaceKill, str] | None = None
+    for rec in ev.userspace:
+        if rec.at_ns is not None and rank.died_ns is not None and abs(rec.at_ns - rank.died_ns) > 60 * 10**9:
+            continue
+        how = rec.names(rank)
+        if how == "pid" and (rec.signal is None or rank.signal is None or rec.signal == rank.signal):
+            return rec, how
+        if how == "cgroup" and best is None:
+            best = rec, how
+    if best is None:
+        sent = _sender(rank, ev.signals)
+        if sent is not None and any(sent.sender_comm.startswith(d) for d in USERSPACE_OOM_DAEMONS):
+            return (
+                UserspaceKill(sent.sender_comm, rank.pid, None, sent.signal, sent.at_ns, "", "tracepoint"),
+                "pid",
+            )
+    return best
 
 
 def _sender(rank: RankState, signals: tuple[SignalSent, ...]) -> SignalSent | None:
@@ -293,6 +363,24 @@ def _victim_verdict(
             "external_signal",
             "certain",
             f"{who} was killed from outside: pid {sent.sender_pid} ({sent.sender_comm}) sent {name}.",
+        )
+    found = _userspace_for(victim, ev)
+    if found is not None:
+        rec, how = found
+        items.append(EvidenceItem(rec.source, rec.at_ns, rec.detail))
+        did = f"sent {signal_name(rec.signal)}" if rec.signal else "killed it"
+        if how == "pid":
+            return (
+                "userspace_oom",
+                "certain",
+                f"{who} was killed by the userspace OOM daemon {rec.daemon}, whose own record names "
+                f"the pid ({did}).",
+            )
+        return (
+            "userspace_oom",
+            "likely",
+            f"{who} was killed with its cgroup {rec.cgroup} by the userspace OOM daemon {rec.daemon} "
+            f"({rec.source} record); the record names the cgroup, not the pid.",
         )
     if victim.signal == _signal.SIGKILL:
         host, cgroup, path = _counter_moved(ev, victim)

@@ -22,6 +22,7 @@ from sidecar.settings import (
     DEFAULT_HISTORY_SECONDS,
     DEFAULT_INTERVAL_SECONDS,
     DEFAULT_PORT,
+    EVIDENCE_SOURCES,
     Settings,
     default_postmortem_dir,
 )
@@ -46,8 +47,15 @@ trainwatch demo runs a small real torchrun job in which a rank exceeds a memory 
 
 Every option can also be set by an environment variable: TRAINWATCH_ATTACH_TORCHRUN=1,
 TRAINWATCH_PID (comma-separated), TRAINWATCH_INTERVAL, TRAINWATCH_HOST, TRAINWATCH_PORT,
-TRAINWATCH_POSTMORTEM_DIR, TRAINWATCH_HISTORY, TRAINWATCH_LOG_LEVEL. Options win over
-variables.
+TRAINWATCH_POSTMORTEM_DIR, TRAINWATCH_HISTORY, TRAINWATCH_LOG_LEVEL, TRAINWATCH_DISABLE
+(comma-separated). Options win over variables.
+
+Evidence sources (--disable turns one off; trainwatch doctor says which work here):
+  connector   the netlink process connector: exit statuses from the kernel (root)
+  pidfd       pidfds on the ranks: exit statuses where the connector is refused
+  kmsg        /dev/kmsg: the kernel's OOM records (root or CAP_SYSLOG)
+  tracepoint  signal:signal_generate in a private tracefs instance: who sent a kill
+  outputs     the agent's and OOM daemons' stdout/stderr, where they are regular files
 
 Run as root (or with CAP_SYS_PTRACE) to read every job's environment; without it,
 other users' ranks are numbered by start order. Exit status: 0 after SIGINT/SIGTERM,
@@ -108,6 +116,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--log-level", metavar="LEVEL", default=None, help="DEBUG, INFO, WARNING or ERROR (default INFO)"
+    )
+    p.add_argument(
+        "--disable",
+        action="append",
+        metavar="SOURCE",
+        default=None,
+        help="turn an evidence source off, repeatable: " + ", ".join(EVIDENCE_SOURCES),
     )
     p.add_argument("--version", action="version", version=f"trainwatch {__version__}")
     return p
@@ -194,8 +209,21 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
     if os.path.exists(pm_dir) and not os.path.isdir(pm_dir):
         raise ConfigError(f"{name}: {pm_dir} exists and is not a directory")
 
+    disabled: set[str] = set()
+    raw_disabled = [(d, "--disable") for d in ns.disable or []]
+    if not raw_disabled and env.get("TRAINWATCH_DISABLE"):
+        raw_disabled = [(d, "TRAINWATCH_DISABLE") for d in env["TRAINWATCH_DISABLE"].split(",")]
+    for raw_source, source in raw_disabled:
+        for item in raw_source.split(","):
+            if item.strip() not in EVIDENCE_SOURCES:
+                raise ConfigError(
+                    f"{source}: expected one of {', '.join(EVIDENCE_SOURCES)}, got {item.strip()!r}"
+                )
+            disabled.add(item.strip())
+
     return Settings(
         attach_torchrun=True,
+        disabled=frozenset(disabled),
         pids=tuple(pids),
         interval_seconds=interval,
         host=host,

@@ -39,6 +39,7 @@ from sidecar.settings import Settings
 from sidecar.timeline import Timeline
 from sidecar.watch.exits import ExitEvent, ProcConnector
 from sidecar.watch.kmsg import KmsgWatcher
+from sidecar.watch.pidfds import PidfdWatcher
 from sidecar.watch.signals import SignalWatcher
 
 __all__ = ["Daemon", "Sampler"]
@@ -296,7 +297,7 @@ class Sampler:
                 return None
             if st.state in ("Z", "X"):
                 if self.on_zombie is not None and st.exit_code is not None:
-                    self.on_zombie(ExitEvent(pid, st.exit_code, st.ppid, time.monotonic_ns()))
+                    self.on_zombie(ExitEvent(pid, st.exit_code, st.ppid, time.monotonic_ns(), source="proc"))
                 return None  # dead, not yet reaped by the agent: no longer a live rank
             status = proc.status(pid)
         except NoSuchProcess:
@@ -448,11 +449,15 @@ class Daemon:
             self.timeline,
             read_host_oom_kills=host.oom_kills,
             read_cgroup_oom_kills=self.sampler.cgroups.oom_kills,
+            read_oomd_marks=self.sampler.cgroups.oomd_marks,
+            read_outputs="outputs" not in settings.disabled,
+            proc_root=settings.proc_root,
         )
         self.watch_deaths = watch_deaths
         self.connector: ProcConnector | None = None
         self.kmsg: KmsgWatcher | None = None
         self.signals: SignalWatcher | None = None
+        self.pidfds: PidfdWatcher | None = None
         self._snapshot: Snapshot | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -475,58 +480,80 @@ class Daemon:
         self._thread.start()
 
     def _start_watchers(self) -> None:
-        connector = ProcConnector(
-            self.deaths.on_exit, on_overrun=lambda: self.deaths.resync(self.settings.proc_root)
-        )
-        try:
-            connector.start()
-            self.connector = connector
-            self.deaths.exits_first_hand = True
-            log.info(
-                "exits: process connector subscribed (%s)",
-                "non-zero exits only" if connector.filtered else "all exits",
+        off = self.settings.disabled
+        for source in sorted(off):
+            log.info("%s: turned off by --disable", source)
+        if "connector" not in off:
+            connector = ProcConnector(
+                self.deaths.on_exit, on_overrun=lambda: self.deaths.resync(self.settings.proc_root)
             )
-        except OSError as exc:
+            try:
+                connector.start()
+                self.connector = connector
+                self.deaths.exits_first_hand = True
+                log.info(
+                    "exits: process connector subscribed (%s)",
+                    "non-zero exits only" if connector.filtered else "all exits",
+                )
+            except OSError as exc:
+                log.warning(
+                    "exits: the process connector is not available (%s); run as root in the host's PID, "
+                    "user and network namespaces to get exits first-hand from the kernel",
+                    exc.strerror or exc,
+                )
+        if self.connector is None and "pidfd" not in off:
+            pidfds = PidfdWatcher(self.deaths.on_exit, self.deaths.on_unknown, self.settings.proc_root)
+            try:
+                pidfds.start()
+                self.pidfds = pidfds
+                log.info(
+                    "exits: watching each rank through a pidfd (exit statuses from zombies or the kernel)"
+                )
+            except OSError as exc:
+                log.warning("exits: pidfds do not work here (%s)", exc.strerror or exc)
+        if self.connector is None and self.pidfds is None:
             log.warning(
-                "exits: the process connector is not available (%s): exit codes come from zombies in "
-                "/proc, and are lost when the agent reaps first; run as root in the host's PID, user "
-                "and network namespaces to get them first-hand",
-                exc.strerror or exc,
+                "exits: neither the process connector nor pidfds: exit statuses come from zombies seen "
+                "in /proc or the agent's log, and are often unknown"
             )
-        kmsg = KmsgWatcher(self.deaths.on_kmsg)
-        try:
-            kmsg.start()
-            self.kmsg = kmsg
-            self.deaths.kernel_log_readable = True
-            log.info("kernel log: reading /dev/kmsg for OOM records")
-        except OSError as exc:
-            log.warning(
-                "kernel log: /dev/kmsg is not readable (%s): OOM kills are told by counters only, never "
-                "'certain'; run as root (or with CAP_SYSLOG) to read it",
-                exc.strerror or exc,
-            )
-        signals = SignalWatcher(self.deaths.on_signal)
-        try:
-            signals.start()
-            self.signals = signals
-            log.info("signals: signal:signal_generate tracepoint enabled in a private tracefs instance")
-        except OSError as exc:
-            log.info(
-                "signals: the signal tracepoint is not available (%s): the sender of a kill is not known; "
-                "mount tracefs (mount -t tracefs nodev /sys/kernel/tracing) and run as root to name it",
-                exc.strerror or exc,
-            )
-        self.sampler.on_zombie = self.deaths.on_exit
+            self.sampler.discovery.on_gone = lambda key: self.deaths.on_unknown(key.pid, time.monotonic_ns())
+            self.sampler.on_zombie = self.deaths.on_exit
+        if "kmsg" not in off:
+            kmsg = KmsgWatcher(self.deaths.on_kmsg)
+            try:
+                kmsg.start()
+                self.kmsg = kmsg
+                self.deaths.kernel_log_readable = True
+                log.info("kernel log: reading /dev/kmsg for OOM records")
+            except OSError as exc:
+                log.warning(
+                    "kernel log: /dev/kmsg is not readable (%s): OOM kills are told by counters only, "
+                    "never 'certain'; run as root (or with CAP_SYSLOG) to read it",
+                    exc.strerror or exc,
+                )
+        if "tracepoint" not in off:
+            signals = SignalWatcher(self.deaths.on_signal)
+            try:
+                signals.start()
+                self.signals = signals
+                log.info("signals: signal:signal_generate tracepoint enabled in a private tracefs instance")
+            except OSError as exc:
+                log.info(
+                    "signals: the signal tracepoint is not available (%s): the sender of a kill is not "
+                    "known; mount tracefs (mount -t tracefs nodev /sys/kernel/tracing) and run as root "
+                    "to name it",
+                    exc.strerror or exc,
+                )
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
-        for watcher in (self.connector, self.kmsg, self.signals):
+        for watcher in (self.connector, self.kmsg, self.signals, self.pidfds):
             if watcher is not None:
                 watcher.stop()
-        self.connector = self.kmsg = self.signals = None
+        self.connector = self.kmsg = self.signals = self.pidfds = None
         self.deaths.stop()  # finishes any postmortem in flight
         self.sampler.gpu.close()
 
@@ -553,6 +580,12 @@ class Daemon:
         self._last_done = time.monotonic()
         self.timeline.record(snapshot)
         self.deaths.observe(snapshot)
+        if self.pidfds is not None:
+            for job in snapshot.jobs:
+                if job.agent_alive:
+                    self.pidfds.track(job.agent.pid, job.agent.start_ticks)
+                for rank in job.ranks:
+                    self.pidfds.track(rank.key.pid, rank.key.start_ticks)
 
     def _run(self) -> None:
         base = self.settings.interval_seconds

@@ -27,13 +27,22 @@ from sidecar.autopsy import (
     KernelOom,
     RankState,
     SignalSent,
+    UserspaceKill,
     Verdict,
     autopsy,
     signal_name,
 )
 from sidecar.model import RankSample, Snapshot
 from sidecar.parse.kernel import KmsgRecord, OomKill, OomSummary, parse_oom_line
+from sidecar.parse.oomd import parse_userspace_oom_line
+from sidecar.parse.torchrun import (
+    ClosingSignal,
+    exit_codes_by_pid,
+    parse_agent_text,
+    returncode_to_wait_status,
+)
 from sidecar.postmortem import PostmortemStore, iso, make_id
+from sidecar.probes.outputs import OutputFile, read_output, regular_outputs
 from sidecar.timeline import Timeline
 from sidecar.watch.exits import ExitEvent
 from sidecar.watch.signals import SignalEvent
@@ -46,6 +55,10 @@ AUTOPSY_DELAY_S = 0.25
 INCIDENT_QUIET_S = 60.0  # an incident closes this long after its last death (or at agent exit)
 KNOWN_GRACE_S = 120.0  # ranks gone from the snapshot are remembered this long
 TIMELINE_WINDOW_S = 300.0
+# A death whose exit status nobody could tell (no connector, no pidfd, the zombie missed)
+# waits this long for the agent's log or the agent's own exit before it is judged: at a
+# clean end of training every rank "vanishes" too, and that is no incident.
+UNKNOWN_EXIT_WAIT_S = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +85,9 @@ class _Known:
 class _Incident:
     gen: _Generation
     ranks: dict[int, _Known]
-    deaths: dict[int, tuple[int | None, int]] = field(default_factory=dict)  # pid -> (wait status, ns)
-    agent_exit: tuple[int, int] | None = None
+    # pid -> (wait status or None when unknown, monotonic ns, who told: ExitEvent.source)
+    deaths: dict[int, tuple[int | None, int, str | None]] = field(default_factory=dict)
+    agent_exit: tuple[int | None, int] | None = None
     doc_id: str | None = None
     created_at: float | None = None
     due_ns: int | None = None
@@ -92,6 +106,8 @@ class DeathWatch:
         *,
         read_host_oom_kills: Callable[[], int | None] = lambda: None,
         read_cgroup_oom_kills: Callable[[str, int], int | None] = lambda path, version: None,
+        read_oomd_marks: Callable[[str, int], dict[str, int]] = lambda path, version: {},
+        read_outputs: bool = True,
         hostname: str | None = None,
         proc_root: str = "/proc",
         clock_ns: Callable[[], int] = time.monotonic_ns,
@@ -101,6 +117,8 @@ class DeathWatch:
         self.timeline = timeline
         self.read_host_oom_kills = read_host_oom_kills
         self.read_cgroup_oom_kills = read_cgroup_oom_kills
+        self.read_oomd_marks = read_oomd_marks
+        self.read_outputs = read_outputs
         self.hostname = hostname or socket.gethostname()
         self.proc_root = proc_root
         self.clock_ns = clock_ns
@@ -112,6 +130,10 @@ class DeathWatch:
         self._snapshots: deque[tuple[int, Snapshot]] = deque(maxlen=8)
         self._kernel: deque[KernelOom] = deque(maxlen=512)
         self._signals: deque[SignalSent] = deque(maxlen=1024)
+        self._userspace: deque[UserspaceKill] = deque(maxlen=256)  # oomd's kernel-log lines
+        self._reported: dict[int, int] = {}  # pid -> ns: an exit was reported (any status)
+        self._agent_outputs: dict[int, list[OutputFile]] = {}  # agent pid -> its output files
+        self._oomd_baseline: dict[tuple[str, int], dict[str, int]] = {}  # cgroup -> oomd xattrs
         # One incident per job and worker generation: after an elastic restart the new
         # generation's deaths get a postmortem of their own.
         self._incidents: dict[_Generation, _Incident] = {}
@@ -137,6 +159,24 @@ class DeathWatch:
             cutoff = now - int(KNOWN_GRACE_S * 1e9)
             for pid in [p for p, k in self._known.items() if k.seen_ns < cutoff]:
                 del self._known[pid]
+            for pid in [p for p, ns in self._reported.items() if ns < cutoff]:
+                del self._reported[pid]
+            agents = {job.agent.pid for job in snap.jobs}
+            for gone in [p for p in self._agent_outputs if p not in agents]:
+                if not any(inc.gen.agent_pid == gone for inc in self._incidents.values()):
+                    del self._agent_outputs[gone]
+            new_agents = [p for p in agents if p not in self._agent_outputs]
+            new_cgroups = [
+                (c.path, c.version) for c in snap.cgroups if (c.path, c.version) not in self._oomd_baseline
+            ]
+        # Outside the lock (file system calls), once per new job and per new cgroup: where
+        # the agent writes (its log gives exit codes when nothing else does), and the oomd
+        # marks each cgroup had before anything died.
+        outputs = {p: regular_outputs(self.proc_root, p) if self.read_outputs else [] for p in new_agents}
+        marks = {key: self.read_oomd_marks(*key) for key in new_cgroups}
+        with self._cv:
+            self._agent_outputs.update(outputs)
+            self._oomd_baseline.update(marks)
             for job_key in [
                 k
                 for k, inc in self._incidents.items()
@@ -145,16 +185,29 @@ class DeathWatch:
                 del self._incidents[job_key]
 
     def on_exit(self, event: ExitEvent) -> None:
-        """Connector thread (or the sampler's zombie fallback): a process exited."""
+        """Connector or pidfd thread (or the sampler's zombie fallback): a process exited."""
         with self._cv:
-            known = self._known.get(event.pid)
-            if known is None:
-                for open_inc in self._incidents.values():
-                    if open_inc.gen.agent_pid == event.pid and open_inc.agent_exit is None:
-                        open_inc.agent_exit = (event.exit_code, event.monotonic_ns)
-                        self._schedule(open_inc, event.monotonic_ns)
-                return
-            self._record(known, event.pid, event.exit_code, event.monotonic_ns)
+            self._reported[event.pid] = event.monotonic_ns
+            self._ended(event.pid, event.exit_code, event.monotonic_ns, event.source)
+
+    def on_unknown(self, pid: int, monotonic_ns: int) -> None:
+        """A watched process ended and nobody could tell its exit status (pidfd after the
+        reap on an old kernel, or the sampler found it gone)."""
+        with self._cv:
+            if pid in self._reported:
+                return  # its status came another way
+            self._reported[pid] = monotonic_ns
+            self._ended(pid, None, monotonic_ns, None)
+
+    def _ended(self, pid: int, exit_code: int | None, at_ns: int, source: str | None) -> None:
+        known = self._known.get(pid)
+        if known is None:
+            for open_inc in self._incidents.values():
+                if open_inc.gen.agent_pid == pid and open_inc.agent_exit is None:
+                    open_inc.agent_exit = (exit_code, at_ns)
+                    self._schedule(open_inc, at_ns)
+            return
+        self._record(known, pid, exit_code, at_ns, source)
 
     def resync(self, proc_root: str = "/proc") -> None:
         """After the connector lost events (ENOBUFS): every known rank that is gone and
@@ -180,9 +233,9 @@ class DeathWatch:
                         known.sample.rank_label,
                         pid,
                     )
-                    self._record(known, pid, None, now)
+                    self._record(known, pid, None, now, None)
 
-    def _record(self, known: _Known, pid: int, exit_code: int | None, at_ns: int) -> None:
+    def _record(self, known: _Known, pid: int, exit_code: int | None, at_ns: int, source: str | None) -> None:
         inc = self._incidents.get(known.gen)
         if inc is None:
             if exit_code == 0:
@@ -190,9 +243,10 @@ class DeathWatch:
             inc = self._open(known, pid, exit_code, at_ns)
         if pid in inc.deaths:
             return
-        inc.deaths[pid] = (exit_code, at_ns)
+        inc.deaths[pid] = (exit_code, at_ns, source)
         inc.last_death_ns = max(inc.last_death_ns, at_ns)
-        self._schedule(inc, at_ns)
+        wait = UNKNOWN_EXIT_WAIT_S if all(d[0] is None for d in inc.deaths.values()) else 0.0
+        self._schedule(inc, at_ns + int(wait * 1e9))
 
     def on_signal(self, event: SignalEvent) -> None:
         """Tracepoint thread: keep the signals sent to ranks (the rest is not evidence)."""
@@ -211,8 +265,26 @@ class DeathWatch:
             )
 
     def on_kmsg(self, record: KmsgRecord) -> None:
-        """Kernel-log thread: keep the OOM records (merged per pid)."""
+        """Kernel-log thread: keep the OOM records (merged per pid), and the lines Meta's
+        oomd writes into the kernel log from user space."""
         if not record.from_kernel:
+            line = parse_userspace_oom_line(record.text) if "oomd" in record.text else None
+            if line is not None:
+                with self._cv:
+                    self._userspace.append(
+                        UserspaceKill(
+                            line.daemon,
+                            line.pid,
+                            line.cgroup,
+                            line.signal,
+                            record.timestamp_us * 1000,
+                            line.text,
+                            "kmsg",
+                        )
+                    )
+                    for inc in self._incidents.values():
+                        if inc.deaths:
+                            self._schedule(inc, self.clock_ns())
             return
         parsed = parse_oom_line(record.text)
         if not isinstance(parsed, (OomSummary, OomKill)):
@@ -324,6 +396,34 @@ class DeathWatch:
 
     def oom_daemons(self) -> tuple[tuple[str, int], ...]:
         """Userspace OOM daemons running now (a /proc scan, done only when a rank died)."""
+        return tuple((comm, pid) for comm, pid, _ in self._scan_oom_daemons(read_logs=False))
+
+    def _scan_oom_daemons(self, read_logs: bool) -> list[tuple[str, int, list[UserspaceKill]]]:
+        """(comm, pid, the kill lines of its stdout/stderr where those are regular files)."""
+        out = []
+        for comm, pid in self._oom_daemon_pids():
+            lines: list[UserspaceKill] = []
+            if read_logs and self.read_outputs:
+                for f in regular_outputs(self.proc_root, pid):
+                    text = read_output(self.proc_root, f, limit=256 << 10, since_offset=False)
+                    for raw in text.splitlines():
+                        parsed = parse_userspace_oom_line(raw)
+                        if parsed is not None:
+                            lines.append(
+                                UserspaceKill(
+                                    parsed.daemon,
+                                    parsed.pid,
+                                    parsed.cgroup,
+                                    parsed.signal,
+                                    None,
+                                    f"{comm} (pid {pid}) log {f.path}: {parsed.text}",
+                                    "log",
+                                )
+                            )
+            out.append((comm, pid, lines))
+        return out
+
+    def _oom_daemon_pids(self) -> tuple[tuple[str, int], ...]:
         found = []
         try:
             names = [n for n in os.listdir(self.proc_root) if n.isdigit()]
@@ -339,12 +439,58 @@ class DeathWatch:
                 found.append((comm, int(name)))
         return tuple(sorted(found))
 
+    def _agent_log(self, inc: _Incident) -> tuple[dict[int, tuple[int, str]], frozenset[int]]:
+        """From the agent's log, where it is a file: pid -> (wait status, the agent's line),
+        and the pids it sent closing signals to."""
+        codes: dict[int, tuple[int, str]] = {}
+        teardown: set[int] = set()
+        for f in self._agent_outputs.get(inc.gen.agent_pid, []):
+            records = parse_agent_text(read_output(self.proc_root, f))
+            for pid, (rc, line) in exit_codes_by_pid(records).items():
+                codes.setdefault(pid, (returncode_to_wait_status(rc), line))
+            teardown.update(r.pid for r in records if isinstance(r, ClosingSignal))
+        return codes, frozenset(teardown & set(inc.ranks))
+
+    def _oomd_kills(self, inc: _Incident) -> list[UserspaceKill]:
+        """The cgroups (the ranks' and their ancestors) whose oomd xattrs went up since the
+        daemon first saw them: systemd-oomd and oomd mark the cgroup they kill."""
+        found: list[UserspaceKill] = []
+        seen: set[str] = set()
+        before = inc.snapshot_before
+        for cg in before.cgroups if before else ():
+            baseline = self._oomd_baseline.get((cg.path, cg.version))
+            if baseline is None:
+                continue
+            for level, count in self.read_oomd_marks(cg.path, cg.version).items():
+                name, _, path = level.partition(" ")
+                was = baseline.get(level, 0)
+                if count > was and path not in seen:
+                    seen.add(path)
+                    daemon = "systemd-oomd" if name.startswith("user.") else "oomd"
+                    found.append(
+                        UserspaceKill(
+                            daemon, None, path, None, None, f"{path}: xattr {name} {was} -> {count}", "xattr"
+                        )
+                    )
+        return found
+
     def _evidence(self, inc: _Incident) -> Evidence:
         ranks = []
+        unknown = [pid for pid, d in inc.deaths.items() if d[0] is None]
+        # Without first-hand exits, death times are when a death was noticed: the agent's
+        # log then tells the order (whom it tore down) and the statuses.
+        second_hand = any(d[2] not in ("connector", "pidfd") for d in inc.deaths.values())
+        from_log, teardown = (
+            self._agent_log(inc) if second_hand and self.read_outputs else ({}, frozenset[int]())
+        )
+        for pid in unknown:
+            if pid in from_log:
+                died_ns = inc.deaths[pid][1]
+                inc.deaths[pid] = (from_log[pid][0], died_ns, "agent-log")
         for pid, k in sorted(
             inc.ranks.items(), key=lambda kv: (kv[1].sample.rank is None, kv[1].sample.rank or 0)
         ):
-            code, ns = inc.deaths.get(pid, (None, None))
+            code, ns, source = inc.deaths.get(pid, (None, None, None))
             ranks.append(
                 RankState(
                     k.sample.rank_label,
@@ -356,6 +502,7 @@ class DeathWatch:
                     ns,
                     k.sample.cgroup,
                     k.cgroup_limited_by,
+                    source,
                 )
             )
         latest = self._snapshots[-1][1] if self._snapshots else None
@@ -368,18 +515,26 @@ class DeathWatch:
             if now is not None:
                 after_cg[cg.path] = now
         host_after = self.read_host_oom_kills()
+        daemons = self._scan_oom_daemons(read_logs=True)
+        userspace = [
+            *self._userspace,
+            *self._oomd_kills(inc),
+            *(rec for _, _, lines in daemons for rec in lines),
+        ]
         return Evidence(
             tuple(ranks),
             tuple(self._kernel),
             tuple(self._signals),
             inc.gen.agent_pid,
-            self.oom_daemons(),
+            tuple((comm, pid) for comm, pid, _ in daemons),
             inc.host_oom_before,
             host_after,
             inc.cgroup_oom_before,
             after_cg,
             self.kernel_log_readable,
             self.exits_first_hand,
+            tuple(userspace),
+            teardown,
         )
 
     # -- the document --------------------------------------------------------------
@@ -389,10 +544,37 @@ class DeathWatch:
             return None
         return self.wall() - (self.clock_ns() - ns) / 1e9
 
+    def _clean_end(self, inc: _Incident, ev: Evidence, verdict: Verdict) -> bool | None:
+        """For deaths that nothing explains and whose statuses are all unknown: True when
+        it was the job's clean end (drop it), None while that cannot be told yet."""
+        if verdict.kind != "unknown" or any(r.exit_code is not None for r in ev.ranks if r.dead):
+            return False
+        if inc.agent_exit is not None and inc.agent_exit[0] is not None:
+            return inc.agent_exit[0] == 0
+        readable_log = bool(self._agent_outputs.get(inc.gen.agent_pid))
+        if inc.agent_exit is not None:  # the agent is gone, its status unknown too
+            return readable_log  # its log names no failed rank: training ended
+        if all(r.dead for r in ev.ranks):
+            return None  # every rank ended and the agent still runs: give it time to exit
+        return False
+
     def _write(self, inc: _Incident, ev: Evidence) -> None:
         verdict = autopsy(ev)
         if verdict is None:
             return
+        if inc.doc_id is None:
+            clean = self._clean_end(inc, ev, verdict)
+            if clean:
+                log.info(
+                    "job %s: ranks ended with exit statuses unknown; the agent's exit and log say it "
+                    "was a clean end: no postmortem",
+                    inc.gen.job,
+                )
+                return
+            if clean is None and self.clock_ns() - inc.last_death_ns < 4 * UNKNOWN_EXIT_WAIT_S * 1e9:
+                with self._cv:
+                    self._schedule(inc, self.clock_ns() + int(UNKNOWN_EXIT_WAIT_S * 1e9))
+                return
         first = inc.doc_id is None
         died_at = self._wall(verdict.victim.died_ns) or self.wall()
         if inc.doc_id is None:
@@ -442,6 +624,7 @@ class DeathWatch:
                     "pid": r.pid,
                     "exit_code": r.returncode,
                     "signal": signal_name(r.signal),
+                    "exit_source": r.exit_source,
                     "died_at": iso(self._wall(r.died_ns)),
                     "fate": v.fates.get(r.label, "unknown"),
                     "rss_bytes": s.rss_bytes if s else None,

@@ -148,6 +148,9 @@ class Discovery:
         self._young: set[int] = set()  # "other" processes re-checked every tick
         self._next_sweep = 0.0  # when every older "other" process is re-checked
         self._self_pid = os.getpid()
+        # Told when an agent or a rank is gone (the exit fallback of last resort, when
+        # neither the process connector nor pidfds report exits).
+        self.on_gone: Callable[[ProcKey], None] | None = None
 
     # -- the tick ---------------------------------------------------------------------
 
@@ -218,6 +221,8 @@ class Discovery:
         entry = self.entries.pop(pid, None)
         if entry is None:
             return
+        if self.on_gone is not None and entry.kind in ("agent", "rank"):
+            self.on_gone(entry.key)
         self._unlink(pid, entry.ppid)
         self.unreadable.pop(entry.key, None)
         self._pending.discard(pid)

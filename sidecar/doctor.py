@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from sidecar.errors import ProbeError, read_bytes
 from sidecar.probes.cgroup import CgroupReader
 from sidecar.probes.gpu import GpuProbe
-from sidecar.settings import Settings
+from sidecar.settings import EVIDENCE_SOURCES, Settings
 
 __all__ = ["Check", "checks", "render", "summary_line"]
 
@@ -97,13 +97,27 @@ def checks(settings: Settings, *, connector: bool = True) -> list[Check]:
                     "process connector",
                     False,
                     exc.strerror or str(exc),
-                    "first-hand exit codes and death times (then only zombies seen in /proc)",
+                    "first-hand exit codes and death times (then pidfds tell them, see below)",
                     "run as root in the host's PID, user and network namespaces (hostNetwork, hostPID, no "
                     "user-namespace remapping); CAP_NET_ADMIN before Linux 6.6",
                 )
             )
         finally:
             probe.stop()
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+        out.append(Check("pidfd", True, "pidfd_open works: exits are caught even without the connector"))
+    except (OSError, AttributeError) as exc:
+        out.append(
+            Check(
+                "pidfd",
+                False,
+                getattr(exc, "strerror", None) or str(exc),
+                "the exit-capture fallback: without the connector, statuses come only from zombies seen "
+                "in /proc or the agent's log file",
+                "Linux 5.3+ and Python 3.9+; no seccomp profile that blocks pidfd_open",
+            )
+        )
     try:
         fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
         os.close(fd)
@@ -126,7 +140,7 @@ def checks(settings: Settings, *, connector: bool = True) -> list[Check]:
                 os.access(tracing + "/enable", os.W_OK),
                 "signal:signal_generate available"
                 + ("" if os.access(tracing + "/enable", os.W_OK) else " but not writable"),
-                "the sender of a SIGKILL/SIGTERM (not used by this version yet)",
+                "the sender of a SIGKILL/SIGTERM (so an outside kill is named, not only suspected)",
                 "run as root",
             )
         )
@@ -136,7 +150,7 @@ def checks(settings: Settings, *, connector: bool = True) -> list[Check]:
                 "signal tracepoint",
                 False,
                 "tracefs not mounted at /sys/kernel/tracing",
-                "the sender of a SIGKILL/SIGTERM (not used by this version yet)",
+                "the sender of a SIGKILL/SIGTERM (so an outside kill is named, not only suspected)",
                 "mount -t tracefs nodev /sys/kernel/tracing (as root)",
             )
         )
@@ -217,6 +231,16 @@ def checks(settings: Settings, *, connector: bool = True) -> list[Check]:
             "" if in_user else "run without user-namespace remapping",
         )
     )
+    for source in sorted(settings.disabled):
+        out.append(
+            Check(
+                f"{source} (off)",
+                False,
+                "turned off by --disable",
+                EVIDENCE_SOURCES[source],
+                f"drop --disable {source}",
+            )
+        )
     return out
 
 

@@ -9,6 +9,7 @@ __all__ = [
     "DEFAULT_HISTORY_SECONDS",
     "DEFAULT_INTERVAL_SECONDS",
     "DEFAULT_PORT",
+    "EVIDENCE_SOURCES",
     "Settings",
     "default_postmortem_dir",
 ]
@@ -16,6 +17,15 @@ __all__ = [
 DEFAULT_INTERVAL_SECONDS = 1.0
 DEFAULT_PORT = 9864
 DEFAULT_HISTORY_SECONDS = 600.0
+
+# What --disable can turn off: where exits and evidence come from (doctor says which work).
+EVIDENCE_SOURCES = {
+    "connector": "the netlink process connector (exit statuses from the kernel)",
+    "pidfd": "pidfds on the ranks (exit statuses where the connector is refused)",
+    "kmsg": "the kernel log /dev/kmsg (OOM records)",
+    "tracepoint": "the signal:signal_generate tracepoint (who sent a signal)",
+    "outputs": "reading the agent's and OOM daemons' stdout/stderr files (exit codes, kill lines)",
+}
 
 
 def default_postmortem_dir() -> str:
@@ -38,6 +48,7 @@ class Settings:
     log_level: str = "INFO"
     proc_root: str = "/proc"
     shm_path: str = "/dev/shm"
+    disabled: frozenset[str] = frozenset()
 
     @property
     def stall_seconds(self) -> float:

@@ -165,6 +165,7 @@ def test_doctor_names_every_source():
         "host PID namespace",
         "other users' /proc",
         "process connector",
+        "pidfd",
         "kernel log",
         "signal tracepoint",
         "memory cgroups",
@@ -173,6 +174,21 @@ def test_doctor_names_every_source():
         "user namespace",
     ):
         assert source in out.stdout
+
+
+def test_doctor_names_what_disable_turned_off():
+    from sidecar.doctor import checks
+    from sidecar.settings import Settings
+
+    off = [
+        c for c in checks(Settings(disabled=frozenset({"kmsg"})), connector=False) if c.name == "kmsg (off)"
+    ]
+    assert (
+        len(off) == 1
+        and not off[0].ok
+        and off[0].fix == "drop --disable kmsg"
+        and "OOM records" in off[0].lost
+    )
 
 
 def test_doctor_says_what_is_lost_and_the_fix():

@@ -207,6 +207,34 @@ class CgroupReader:
         keyed = _read_keyed(f"{directory}/{'memory.oom_control' if version == 1 else 'memory.events'}")
         return keyed.get("oom_kill") if keyed is not None else None
 
+    OOMD_XATTRS = ("user.oomd_ooms", "trusted.oomd_ooms", "user.oomd_kill", "trusted.oomd_kill")
+
+    def oomd_marks(self, path: str, version: int) -> dict[str, int]:
+        """The userspace OOM daemons' marks on the memory cgroup at ``path`` and each of
+        its ancestors: ``{"user.oomd_ooms /a/b": 2, ...}`` (systemd-oomd counts its kills
+        of a cgroup in ``user.oomd_ooms``/``user.oomd_kill``; Meta's oomd uses the
+        ``trusted.`` names too). {} where there are none or xattrs cannot be read. One
+        getxattr per name and level; safe from any thread."""
+        mount = self.v1_memory if version == 1 else self.v2
+        if mount is None:
+            return {}
+        marks: dict[str, int] = {}
+        level = path.rstrip("/") or "/"
+        while True:
+            directory = self._directory(mount, level)
+            for name in self.OOMD_XATTRS:
+                try:
+                    raw = os.getxattr(directory, name)
+                except OSError:
+                    continue
+                try:
+                    marks[f"{name} {level}"] = int(raw.strip(b"\0 \n") or b"0")
+                except ValueError:
+                    continue
+            if level == "/":
+                return marks
+            level = level.rsplit("/", 1)[0] or "/"
+
     def sample(self, ref: MemoryCgroupRef) -> CgroupSample:
         """Read the cgroup's counters and its ancestors' limits. Raises NoSuchProcess when
         the cgroup directory is gone (the job's container or step ended)."""

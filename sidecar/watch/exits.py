@@ -56,12 +56,15 @@ _EXIT = struct.Struct("=iiIIii")  # pid, tgid, exit_code, exit_signal, parent_pi
 @dataclass(frozen=True, slots=True)
 class ExitEvent:
     """A process (thread-group leader) exited. ``monotonic_ns`` is CLOCK_MONOTONIC;
-    ``exit_code`` is the raw wait status; pids are initial-namespace pids."""
+    ``exit_code`` is the raw wait status; pids are initial-namespace pids. ``source``
+    says who told: "connector" (the kernel, at the exit), "pidfd", or "proc" (a zombie
+    seen in /proc by the sampler)."""
 
     pid: int
     exit_code: int
     parent_pid: int
     monotonic_ns: int
+    source: str = "connector"
 
     @property
     def signal(self) -> int | None:

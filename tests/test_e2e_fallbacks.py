@@ -1,0 +1,211 @@
+"""Real deaths told by the fallbacks: exits through pidfds when the process connector is
+off, exit codes from the agent's own log when neither is there, and userspace OOM
+daemons named by their own records (a real earlyoom's log, systemd-oomd's cgroup xattrs,
+oomd's kernel-log line) when the signal tracepoint is off."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from sidecar.demo import join_cgroup, memory_cgroup, memory_hierarchy
+from tests.e2e import REPO, DaemonProc, TorchrunJob, job_postmortem, wait_for
+
+pytestmark = [pytest.mark.slow]
+GIB = 1 << 30
+EARLYOOM = REPO / ".cache" / "earlyoom" / "usr" / "bin" / "earlyoom"
+
+
+def _fates(doc: dict) -> dict[int, str]:
+    return {r["rank"]: r["fate"] for r in doc["ranks"]}
+
+
+def test_without_the_connector_pidfds_tell_the_exit(tmp_path):
+    with (
+        DaemonProc(tmp_path, "--disable", "connector", "--disable", "tracepoint") as daemon,
+        TorchrunJob(tmp_path, "pidfd", hold_mb=50, workers=0) as job,
+    ):
+        pids = job.ready()
+        time.sleep(1.0)
+        os.kill(pids[1][0], 9)
+        doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
+        job.proc.wait(60)
+        assert "exits: watching each rank through a pidfd" in daemon.log()
+        assert "process connector subscribed" not in daemon.log()
+        victim = next(r for r in doc["ranks"] if r["rank"] == 1)
+        assert victim["exit_code"] == -9 and victim["exit_source"] == "pidfd", victim
+        assert doc["killer"]["evidence"][0]["source"] == "pidfd"
+        assert doc["killer"]["kind"] == "external_signal", doc["killer"]
+        assert _fates(doc) == {0: "terminated_by_agent", 1: "root_cause"}
+        r0 = next(r for r in doc["ranks"] if r["rank"] == 0)
+        assert r0["exit_code"] == -15 and r0["exit_source"] == "pidfd", r0
+        assert daemon.stop() == 0
+
+
+def test_with_neither_connector_nor_pidfd_the_agents_log_gives_the_codes(tmp_path):
+    """The agent's stderr is a regular file (torchrun.log): its "failed (exitcode: -9)"
+    line and failure table give the statuses the sampler could not see (the agent reaps
+    within 0.1 s; the sampler looks every 2 s)."""
+    with (
+        DaemonProc(
+            tmp_path, "--disable", "connector", "--disable", "pidfd", "--disable", "tracepoint", interval=2.0
+        ) as daemon,
+        TorchrunJob(tmp_path, "agentlog", hold_mb=50, workers=0) as job,
+    ):
+        pids = job.ready()
+        time.sleep(4.5)  # two rounds: the ranks are known
+        os.kill(pids[1][0], 9)
+        job.proc.wait(60)
+
+        def coded():
+            doc = job_postmortem(daemon, victim_rank=1, want_fates=1, job=job)
+            ranks = {r["rank"]: r for r in doc["ranks"]}
+            return doc if ranks[1]["exit_code"] == -9 and ranks[0]["exit_code"] is not None else None
+
+        doc = wait_for(coded, 60, "the exit codes from the agent's log", 0.5)
+        ranks = {r["rank"]: r for r in doc["ranks"]}
+        assert ranks[0]["exit_code"] == -15, ranks[0]
+        sources = {ranks[0]["exit_source"], ranks[1]["exit_source"]}
+        assert sources <= {"agent-log", "proc"} and "agent-log" in sources, ranks
+        assert doc["killer"]["kind"] == "external_signal", doc["killer"]
+        assert _fates(doc) == {0: "terminated_by_agent", 1: "root_cause"}
+        assert daemon.stop() == 0
+
+
+def test_a_clean_end_without_exit_statuses_writes_no_postmortem(tmp_path):
+    """The other side of the same fallback: when training simply ends, every rank
+    vanishes with no status known; the agent's log names no failure, so no incident."""
+    with (
+        DaemonProc(tmp_path, "--disable", "connector", "--disable", "pidfd", interval=0.5) as daemon,
+        TorchrunJob(tmp_path, "clean", hold_mb=50, workers=0) as job,
+    ):
+        job.ready()
+        time.sleep(1.5)
+        assert job.stop() == 0
+        wait_for(lambda: "clean end: no postmortem" in daemon.log(), 30, "the clean end to be recognised")
+        assert daemon.get("/postmortems")[1].count(str(job.agent_pid)) == 0
+        assert daemon.stop() == 0
+
+
+def _mem_available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no MemAvailable")
+
+
+@pytest.mark.skipif(not EARLYOOM.exists(), reason="earlyoom's binary is unpacked by scripts/dev-setup")
+@pytest.mark.skipif(_mem_available() < 6 * GIB, reason="needs 6 GiB of free memory to let earlyoom act")
+def test_a_real_earlyoom_is_named_by_its_own_log(tmp_path):
+    """A real earlyoom, told to act 1.5 GiB below the memory available now, SIGTERMs the
+    growing rank (oom_score_adj=1000: its first choice). The tracepoint is off, so the
+    verdict comes from earlyoom's own log line naming the pid."""
+    threshold_kib = (_mem_available() - int(1.5 * GIB)) // 1024
+    log_path = tmp_path / "earlyoom.log"
+    with (
+        DaemonProc(tmp_path, "--disable", "tracepoint") as daemon,
+        TorchrunJob(tmp_path, "eo", hold_mb=50, workers=0, grow_rank=1, grow_after=3, grow_mb=4) as job,
+    ):
+        pids = job.ready()
+        with open(log_path, "w") as out:
+            earlyoom = subprocess.Popen(
+                [str(EARLYOOM), "-M", f"{threshold_kib},{threshold_kib - (1 << 20)}", "-s", "100", "-r", "0"],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
+        finally:
+            earlyoom.terminate()
+            earlyoom.wait(10)
+        job.proc.wait(60)
+        text = log_path.read_text()
+        assert f"sending SIGTERM to process {pids[1][0]}" in text, text
+        killer = doc["killer"]
+        assert killer["kind"] == "userspace_oom" and killer["confidence"] == "certain", killer
+        assert "earlyoom" in killer["summary"]
+        assert any(e["source"] == "log" and str(pids[1][0]) in e["detail"] for e in killer["evidence"]), (
+            killer
+        )
+        assert doc["victim"]["signal"] == "SIGTERM"
+        assert _fates(doc) == {0: "terminated_by_agent", 1: "root_cause"}
+        assert daemon.stop() == 0
+
+
+def _kill_cgroup(tmp: Path, name: str, cgroup: Path, script: str) -> Path:
+    """A stand-in for a userspace OOM daemon (its comm is ``name``) that does what the
+    daemon does to the cgroup it picks: ``script`` marks it, then every process in it
+    gets SIGKILL."""
+    (tmp / "bin").mkdir(exist_ok=True)
+    exe = tmp / "bin" / name
+    exe.write_text(
+        f'#!/bin/sh\n{script}\nfor p in $(cat {cgroup}/cgroup.procs); do kill -9 "$p" 2>/dev/null; done\n'
+    )
+    exe.chmod(0o755)
+    return exe
+
+
+def _cgroup_wide_kill(tmp: Path, name: str, mark: Callable[[Path], str]) -> tuple[dict, str]:
+    """A job in its own memory cgroup, killed whole by the stand-in ``name`` after it ran
+    ``mark(cgroup)``; the tracepoint is off, so only the daemon's own record can tell.
+    Returns the postmortem (checked for a userspace_oom, likely, that took both ranks)
+    and the cgroup's path."""
+    with memory_cgroup(8 * GIB, f"trainwatch-{name}") as (_version, parent, child):
+        stand_in = _kill_cgroup(tmp, name, child, mark(child))
+        with (
+            DaemonProc(tmp, "--disable", "tracepoint") as daemon,
+            TorchrunJob(tmp, name, wrap=join_cgroup(child), hold_mb=50, workers=0) as job,
+        ):
+            job.ready()
+            time.sleep(1.5)
+            subprocess.run([str(stand_in)], check=True)
+            doc = job_postmortem(daemon, victim_rank=None, want_fates=2, job=job)
+            killer = doc["killer"]
+            assert killer["kind"] == "userspace_oom" and killer["confidence"] == "likely", killer
+            assert sorted(_fates(doc).values()) == ["root_cause", "same_cause"], doc["ranks"]
+            assert daemon.stop() == 0
+        return doc, "/" + str(child.relative_to(parent.parent))
+
+
+CGROUPS_AS_ROOT = pytest.mark.skipif(
+    memory_hierarchy() is None, reason="needs root and a writable memory cgroup hierarchy"
+)
+
+
+@pytest.mark.root
+@CGROUPS_AS_ROOT
+def test_systemd_oomd_is_named_by_its_cgroup_xattrs(tmp_path):
+    """systemd-oomd marks the cgroup it kills (user.oomd_ooms, then user.oomd_kill) and
+    SIGKILLs every process in it. The record names the cgroup, not the pid: likely."""
+    doc, _ = _cgroup_wide_kill(
+        tmp_path,
+        "systemd-oomd",
+        lambda cg: f"python3 -c \"import os; os.setxattr('{cg}', 'user.oomd_ooms', b'1')\"",
+    )
+    killer = doc["killer"]
+    assert "systemd-oomd" in killer["summary"]
+    marks = [e["detail"] for e in killer["evidence"] if e["source"] == "xattr"]
+    assert marks and "user.oomd_ooms 0 -> 1" in marks[0], killer
+
+
+@pytest.mark.root
+@CGROUPS_AS_ROOT
+@pytest.mark.skipif(not os.access("/dev/kmsg", os.W_OK), reason="writing the oomd line needs /dev/kmsg")
+def test_oomd_is_named_by_its_kernel_log_line(tmp_path):
+    """Meta's oomd writes "oomd kill: <pressures> <cgroup> ..." into the kernel log, then
+    kills the cgroup."""
+
+    def line(cg: Path) -> str:
+        rel = cg.relative_to(cg.parent.parent)
+        return f"echo 'oomd kill: 81.28 80.05 42.78 {rel} 1000 ruleset:[trainwatch test]' > /dev/kmsg"
+
+    doc, path = _cgroup_wide_kill(tmp_path, "oomd", line)
+    killer = doc["killer"]
+    lines = [e["detail"] for e in killer["evidence"] if e["source"] == "kmsg"]
+    assert lines and "oomd kill:" in lines[0], killer
+    assert path in killer["summary"] and "oomd" in killer["summary"]
