@@ -21,6 +21,8 @@ from __future__ import annotations
 import signal as _signal
 from dataclasses import dataclass, field
 
+from sidecar.parse.ranks import Finding
+
 __all__ = [
     "Evidence",
     "EvidenceItem",
@@ -164,6 +166,9 @@ class Evidence:
     # pids the agent's log says it sent a closing signal to: torn down, never the root
     # cause (matters when death times are only when a death was noticed)
     agent_teardown: frozenset[int] = frozenset()
+    # what the ranks wrote: (rank label or None when unattributed, finding), in order
+    output: tuple[tuple[str | None, Finding], ...] = ()
+    output_read: bool = False  # some output of the job could be read
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,14 +237,28 @@ def autopsy(ev: Evidence) -> Verdict | None:
             fates[r.label] = "terminated_by_agent"
         else:
             fates[r.label] = "unknown"
+    # the cascade, in order: what the other ranks said as they died
+    for r in sorted((r for r in dead if r is not victim), key=lambda r: r.died_ns or 0):
+        for f in _own(r, ev, *WAITING, "exception")[:2]:
+            items.append(EvidenceItem("output", r.died_ns, f"then rank {r.label}: {f.line}"))
     return Verdict(victim, kind, confidence, summary, tuple(items), fates, oom)
 
 
+WAITING = ("nccl_timeout", "gloo_timeout", "peer_closed", "nccl_aborted")
+
+
+def _own(rank: RankState, ev: Evidence, *kinds: str) -> list[Finding]:
+    return [f for label, f in ev.output if label == rank.label and (not kinds or f.kind in kinds)]
+
+
 def _same_cause(rank: RankState, kind: str, ev: Evidence) -> bool:
-    """Killed by the same OOM as the victim: a kernel record or a userspace daemon's."""
-    if kind in ("kernel_oom", "cgroup_oom"):
-        return _oom_for(rank, ev.kernel) is not None
-    return kind == "userspace_oom" and _userspace_for(rank, ev) is not None
+    """Killed by the same OOM as the victim (a kernel record or a userspace daemon's), or
+    a rank that timed out waiting for the collective the victim's death (or hang) broke."""
+    if kind in ("kernel_oom", "cgroup_oom") and _oom_for(rank, ev.kernel) is not None:
+        return True
+    if kind == "userspace_oom" and _userspace_for(rank, ev) is not None:
+        return True
+    return rank.returncode != 0 and bool(_own(rank, ev, *WAITING))
 
 
 _EXIT_SOURCES = {"connector": "exit", "pidfd": "pidfd", "proc": "proc", "agent-log": "agent-log"}
@@ -436,6 +455,9 @@ def _victim_verdict(
             "likely" if ev.kernel_log_readable and not ev.oom_daemons else "possible",
             f"{who} was killed by a SIGKILL from outside: {why}. The sender is unknown.",
         )
+    told = _from_output(victim, ev, items)
+    if told is not None:
+        return told
     sig = victim.signal
     if sig == _signal.SIGSEGV:
         return "segfault", "likely", f"{who} crashed with a segmentation fault (SIGSEGV)."
@@ -460,5 +482,92 @@ def _victim_verdict(
         "python_exception",
         "possible",
         f"{who} exited with status {victim.status}, as Python does after an uncaught exception; "
-        "its output was not read.",
+        + (
+            "its output named no exception."
+            if ev.output_read
+            else "its output was not read (run it under `trainwatch run`, or send its output to a file)."
+        ),
     )
+
+
+def _from_output(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> tuple[str, str, str] | None:
+    """The verdict the victim's own output gives: its watchdog's or its backend's timeout,
+    a CUDA OOM, a shared-memory bus error, an exception. First-hand, so certain."""
+    who = f"rank {victim.label} (pid {victim.pid})"
+    mine = _own(victim, ev)
+    if not mine or victim.returncode == 0:
+        return None
+
+    def cite(*kinds: str) -> list[Finding]:
+        found = [f for f in mine if f.kind in kinds]
+        for f in found[:3]:
+            items.append(EvidenceItem("output", victim.died_ns, f.line))
+        return found
+
+    nccl = cite("nccl_timeout")
+    gloo = [] if nccl else cite("gloo_timeout")
+    if nccl or gloo:
+        cite("nccl_progress")
+        exc = next((f for f in mine if f.kind == "exception" and f.get("collective")), None)
+        first = nccl[0] if nccl else gloo[0]
+        backend = "NCCL" if nccl else "gloo"
+        op = (nccl[0].get("op") or "").lower() if nccl else (exc.get("collective") if exc else None)
+        seq = first.get("seq")
+        what = (op or "a collective") + (f" (SeqNum {seq})" if seq else "")
+        waited = int(first.get("timeout_ms") or 0) / 1000
+        missing = [
+            r
+            for r in ev.ranks
+            if r is not victim
+            and not _own(r, ev, *WAITING)
+            and (r.died_ns is None or victim.died_ns is None or r.died_ns >= victim.died_ns)
+        ]
+        for r in missing:
+            items.append(
+                EvidenceItem(
+                    "output",
+                    None,
+                    f"rank {r.label} (pid {r.pid}) was still alive and reported no timeout: it never joined",
+                )
+            )
+        never = (
+            f"; rank {', '.join(r.label for r in missing)} never arrived"
+            if missing
+            else "; every rank here was waiting (the one that never arrived is elsewhere)"
+        )
+        return (
+            "collective_timeout",
+            "certain",
+            f"{who}: the {backend} {what} did not complete within {waited:g} s{never}.",
+        )
+    oom = cite("cuda_oom")
+    if oom:
+        f = oom[0]
+        gib = int(f.get("requested_bytes") or 0) / 2**30
+        gpu = f.get("gpu")
+        extra = ""
+        if f.get("total_bytes"):
+            extra = f" of {int(f.get('total_bytes') or 0) / 2**30:.1f} GiB"
+            if f.get("free_bytes"):
+                extra += f", {int(f.get('free_bytes') or 0) / 2**30:.2f} GiB free"
+        on = f" on GPU {gpu}" if gpu is not None else ""
+        return (
+            "cuda_oom",
+            "certain",
+            f"{who} ran out of GPU memory{on}: it tried to allocate {gib:.2f} GiB{extra}.",
+        )
+    shm = cite("shm_bus_error") or [
+        f for f in cite("dataloader_killed") if (f.get("signal") or "").lower().startswith("bus")
+    ]
+    if shm:
+        return (
+            "bus_error",
+            "certain",
+            f"{who} failed with a bus error in a DataLoader worker: /dev/shm (shared memory) ran out.",
+        )
+    exc_found = [f for f in mine if f.kind == "exception"]
+    if exc_found and victim.status not in (None, 0):
+        f = exc_found[-1]
+        items.append(EvidenceItem("output", victim.died_ns, f.line))
+        return "python_exception", "certain", f"{who} raised {f.line}"
+    return None

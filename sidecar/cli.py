@@ -12,7 +12,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 from typing import NoReturn
 
@@ -41,7 +41,9 @@ GPU memory (NVML), memory cgroup limits and host memory, served as Prometheus me
 on /metrics, with a live JSON view on /ranks and a health check on /healthz."""
 
 EPILOG = """\
-Also: trainwatch postmortem [ID|PATH|URL] prints a postmortem in the terminal;
+Also: trainwatch run [options] -- torchrun ARGS... starts a job and watches it (its output
+passes through and is kept as evidence; the exit status is torchrun's);
+trainwatch postmortem [ID|PATH|URL] prints a postmortem in the terminal;
 trainwatch doctor says which evidence sources work here and how to get the missing ones;
 trainwatch demo runs a small real torchrun job in which a rank exceeds a memory limit.
 
@@ -304,64 +306,91 @@ def _quiet_server_class() -> type:
     return QuietServer
 
 
+class Service:
+    """The daemon and its HTTP server, started and stopped together (``serve`` runs one
+    until a signal; ``trainwatch run`` runs one beside the job it starts)."""
+
+    def __init__(self, settings: Settings, job_output: Callable[[int], str] | None = None) -> None:
+        self.settings = settings
+        self.job_output = job_output
+        self.url = ""
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Listen, start sampling and serving. Raises ConfigError for a bad --pid/--port."""
+        import uvicorn
+
+        from sidecar.daemon import Daemon
+        from sidecar.doctor import checks, summary_line
+        from sidecar.server import create_app
+
+        settings = self.settings
+        for pid in settings.pids:
+            if not os.path.exists(f"{settings.proc_root}/{pid}"):
+                raise ConfigError(f"--pid {pid}: no such process (give the pid of a running torchrun agent)")
+        self._sock = _listen(settings)
+        host, port = self._sock.getsockname()[:2]
+        _prepare_postmortem_dir(settings.postmortem_dir)
+        # the daemon subscribes to the connector itself and logs how that went
+        log.info("%s", summary_line(checks(settings, connector=False)))
+        self.daemon = Daemon(settings, job_output=self.job_output)
+        config = uvicorn.Config(
+            create_app(self.daemon),
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+            log_level="debug" if settings.log_level == "DEBUG" else "warning",
+            timeout_graceful_shutdown=5,
+        )
+        self.server = _quiet_server_class()(config)
+        shown = host if ":" not in host else f"[{host}]"
+        self.url = f"http://{shown}:{port}"
+
+        def run_server() -> None:
+            try:
+                self.server.run(sockets=[self._sock])
+            finally:
+                self._done.set()
+
+        self._thread = threading.Thread(target=run_server, name="trainwatch-http")
+        log.info(
+            "trainwatch %s: watching %s every %gs; serving %s/metrics (also /ranks, /healthz)",
+            __version__,
+            f"agents {', '.join(map(str, settings.pids))}" if settings.pids else "every torchrun job",
+            settings.interval_seconds,
+            self.url,
+        )
+        self._thread.start()
+
+    def wait(self) -> None:
+        while not self._done.wait(0.5):
+            pass
+
+    def stop(self) -> bool:
+        """Stop serving (the app's lifespan stops the daemon, which finishes postmortems in
+        flight). True when the server had started."""
+        self.server.should_exit = True
+        self.wait()
+        if self._thread is not None:
+            self._thread.join()
+        self._sock.close()
+        return bool(self.server.started)
+
+
 def serve(settings: Settings) -> int:
     """Run the daemon until SIGINT/SIGTERM. Returns the exit status."""
-    import uvicorn
-
-    from sidecar.daemon import Daemon
-    from sidecar.server import create_app
-
-    for pid in settings.pids:
-        if not os.path.exists(f"{settings.proc_root}/{pid}"):
-            raise ConfigError(f"--pid {pid}: no such process (give the pid of a running torchrun agent)")
-    sock = _listen(settings)
-    host, port = sock.getsockname()[:2]
-    _prepare_postmortem_dir(settings.postmortem_dir)
-    from sidecar.doctor import checks, summary_line
-
-    # the daemon subscribes to the connector itself and logs how that went
-    log.info("%s", summary_line(checks(settings, connector=False)))
-    daemon = Daemon(settings)
-    app = create_app(daemon)
-    config = uvicorn.Config(
-        app,
-        log_config=None,
-        access_log=False,
-        lifespan="on",
-        log_level="debug" if settings.log_level == "DEBUG" else "warning",
-        timeout_graceful_shutdown=5,
-    )
-    server = _quiet_server_class()(config)
-    done = threading.Event()
+    service = Service(settings)
+    service.start()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("received %s, shutting down", signal.Signals(signum).name)
-        server.should_exit = True
+        service.server.should_exit = True
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-
-    def run_server() -> None:
-        try:
-            server.run(sockets=[sock])
-        finally:
-            done.set()
-
-    thread = threading.Thread(target=run_server, name="trainwatch-http")
-    log.info(
-        "trainwatch %s: watching %s every %gs; serving http://%s:%d/metrics (also /ranks, /healthz)",
-        __version__,
-        f"agents {', '.join(map(str, settings.pids))}" if settings.pids else "every torchrun job",
-        settings.interval_seconds,
-        host if ":" not in host else f"[{host}]",
-        port,
-    )
-    thread.start()
-    while not done.wait(0.5):
-        pass
-    thread.join()
-    sock.close()
-    if not server.started:
+    service.wait()
+    if not service.stop():
         log.error("the HTTP server failed to start")
         return 1
     log.info("stopped")
@@ -434,6 +463,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         if args[0] == "postmortem":
             return postmortem_command(args[1:])
+        if args[0] == "run":
+            from sidecar.run import run_command
+
+            return run_command(args[1:])
         if args[0] == "demo":
             from sidecar.demo import run_demo
 

@@ -437,7 +437,12 @@ class Daemon:
     (tests that sample fixture trees, whose pids are not this machine's)."""
 
     def __init__(
-        self, settings: Settings, sampler: Sampler | None = None, *, watch_deaths: bool = True
+        self,
+        settings: Settings,
+        sampler: Sampler | None = None,
+        *,
+        watch_deaths: bool = True,
+        job_output: Callable[[int], str] | None = None,
     ) -> None:
         self.settings = settings
         self.sampler = sampler if sampler is not None else Sampler(settings)
@@ -452,6 +457,7 @@ class Daemon:
             read_oomd_marks=self.sampler.cgroups.oomd_marks,
             read_outputs="outputs" not in settings.disabled,
             proc_root=settings.proc_root,
+            job_output=job_output,
         )
         self.watch_deaths = watch_deaths
         self.connector: ProcConnector | None = None

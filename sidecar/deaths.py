@@ -35,6 +35,7 @@ from sidecar.autopsy import (
 from sidecar.model import RankSample, Snapshot
 from sidecar.parse.kernel import KmsgRecord, OomKill, OomSummary, parse_oom_line
 from sidecar.parse.oomd import parse_userspace_oom_line
+from sidecar.parse.ranks import Finding, parse_rank_output
 from sidecar.parse.torchrun import (
     ClosingSignal,
     exit_codes_by_pid,
@@ -59,6 +60,7 @@ TIMELINE_WINDOW_S = 300.0
 # waits this long for the agent's log or the agent's own exit before it is judged: at a
 # clean end of training every rank "vanishes" too, and that is no incident.
 UNKNOWN_EXIT_WAIT_S = 3.0
+OUTPUT_PARSE_BYTES = 2 << 20  # of each output stream, the tail that is parsed at a death
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +110,7 @@ class DeathWatch:
         read_cgroup_oom_kills: Callable[[str, int], int | None] = lambda path, version: None,
         read_oomd_marks: Callable[[str, int], dict[str, int]] = lambda path, version: {},
         read_outputs: bool = True,
+        job_output: Callable[[int], str] | None = None,
         hostname: str | None = None,
         proc_root: str = "/proc",
         clock_ns: Callable[[], int] = time.monotonic_ns,
@@ -119,6 +122,7 @@ class DeathWatch:
         self.read_cgroup_oom_kills = read_cgroup_oom_kills
         self.read_oomd_marks = read_oomd_marks
         self.read_outputs = read_outputs
+        self.job_output = job_output  # trainwatch run: what the command printed, by agent pid
         self.hostname = hostname or socket.gethostname()
         self.proc_root = proc_root
         self.clock_ns = clock_ns
@@ -133,6 +137,7 @@ class DeathWatch:
         self._userspace: deque[UserspaceKill] = deque(maxlen=256)  # oomd's kernel-log lines
         self._reported: dict[int, int] = {}  # pid -> ns: an exit was reported (any status)
         self._agent_outputs: dict[int, list[OutputFile]] = {}  # agent pid -> its output files
+        self._rank_outputs: dict[int, list[OutputFile]] = {}  # rank pid -> its own output files
         self._oomd_baseline: dict[tuple[str, int], dict[str, int]] = {}  # cgroup -> oomd xattrs
         # One incident per job and worker generation: after an elastic restart the new
         # generation's deaths get a postmortem of their own.
@@ -161,6 +166,11 @@ class DeathWatch:
                 del self._known[pid]
             for pid in [p for p, ns in self._reported.items() if ns < cutoff]:
                 del self._reported[pid]
+            for pid in [p for p in self._rank_outputs if p not in self._known]:
+                del self._rank_outputs[pid]
+            new_ranks = [
+                r.key.pid for job in snap.jobs for r in job.ranks if r.key.pid not in self._rank_outputs
+            ]
             agents = {job.agent.pid for job in snap.jobs}
             for gone in [p for p in self._agent_outputs if p not in agents]:
                 if not any(inc.gen.agent_pid == gone for inc in self._incidents.values()):
@@ -174,7 +184,18 @@ class DeathWatch:
         # marks each cgroup had before anything died.
         outputs = {p: regular_outputs(self.proc_root, p) if self.read_outputs else [] for p in new_agents}
         marks = {key: self.read_oomd_marks(*key) for key in new_cgroups}
+        # A rank's own stdout/stderr, where they are not the agent's: torchrun --redirects
+        # and --log-dir point them at per-rank files.
+        shared = {(f.device, f.inode) for files in self._agent_outputs.values() for f in files}
+        shared |= {(f.device, f.inode) for files in outputs.values() for f in files}
+        rank_files = {
+            p: [f for f in regular_outputs(self.proc_root, p) if (f.device, f.inode) not in shared]
+            if self.read_outputs
+            else []
+            for p in new_ranks
+        }
         with self._cv:
+            self._rank_outputs.update(rank_files)
             self._agent_outputs.update(outputs)
             self._oomd_baseline.update(marks)
             for job_key in [
@@ -439,13 +460,57 @@ class DeathWatch:
                 found.append((comm, int(name)))
         return tuple(sorted(found))
 
-    def _agent_log(self, inc: _Incident) -> tuple[dict[int, tuple[int, str]], frozenset[int]]:
-        """From the agent's log, where it is a file: pid -> (wait status, the agent's line),
-        and the pids it sent closing signals to."""
+    def _texts(self, inc: _Incident) -> list[tuple[str | None, str]]:
+        """What the job printed that can be read: (the rank it belongs to, or None for
+        the agent's stream that every rank shares too, text)."""
+        texts: list[tuple[str | None, str]] = []
+        if self.job_output is not None:
+            texts.append((None, self.job_output(inc.gen.agent_pid)[-OUTPUT_PARSE_BYTES:]))
+        if self.read_outputs:
+            for f in self._agent_outputs.get(inc.gen.agent_pid, []):
+                texts.append((None, read_output(self.proc_root, f, limit=OUTPUT_PARSE_BYTES)))
+            for pid, k in inc.ranks.items():
+                for f in self._rank_outputs.get(pid, []):
+                    texts.append(
+                        (k.sample.rank_label, read_output(self.proc_root, f, limit=OUTPUT_PARSE_BYTES))
+                    )
+        return [(owner, text) for owner, text in texts if text]
+
+    def _findings(
+        self, inc: _Incident, texts: list[tuple[str | None, str]]
+    ) -> list[tuple[str | None, Finding]]:
+        """The ranks' findings, attributed: a rank's own file, else the line's prefix."""
+        by_rank = {
+            k.sample.rank: k.sample.rank_label for k in inc.ranks.values() if k.sample.rank is not None
+        }
+        by_local = {
+            k.sample.local_rank: k.sample.rank_label
+            for k in inc.ranks.values()
+            if k.sample.local_rank is not None
+        }
+        found: list[tuple[str | None, Finding]] = []
+        seen: set[tuple[str | None, str, str]] = set()
+        for owner, text in texts:
+            for f in parse_rank_output(text):
+                label = owner
+                if label is None and f.rank is not None:
+                    label = by_rank.get(f.rank)
+                if label is None and f.local_rank is not None:
+                    label = by_local.get(f.local_rank)
+                if (label, f.kind, f.line) not in seen:
+                    seen.add((label, f.kind, f.line))
+                    found.append((label, f))
+        return found
+
+    def _agent_log(
+        self, inc: _Incident, texts: list[tuple[str | None, str]]
+    ) -> tuple[dict[int, tuple[int, str]], frozenset[int]]:
+        """From the agent's output, where it can be read: pid -> (wait status, the agent's
+        line), and the pids it sent closing signals to."""
         codes: dict[int, tuple[int, str]] = {}
         teardown: set[int] = set()
-        for f in self._agent_outputs.get(inc.gen.agent_pid, []):
-            records = parse_agent_text(read_output(self.proc_root, f))
+        for _, text in (t for t in texts if t[0] is None):
+            records = parse_agent_text(text)
             for pid, (rc, line) in exit_codes_by_pid(records).items():
                 codes.setdefault(pid, (returncode_to_wait_status(rc), line))
             teardown.update(r.pid for r in records if isinstance(r, ClosingSignal))
@@ -480,9 +545,8 @@ class DeathWatch:
         # Without first-hand exits, death times are when a death was noticed: the agent's
         # log then tells the order (whom it tore down) and the statuses.
         second_hand = any(d[2] not in ("connector", "pidfd") for d in inc.deaths.values())
-        from_log, teardown = (
-            self._agent_log(inc) if second_hand and self.read_outputs else ({}, frozenset[int]())
-        )
+        texts = self._texts(inc)
+        from_log, teardown = self._agent_log(inc, texts) if second_hand else ({}, frozenset[int]())
         for pid in unknown:
             if pid in from_log:
                 died_ns = inc.deaths[pid][1]
@@ -535,6 +599,8 @@ class DeathWatch:
             self.exits_first_hand,
             tuple(userspace),
             teardown,
+            tuple(self._findings(inc, texts)),
+            bool(texts),
         )
 
     # -- the document --------------------------------------------------------------
@@ -781,6 +847,37 @@ def advice(v: Verdict, ranks: list[dict[str, Any]], cg: Any, host_total: int | N
             "Nothing on this machine recorded an OOM. Look at who sends signals here: the scheduler "
             "(Slurm time limit, Kubernetes eviction or preemption), an operator, a watchdog."
         )
+    if v.kind == "collective_timeout":
+        nccl = "NCCL" in v.summary
+        out.append(
+            "A collective timed out because a rank never reached it. Look at what the missing rank was "
+            "doing (py-spy dump --pid PID while it hangs); typical causes are a rank-dependent branch that "
+            "skips a collective, uneven data (one rank runs out of batches first), or a rank stuck in I/O."
+        )
+        out.append(
+            "Turn on the flight recorder next time so the postmortem names each rank's last collective: "
+            + (
+                "TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 "
+                "TORCH_FR_DUMP_TEMP_FILE=/tmp/nccl_trace_rank_"
+                if nccl
+                else "it records NCCL only; for gloo, TORCH_DISTRIBUTED_DEBUG=DETAIL makes a mismatch visible"
+            )
+            + ". Raise the timeout (init_process_group(timeout=...)) only when a step truly takes longer."
+        )
+    if v.kind == "cuda_oom":
+        out.append(
+            "Reduce GPU memory per step: a smaller micro-batch with gradient accumulation, activation "
+            "checkpointing, bf16, or sharding (FSDP/ZeRO); PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+            "helps when free memory is fragmented."
+        )
+    if v.kind == "bus_error":
+        out.append(
+            "DataLoader workers pass batches through /dev/shm: give the container more "
+            "(docker --shm-size=16g, "
+            "or a Kubernetes emptyDir with medium: Memory on /dev/shm), or use fewer workers."
+        )
+    if v.kind == "python_exception":
+        out.append("The exception is the rank's own: fix it from the traceback in the rank's output.")
     if v.kind == "unknown":
         out.append("Run trainwatch as root in the host's PID and network namespaces so exits are captured.")
     return out

@@ -119,6 +119,16 @@ class PostmortemStore:
         with self._lock:
             return self._docs.get(ident)
 
+    def documents(self) -> list[dict[str, Any]]:
+        """Every document in memory, oldest first."""
+        with self._lock:
+            return list(self._docs.values())
+
+    def path_of(self, ident: str) -> str | None:
+        """The file of a stored postmortem, None when it exists in memory only."""
+        path = os.path.join(self.directory, ident + ".json")
+        return path if ID_PATTERN.match(ident) and os.path.exists(path) else None
+
     def newest(self) -> dict[str, Any] | None:
         with self._lock:
             return next(reversed(self._docs.values()), None) if self._docs else None

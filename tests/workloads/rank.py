@@ -25,8 +25,9 @@ def hold(mb: int) -> bytearray:
     return buf
 
 
-def worker(mb: int, parent: int) -> None:
+def worker(mb: int, parent: int, held: object) -> None:
     _buf = hold(mb)
+    held.set()  # type: ignore[attr-defined]
     while os.getppid() == parent:
         time.sleep(0.2)
 
@@ -47,6 +48,11 @@ def main() -> int:
     ap.add_argument("--grow-after", type=float, default=1.0)
     ap.add_argument("--grow-mb", type=int, default=64, help="MiB added every 20 ms by --grow-rank")
     ap.add_argument("--ignore-sigterm-rank", type=int, default=-1, help="this rank ignores SIGTERM")
+    ap.add_argument("--hang-rank", type=int, default=-1, help="this rank stops joining collectives")
+    ap.add_argument("--hang-after", type=float, default=2.0)
+    ap.add_argument("--pg-timeout", type=float, default=1800.0, help="init_process_group timeout, s")
+    ap.add_argument("--raise-rank", type=int, default=-1, help="this rank raises an exception")
+    ap.add_argument("--raise-after", type=float, default=2.0)
     args = ap.parse_args()
 
     import torch
@@ -68,17 +74,21 @@ def main() -> int:
     )
     world = int(os.environ["WORLD_SIZE"])
     dist.init_process_group(
-        "gloo", store=dist.PrefixStore(f"attempt{restart}", store), rank=rank, world_size=world
+        "gloo",
+        store=dist.PrefixStore(f"attempt{restart}", store),
+        rank=rank,
+        world_size=world,
+        timeout=__import__("datetime").timedelta(seconds=args.pg_timeout),
     )
     buf = hold(args.hold_mb)
     ctx = mp.get_context("fork")
-    procs = [
-        ctx.Process(target=worker, args=(args.worker_mb, os.getpid()), daemon=True)
-        for _ in range(args.workers)
-    ]
+    held = [ctx.Event() for _ in range(args.workers)]
+    procs = [ctx.Process(target=worker, args=(args.worker_mb, os.getpid(), e), daemon=True) for e in held]
     for p in procs:
         p.start()
-    time.sleep(0.5)
+    for e in held:  # "ready" means every worker holds its memory (slow machines take a while)
+        e.wait(120)
+    time.sleep(0.2)
     if args.ready_dir:
         path = os.path.join(args.ready_dir, f"rank{rank}.r{restart}")
         with open(path + ".tmp", "w") as f:
@@ -96,6 +106,12 @@ def main() -> int:
         if restart == 0 and rank == args.fail_rank and time.monotonic() - start > args.fail_after:
             print(f"rank {rank}: failing on purpose", file=sys.stderr, flush=True)
             os._exit(1)
+        elapsed = time.monotonic() - start
+        if rank == args.hang_rank and restart == 0 and elapsed > args.hang_after:
+            time.sleep(0.2)  # alive, but never in a collective again: its peers time out
+            continue
+        if rank == args.raise_rank and restart == 0 and elapsed > args.raise_after:
+            raise ValueError(f"rank {rank}: a bad batch on purpose (shape mismatch)")
         if rank == args.grow_rank and restart == 0 and time.monotonic() - start > args.grow_after:
             grown.append(hold(args.grow_mb))  # until a memory limit stops it
             time.sleep(0.02)

@@ -1,0 +1,203 @@
+"""What ranks write before they die: collective timeouts, CUDA OOM, DataLoader and shared
+memory failures, Python exceptions. Pure: text in, typed findings out.
+
+Lines are attributed to a rank by their prefix where there is one: torch 2.x prefixes a
+rank's uncaught traceback and its C++ log lines with ``[rankN]:`` (global rank); torchrun
+``--tee``/``--redirects`` prefix every line with ``[defaultN]:`` (role + local rank); the
+NCCL watchdog says ``[Rank N]`` itself. Formats (EVIDENCE.md §8, the device captures and
+public logs):
+
+* NCCL watchdog, 1.x to 2.x: ``Watchdog caught collective operation timeout:
+  WorkNCCL(SeqNum=2, OpType=ALLREDUCE, NumelIn=1048576, NumelOut=1048576,
+  Timeout(ms)=5000) ran for 5049 milliseconds before timing out.`` (no Numel before 1.13),
+  ``last enqueued work: 2, last completed work: 1`` (or ``Last enqueued NCCL work``),
+  ``NCCL communicator was aborted``, the heartbeat monitor's ``watchdog got stuck`` /
+  ``Heartbeat monitor timed out``;
+* gloo: ``[.../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv
+  operation to complete`` and ``Connection closed by peer [127.0.0.1]:16814``;
+* CUDA OOM: ``CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.15 GiB total
+  capacity; ...)`` (before 2.1) and ``... Tried to allocate 20.00 GiB. GPU 0 has a total
+  capacity of 79.10 GiB of which 5.00 GiB is free.``;
+* DataLoader: ``DataLoader worker (pid 1234) is killed by signal: Bus error.`` and
+  ``ERROR: Unexpected bus error encountered in worker. This might be caused by
+  insufficient shared memory (shm).``;
+* a traceback's last line: ``ValueError: message``; frames in ``distributed_c10d.py`` name
+  the collective (``in all_reduce``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = ["Finding", "parse_rank_output", "size_to_bytes"]
+
+_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def size_to_bytes(number: str, unit: str) -> int:
+    return int(float(number) * _UNITS.get(unit, 1))
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing a rank's output says. ``rank``: the global rank when the line says it
+    (``[rankN]:``, ``[Rank N]``), ``local_rank`` from a ``[defaultN]:`` prefix; None when
+    the line is not attributed. ``kind``: nccl_timeout, nccl_progress, nccl_aborted,
+    nccl_heartbeat, gloo_timeout, peer_closed, cuda_oom, dataloader_killed, shm_bus_error,
+    exception. ``fields`` holds what the line measured (op, seq, timeout_ms, ...)."""
+
+    kind: str
+    rank: int | None
+    local_rank: int | None
+    line: str
+    fields: tuple[tuple[str, str], ...] = ()
+
+    def get(self, name: str) -> str | None:
+        return next((v for k, v in self.fields if k == name), None)
+
+
+# an optional "[80746] " in front (some launchers add the pid), then the rank prefixes
+_PREFIX = re.compile(r"^(?:\[\d+\] )?(?:\[(?:rank(\d+)|([a-z_]+?)(\d+))\]:)+")
+_NCCL_TIMEOUT = re.compile(
+    r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+), OpType=(\w+)"
+    r"(?:, NumelIn=(\d+), NumelOut=(\d+))?, Timeout\(ms\)=(\d+)\) ran for (\d+) milliseconds"
+)
+_NCCL_RANK = re.compile(r"\[(?:PG (?:ID )?\d+ (?:PG GUID \S+ )?)?Rank (\d+)\]")
+_NCCL_PROGRESS = re.compile(
+    r"[Ll]ast enqueued (?:NCCL )?work: (-?\d+), last completed (?:NCCL )?work: (-?\d+)"
+)
+_NCCL_ABORTED = re.compile(r"NCCL communicator was aborted|communicator was aborted on rank")
+_HEARTBEAT = re.compile(r"[Hh]eartbeat monitor timed out|watchdog (?:thread )?got stuck")
+_GLOO_TIMEOUT = re.compile(r"gloo/\S+\] Timed out waiting (\d+)ms for (\w+) operation to complete")
+_PEER_CLOSED = re.compile(r"gloo/\S+\] Connection closed by peer \[?([\w.:]+?)\]?:(\d+)")
+_CUDA_OOM = re.compile(
+    r"CUDA out of memory\. Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)"
+    r"(?:[ .(]+GPU (\d+)(?:; | has a total capacity of )([\d.]+) (B|KiB|MiB|GiB|TiB)"
+    r"(?: total capacity| of which ([\d.]+) (B|KiB|MiB|GiB|TiB) is free)?)?"
+)
+_DATALOADER = re.compile(
+    r"DataLoader worker \(pids?\(?s?\)? ?([\d, ]+)\) (?:is killed by signal: ([\w ]+)|exited)"
+)
+_SHM = re.compile(r"bus error encountered in worker.*insufficient shared memory", re.IGNORECASE)
+_EXCEPTION = re.compile(
+    r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure|Timeout)\w*)(?:: (.*))?$"
+)
+_C10D_FRAME = re.compile(r"distributed_c10d\.py\", line \d+, in (\w+)")
+_COLLECTIVES = {
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "broadcast",
+    "broadcast_object_list",
+    "barrier",
+    "reduce",
+    "gather",
+    "scatter",
+    "all_to_all",
+    "all_to_all_single",
+    "send",
+    "recv",
+    "monitored_barrier",
+}
+
+
+def _split_prefix(line: str) -> tuple[int | None, int | None, str]:
+    m = _PREFIX.match(line)
+    if not m:
+        return None, None, line
+    rank = int(m[1]) if m[1] is not None else None
+    local = int(m[3]) if m[3] is not None else None
+    rest = line[m.end() :]
+    return rank, local, rest[1:] if rest.startswith(" ") else rest  # torch writes "[rank0]: "
+
+
+def parse_rank_output(text: str) -> list[Finding]:
+    """Every finding in ``text``, in order. Traceback state is kept per prefix, so the
+    interleaved tracebacks of several ranks stay apart."""
+    out: list[Finding] = []
+    in_traceback: dict[tuple[int | None, int | None], str | None] = {}  # prefix -> collective
+    for raw in text.splitlines():
+        rank, local, line = _split_prefix(raw.rstrip())
+        body = line.strip()
+        key = (rank, local)
+        if body == "Traceback (most recent call last):":
+            in_traceback[key] = None
+            continue
+        if key in in_traceback:
+            frame = _C10D_FRAME.search(body)
+            if frame and frame[1] in _COLLECTIVES:
+                in_traceback[key] = frame[1]
+            if line[:1] not in (" ", "\t", "") and not body.startswith("File "):
+                m = _EXCEPTION.match(body)
+                if m:
+                    collective = in_traceback.pop(key)
+                    fields = [("type", m[1]), ("message", (m[2] or "").strip())]
+                    if collective:
+                        fields.append(("collective", collective))
+                    out.append(Finding("exception", rank, local, body, tuple(fields)))
+                    # the same line may also say what went wrong (a gloo timeout, a CUDA OOM)
+                elif not body.startswith(("During handling", "The above exception")):
+                    in_traceback.pop(key, None)
+        m = _NCCL_TIMEOUT.search(body)
+        if m:
+            r = _NCCL_RANK.search(body)
+            fields = [("seq", m[1]), ("op", m[2]), ("timeout_ms", m[5]), ("ran_ms", m[6])]
+            if m[3] is not None:
+                fields += [("numel_in", m[3]), ("numel_out", m[4])]
+            out.append(Finding("nccl_timeout", int(r[1]) if r else rank, local, body, tuple(fields)))
+            continue
+        m = _NCCL_PROGRESS.search(body)
+        if m:
+            r = _NCCL_RANK.search(body)
+            out.append(
+                Finding(
+                    "nccl_progress",
+                    int(r[1]) if r else rank,
+                    local,
+                    body,
+                    (("last_enqueued", m[1]), ("last_completed", m[2])),
+                )
+            )
+            continue
+        if _NCCL_ABORTED.search(body):
+            out.append(Finding("nccl_aborted", rank, local, body))
+            continue
+        if _HEARTBEAT.search(body):
+            out.append(Finding("nccl_heartbeat", rank, local, body))
+            continue
+        m = _GLOO_TIMEOUT.search(body)
+        if m:
+            out.append(Finding("gloo_timeout", rank, local, body, (("timeout_ms", m[1]), ("op", m[2]))))
+            continue
+        m = _PEER_CLOSED.search(body)
+        if m:
+            out.append(Finding("peer_closed", rank, local, body, (("peer", f"{m[1]}:{m[2]}"),)))
+            continue
+        m = _CUDA_OOM.search(body)
+        if m is None and "CUDA error: out of memory" in body:
+            out.append(Finding("cuda_oom", rank, local, body))
+            continue
+        if m:
+            fields = [("requested_bytes", str(size_to_bytes(m[1], m[2])))]
+            if m[3] is not None:
+                fields.append(("gpu", m[3]))
+            if m[4] is not None:
+                fields.append(("total_bytes", str(size_to_bytes(m[4], m[5]))))
+            if m[6] is not None:
+                fields.append(("free_bytes", str(size_to_bytes(m[6], m[7]))))
+            out.append(Finding("cuda_oom", rank, local, body, tuple(fields)))
+            continue
+        m = _DATALOADER.search(body)
+        if m:
+            fields = [("pids", m[1].strip())]
+            if m[2]:
+                fields.append(("signal", m[2].strip()))
+            out.append(Finding("dataloader_killed", rank, local, body, tuple(fields)))
+            continue
+        if _SHM.search(body):
+            out.append(Finding("shm_bus_error", rank, local, body))
+    return out

@@ -1,0 +1,212 @@
+"""``trainwatch run [daemon options] -- torchrun ARGS...``: launch a job and watch it.
+
+The zero-setup way: no daemon to deploy, no root needed for the basics. The command runs
+as a child; everything it and its ranks print is passed to this terminal unchanged (a
+pseudo-terminal when stdout is one, so ranks stay line-buffered and progress bars keep
+working; separate pipes for stdout and stderr otherwise) and kept, bounded, as evidence.
+The daemon watches only this job and serves the same HTTP; postmortems are written as
+usual. The exit status is the command's (128+N when a signal N ended it).
+
+Signals: Ctrl-C at a terminal reaches the command's process group directly, as without
+trainwatch; a signal sent to trainwatch itself (``kill``, Slurm's ``scancel``, a
+container's stop) is passed on to the command once. Ranks are in sessions of their own
+(torchrun starts them so), so neither reaches them except through torchrun.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import subprocess
+import sys
+import termios
+import threading
+import time
+from collections.abc import Sequence
+
+from sidecar.errors import ConfigError
+from sidecar.settings import Settings
+
+__all__ = ["OutputKeeper", "run_command"]
+
+log = logging.getLogger("trainwatch")
+
+KEEP_BYTES = 8 << 20  # the output kept as evidence: the last 8 MiB
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+SI_KERNEL = 0x80  # si_code of a signal the kernel generated (a terminal's Ctrl-C, Ctrl-\)
+
+
+class OutputKeeper:
+    """The last ``limit`` bytes of what the command wrote, thread-safe."""
+
+    def __init__(self, limit: int = KEEP_BYTES) -> None:
+        self.limit = limit
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._size = 0
+        self._lock = threading.Lock()
+        self.total = 0
+
+    def add(self, data: bytes) -> None:
+        with self._lock:
+            self._chunks.append(data)
+            self._size += len(data)
+            self.total += len(data)
+            while self._size > self.limit and len(self._chunks) > 1:
+                self._size -= len(self._chunks.popleft())
+
+    def text(self) -> str:
+        with self._lock:
+            data = b"".join(self._chunks)
+        return data[-self.limit :].decode("utf-8", "replace")
+
+
+def _pump(fd: int, out: int, keeper: OutputKeeper) -> None:
+    """Copy ``fd`` to ``out`` as it comes, keeping a copy, until EOF (or EIO: a pty whose
+    last writer closed)."""
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        keeper.add(data)
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(out, view)
+            except BlockingIOError:
+                time.sleep(0.01)
+                continue
+            except OSError:
+                break  # our own stdout is gone: keep draining so the job never blocks
+            view = view[n:]
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    args = list(argv)
+    if "--" not in args:
+        raise ConfigError(
+            "run: give the command after --, e.g. trainwatch run -- torchrun --nproc-per-node=4 train.py"
+        )
+    i = args.index("--")
+    options, command = args[:i], args[i + 1 :]
+    if not command:
+        raise ConfigError("run: nothing after --: give the command to run (torchrun ...)")
+    if any(a == "--pid" or a.startswith("--pid=") for a in options):
+        raise ConfigError("run: --pid does not apply: run watches the command it starts")
+    return options, command
+
+
+def run_command(argv: Sequence[str], environ: dict[str, str] | None = None) -> int:
+    from sidecar import cli
+
+    env = dict(os.environ if environ is None else environ)
+    options, command = _split(argv)
+    if "--log-level" not in " ".join(options) and not env.get("TRAINWATCH_LOG_LEVEL"):
+        options = [*options, "--log-level", "WARNING"]  # the terminal belongs to the job
+    explicit_port = any(a.startswith("--port") for a in options) or bool(env.get("TRAINWATCH_PORT"))
+    settings = cli.parse_args(["--attach-torchrun", *options], env)
+    cli._configure_logging(settings.log_level)
+    # Block the forwarded signals before any thread exists, so that one thread waits for
+    # them (sigwaitinfo tells a terminal's Ctrl-C from a kill); the child unblocks them.
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+    tty = os.isatty(1)
+    keeper = OutputKeeper()
+    try:
+        if tty:
+            master, slave = os.openpty()
+            with contextlib.suppress(OSError):
+                fcntl.ioctl(slave, termios.TIOCSWINSZ, fcntl.ioctl(1, termios.TIOCGWINSZ, b"\0" * 8))
+            child_out, child_err = slave, slave
+        else:
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            child_out, child_err = out_w, err_w
+        try:
+            child = subprocess.Popen(
+                command,
+                stdout=child_out,
+                stderr=child_err,
+                preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED),
+            )
+        except OSError as exc:
+            raise ConfigError(f"run: cannot start {command[0]}: {exc.strerror}") from None
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+        raise
+    pumps: list[threading.Thread] = []
+    if tty:
+        os.close(slave)
+        pumps.append(threading.Thread(target=_pump, args=(master, 1, keeper), daemon=True))
+    else:
+        os.close(out_w)
+        os.close(err_w)
+        pumps.append(threading.Thread(target=_pump, args=(out_r, 1, keeper), daemon=True))
+        pumps.append(threading.Thread(target=_pump, args=(err_r, 2, keeper), daemon=True))
+    for p in pumps:
+        p.start()
+
+    def forward() -> None:
+        while True:
+            info = signal.sigwaitinfo(set(FORWARDED))
+            if child.poll() is not None:
+                return
+            if info.si_code == SI_KERNEL and info.si_signo in (signal.SIGINT, signal.SIGQUIT):
+                continue  # typed at the terminal: the command's process group got it too
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, info.si_signo)
+
+    threading.Thread(target=forward, name="trainwatch-signals", daemon=True).start()
+    service: cli.Service | None = cli.Service(
+        _with_job(settings, child.pid, explicit_port), job_output=lambda _agent_pid: keeper.text()
+    )
+    try:
+        assert service is not None
+        service.start()
+    except ConfigError as exc:
+        log.error("trainwatch run: not watching (%s); the job runs on", exc)
+        service = None
+    code = child.wait()
+    for p in pumps:
+        p.join(5)  # ranks left behind may hold the output open: do not wait for them forever
+    if service is not None:
+        service.stop()  # finishes the postmortems in flight
+        _report(service, child.pid)
+    return 128 - code if code < 0 else code
+
+
+def _with_job(settings: Settings, pid: int, explicit_port: bool) -> Settings:
+    import dataclasses
+    import socket
+
+    port = settings.port
+    if not explicit_port:  # another trainwatch may hold the default port on this node
+        with socket.socket() as s:
+            try:
+                s.bind((settings.host, port))
+            except OSError:
+                port = 0
+    return dataclasses.replace(settings, pids=(pid,), port=port)
+
+
+def _report(service: object, agent_pid: int) -> None:
+    """One line per postmortem of this job on stderr, after the job's own output."""
+    from sidecar.cli import Service
+
+    assert isinstance(service, Service)
+    docs = [d for d in service.daemon.store.documents() if d.get("job", {}).get("agent_pid") == agent_pid]
+    for doc in docs:
+        v, k = doc["victim"], doc["killer"]
+        where = service.daemon.store.path_of(doc["id"]) or f"{service.url}/postmortems/{doc['id']}"
+        sys.stderr.write(
+            f"trainwatch: rank {v.get('rank')} (pid {v.get('pid')}): {k['kind']} ({k['confidence']}): "
+            f"{k['summary']}\ntrainwatch: postmortem: trainwatch postmortem {where}\n"
+        )
+    sys.stderr.flush()

@@ -1,0 +1,150 @@
+"""`trainwatch run -- torchrun ...` for real: the job's output passes through unchanged and
+is kept as evidence; the exit status is the command's; signals sent to trainwatch reach
+the command; the ranks' own words name collective timeouts and exceptions."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sidecar.demo import join_cgroup, memory_cgroup, memory_hierarchy
+from tests.e2e import REPO, TORCHRUN, WORKLOAD
+
+pytestmark = [pytest.mark.slow]
+GIB = 1 << 30
+
+
+def _run(
+    tmp: Path, *workload: str, wrap: list[str] | None = None, timeout: float = 180
+) -> tuple[int, str, str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "sidecar",
+        "run",
+        "--postmortem-dir",
+        str(tmp / "pm"),
+        "--interval",
+        "0.5",
+        "--",
+        *(wrap or []),
+        TORCHRUN,
+        "--standalone",
+        "--nproc-per-node=2",
+        "--monitor-interval=0.1",
+        str(WORKLOAD),
+        "--hold-mb=30",
+        "--workers=0",
+        "--duration=120",
+        *workload,
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
+    return out.returncode, out.stdout, out.stderr
+
+
+def _postmortem(tmp: Path) -> dict:
+    files = sorted((tmp / "pm").glob("*.json"))
+    assert len(files) == 1, files
+    return json.loads(files[0].read_text())
+
+
+def _fates(doc: dict) -> dict[int, str]:
+    return {r["rank"]: r["fate"] for r in doc["ranks"]}
+
+
+def test_a_rank_that_stops_joining_collectives_is_a_gloo_collective_timeout(tmp_path):
+    code, _out, err = _run(tmp_path, "--hang-rank=1", "--hang-after=2", "--pg-timeout=5")
+    assert code == 1, err[-3000:]  # torchrun's exit status
+    # the job's own output reached the terminal unchanged, and trainwatch's lines come last
+    assert "[rank0]: RuntimeError:" in err and "Timed out waiting 5000ms" in err
+    assert "ChildFailedError" in err
+    assert err.rstrip().splitlines()[-1].startswith("trainwatch: postmortem: trainwatch postmortem ")
+    doc = _postmortem(tmp_path)
+    killer = doc["killer"]
+    assert killer["kind"] == "collective_timeout" and killer["confidence"] == "certain", killer
+    assert "gloo all_reduce" in killer["summary"] and "within 5 s" in killer["summary"], killer
+    assert "rank 1 never arrived" in killer["summary"], killer
+    assert doc["victim"]["rank"] == 0
+    assert _fates(doc) == {0: "root_cause", 1: "terminated_by_agent"}
+    assert any("Timed out waiting 5000ms" in e["detail"] for e in killer["evidence"])
+    assert any("TORCH_" in a or "flight recorder" in a for a in doc["advice"]), doc["advice"]
+    assert "collective_timeout (certain)" in err
+
+
+def test_a_python_exception_is_named_by_its_own_line(tmp_path):
+    code, _out, err = _run(tmp_path, "--raise-rank=1", "--raise-after=2")
+    assert code == 1, err[-3000:]
+    doc = _postmortem(tmp_path)
+    killer = doc["killer"]
+    assert killer["kind"] == "python_exception" and killer["confidence"] == "certain", killer
+    assert "ValueError: rank 1: a bad batch on purpose (shape mismatch)" in killer["summary"], killer
+    assert doc["victim"]["rank"] == 1
+    # rank 0 either died of its peer's closed connection or was torn down by the agent
+    assert _fates(doc)[0] in ("same_cause", "terminated_by_agent"), doc["ranks"]
+
+
+@pytest.mark.root
+@pytest.mark.skipif(memory_hierarchy() is None, reason="needs root and a writable memory cgroup hierarchy")
+def test_an_oom_stays_the_root_cause_when_its_peer_then_fails(tmp_path):
+    """Rank 1 is killed by a cgroup limit; rank 0's all_reduce then fails (the peer closed
+    its connection, or the timeout): the OOM is the root cause, the cascade is told."""
+    with memory_cgroup(int(1.5 * GIB), "trainwatch-cascade") as (_version, _parent, child):
+        code, _out, err = _run(
+            tmp_path,
+            "--grow-rank=1",
+            "--grow-after=2",
+            "--pg-timeout=5",
+            wrap=join_cgroup(child),
+        )
+    assert code == 1, err[-3000:]
+    doc = _postmortem(tmp_path)
+    assert doc["killer"]["kind"] == "cgroup_oom" and doc["victim"]["rank"] == 1, doc["killer"]
+    assert _fates(doc)[0] in ("same_cause", "terminated_by_agent"), doc["ranks"]
+
+
+def test_exit_status_and_usage():
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "sidecar", "run", "--port", "0", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+        )
+
+    assert run("--", "sh", "-c", "echo out; echo err >&2; exit 7").returncode == 7
+    done = run("--", "sh", "-c", "echo out; echo err >&2; exit 7")
+    assert done.stdout == "out\n" and done.stderr == "err\n"  # passed through, nothing added
+    assert run("--", "sh", "-c", "kill -TERM $$").returncode == 128 + signal.SIGTERM
+    bad = run("sh", "-c", "true")
+    assert bad.returncode == 2 and bad.stderr.startswith("trainwatch: error: run: give the command after --")
+    missing = run("--", "/nonexistent/torchrun")
+    assert missing.returncode == 2 and "cannot start /nonexistent/torchrun" in missing.stderr
+
+
+def test_a_signal_sent_to_trainwatch_reaches_the_command(tmp_path):
+    marker = tmp_path / "got"
+    script = f"trap 'echo TERM > {marker}; exit 5' TERM; while :; do sleep 0.1; done"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sidecar", "run", "--port", "0", "--", "sh", "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+    )
+    try:
+        time.sleep(2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 5
+        assert marker.read_text() == "TERM\n"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()

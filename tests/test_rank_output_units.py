@@ -1,0 +1,189 @@
+"""The ranks' own words: parsers on real text (a gloo timeout captured here, the NCCL
+watchdog captured on the H200 machine, the public logs) and the verdicts they give."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from sidecar.autopsy import Evidence, KernelOom, RankState, autopsy
+from sidecar.parse.ranks import Finding, parse_rank_output
+
+HERE = Path(__file__).resolve().parent
+GLOO = HERE / "fixtures" / "rank-output" / "gloo-timeout-torch2.13.log"
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+S = 10**9
+
+
+def _kinds(findings: list[Finding]) -> list[tuple[str, int | None]]:
+    return [(f.kind, f.rank) for f in findings]
+
+
+def test_gloo_timeout_captured_here():
+    """torch 2.13, gloo on CPU: rank 1 stopped joining; rank 0's all_reduce timed out."""
+    found = parse_rank_output(GLOO.read_text())
+    assert _kinds(found) == [("exception", 0), ("gloo_timeout", 0)]
+    exc, timeout = found
+    assert exc.get("type") == "RuntimeError" and exc.get("collective") == "all_reduce"
+    assert timeout.get("timeout_ms") == "5000" and timeout.get("op") == "recv"
+
+
+@pytest.mark.skipif(not FIXTURES.exists(), reason="shared fixtures not beside the checkout")
+def test_nccl_watchdog_captured_on_the_h200():
+    capture = json.loads((FIXTURES / "device-captures" / "torchrun-D.json").read_text())
+    text = "\n".join(re.sub(r"^\d+\.\d+ ", "", line) for line in capture["agent_output"])
+    found = parse_rank_output(text)
+    timeout = next(f for f in found if f.kind == "nccl_timeout")
+    assert timeout.rank == 0
+    assert dict(timeout.fields) == {
+        "seq": "2",
+        "op": "ALLREDUCE",
+        "timeout_ms": "5000",
+        "ran_ms": "5049",
+        "numel_in": "1048576",
+        "numel_out": "1048576",
+    }
+    progress = next(f for f in found if f.kind == "nccl_progress")
+    assert (progress.get("last_enqueued"), progress.get("last_completed")) == ("2", "1")
+
+
+@pytest.mark.skipif(not FIXTURES.exists(), reason="shared fixtures not beside the checkout")
+def test_public_rank_stderr_of_every_generation():
+    cases = {
+        c["id"]: c
+        for c in map(json.loads, (FIXTURES / "public-logs" / "cases.jsonl").read_text().splitlines())
+    }
+
+    def found(case_id: str) -> list[Finding]:
+        text = "\n".join(e["text"] for e in cases[case_id]["evidence"] if e["kind"] == "rank_stderr")
+        return parse_rank_output(text)
+
+    old = [f for f in found("ofa-271-allreduce-30min-v100") if f.kind == "nccl_timeout"]  # 1.x, no Numel
+    assert [f.rank for f in old] == [1, 3, 2, 6, 7]
+    assert {f.get("seq") for f in old} == {"469508"} and old[0].get("timeout_ms") == "1800000"
+    pid_prefixed = found("llamafactory-7396-allreduce-10min")  # "[80746] [rank0]:[E321 ...]"
+    assert [(f.kind, f.rank) for f in pid_prefixed if f.kind == "nccl_timeout"] == [
+        ("nccl_timeout", 0),
+        ("nccl_timeout", 4),
+    ]
+    assert [f.rank for f in pid_prefixed if f.kind == "nccl_progress"] == [0, 3]
+    allgather = found("arctictraining-219-allgather-plus-heartbeat")
+    assert ("nccl_heartbeat", 7) in _kinds(allgather)
+    assert next(f for f in allgather if f.kind == "nccl_timeout").get("op") == "_ALLGATHER_BASE"
+    assert _kinds(found("llamafactory-8549-streaming-hang-heartbeat")) == [("nccl_heartbeat", 2)]
+    assert [f.kind for f in found("simplerecon-3-shm-limit")] == ["shm_bus_error"]
+    assert [f.kind for f in found("returnn-1482-cuda-oom-abort")] == [
+        "cuda_oom"
+    ]  # "CUDA error: out of memory"
+
+
+def test_cuda_oom_old_and_new_wording_and_dataloader_lines():
+    old = (
+        "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.15 GiB total capacity; "
+        "75.01 GiB already allocated; 1.20 GiB free; 76.50 GiB reserved in total by PyTorch)"
+    )
+    new = (
+        "[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB. GPU 3 has a total "
+        "capacity of 79.10 GiB of which 5.00 GiB is free. Including non-PyTorch memory, this process has "
+        "74.09 GiB memory in use."
+    )
+    a, b = parse_rank_output(old + "\n" + new)
+    assert (a.kind, a.get("requested_bytes"), a.get("gpu"), a.get("total_bytes")) == (
+        "cuda_oom",
+        str(2 << 30),
+        "0",
+        str(int(79.15 * 2**30)),
+    )
+    assert (b.rank, b.get("requested_bytes"), b.get("gpu"), b.get("free_bytes")) == (
+        3,
+        str(20 << 30),
+        "3",
+        str(5 << 30),
+    )
+    dl = parse_rank_output(
+        "RuntimeError: DataLoader worker (pid 4242) is killed by signal: Bus error. It is possible that "
+        "dataloader's workers are out of shared memory.\n"
+        "RuntimeError: DataLoader worker (pid(s) 12, 13) exited unexpectedly"
+    )
+    assert [(f.kind, f.get("pids"), f.get("signal")) for f in dl] == [
+        ("dataloader_killed", "4242", "Bus error"),
+        ("dataloader_killed", "12, 13", None),
+    ]
+
+
+def test_interleaved_tracebacks_stay_apart_and_tee_prefixes_give_the_local_rank():
+    text = "\n".join(
+        [
+            "[default0]:Traceback (most recent call last):",
+            "[default1]:Traceback (most recent call last):",
+            '[default0]:  File "train.py", line 3, in <module>',
+            '[default1]:  File "/x/torch/distributed/distributed_c10d.py", line 3252, in broadcast',
+            "[default1]:    work.wait()",
+            "[default0]:KeyError: 'labels'",
+            "[default1]:RuntimeError: Connection closed by peer",
+        ]
+    )
+    found = parse_rank_output(text)
+    assert [(f.local_rank, f.get("type"), f.get("collective")) for f in found] == [
+        (0, "KeyError", None),
+        (1, "RuntimeError", "broadcast"),
+    ]
+
+
+def _rank(label: str, pid: int, code: int | None, died: int | None) -> RankState:
+    return RankState(label, int(label), int(label), pid, (), code, died, "/job", None, "connector")
+
+
+def test_output_verdicts():
+    timed_out = Finding("gloo_timeout", 0, None, "Timed out waiting 5000ms", (("timeout_ms", "5000"),))
+    exc = Finding(
+        "exception", 0, None, "RuntimeError: ...", (("type", "RuntimeError"), ("collective", "all_reduce"))
+    )
+    r0, r1 = _rank("0", 10, 1 << 8, 10 * S), _rank("1", 11, 15, 10 * S + 10**8)
+    v = autopsy(Evidence((r0, r1), output=(("0", exc), ("0", timed_out)), output_read=True))
+    assert v is not None and (v.kind, v.confidence) == ("collective_timeout", "certain")
+    assert "gloo all_reduce did not complete within 5 s; rank 1 never arrived" in v.summary
+    assert v.fates == {"0": "root_cause", "1": "terminated_by_agent"}
+    # every rank timed out: none here is "the one that never arrived"
+    both = (("0", timed_out), ("1", Finding("gloo_timeout", 1, None, "Timed out", (("timeout_ms", "5000"),))))
+    v = autopsy(Evidence((r0, _rank("1", 11, 1 << 8, 10 * S + 5)), output=both))
+    assert v is not None and "every rank here was waiting" in v.summary and v.fates["1"] == "same_cause"
+    # a rank killed first by an OOM stays the root cause; its peer's timeout is the cascade
+    killed = _rank("1", 11, 9, 9 * S)
+    oom = KernelOom(
+        11,
+        9 * S,
+        "memcg",
+        "/job",
+        "/job",
+        "python",
+        1 << 30,
+        ("Memory cgroup out of memory: Killed process 11",),
+    )
+    v = autopsy(Evidence((r0, killed), kernel=(oom,), output=(("0", timed_out),)))
+    assert v is not None and v.kind == "cgroup_oom" and v.victim.pid == 11
+    assert v.fates["0"] == "same_cause"
+    assert any(e.source == "output" and e.detail.startswith("then rank 0:") for e in v.evidence)
+    # the exception line, the CUDA OOM, the shm bus error
+    raised = Finding("exception", 1, None, "ValueError: bad batch", (("type", "ValueError"),))
+    v = autopsy(Evidence((_rank("1", 11, 1 << 8, S),), output=(("1", raised),)))
+    assert v is not None and (v.kind, v.confidence, v.summary) == (
+        "python_exception",
+        "certain",
+        "rank 1 (pid 11) raised ValueError: bad batch",
+    )
+    cuda = Finding(
+        "cuda_oom", 1, None, "CUDA out of memory", (("requested_bytes", str(2 << 30)), ("gpu", "0"))
+    )
+    v = autopsy(Evidence((_rank("1", 11, 1 << 8, S),), output=(("1", cuda),)))
+    assert v is not None and v.kind == "cuda_oom" and "tried to allocate 2.00 GiB" in v.summary
+    shm = Finding("shm_bus_error", None, None, "ERROR: Unexpected bus error encountered in worker.")
+    v = autopsy(Evidence((_rank("1", 11, 1 << 8, S),), output=(("1", shm),)))
+    assert v is not None and v.kind == "bus_error" and "/dev/shm" in v.summary
+    # another rank's words never explain this one's death; nothing read: say so
+    v = autopsy(Evidence((_rank("1", 11, 1 << 8, S),), output=(("0", raised),)))
+    assert v is not None and (v.kind, v.confidence) == ("python_exception", "possible")
+    assert "its output was not read" in v.summary
