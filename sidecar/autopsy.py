@@ -169,6 +169,7 @@ class Evidence:
     # what the ranks wrote: (rank label or None when unattributed, finding), in order
     output: tuple[tuple[str | None, Finding], ...] = ()
     output_read: bool = False  # some output of the job could be read
+    world_size: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,7 +259,10 @@ def _same_cause(rank: RankState, kind: str, ev: Evidence) -> bool:
         return True
     if kind == "userspace_oom" and _userspace_for(rank, ev) is not None:
         return True
-    return rank.returncode != 0 and bool(_own(rank, ev, *WAITING))
+    # it died of its own timeout (an exception, the watchdog's abort); a rank the agent
+    # signalled while it waited was ended by the agent
+    by_agent = rank.signal in (_signal.SIGTERM, _signal.SIGKILL, _signal.SIGINT)
+    return rank.returncode != 0 and not by_agent and bool(_own(rank, ev, *WAITING))
 
 
 _EXIT_SOURCES = {"connector": "exit", "pidfd": "pidfd", "proc": "proc", "agent-log": "agent-log"}
@@ -495,6 +499,17 @@ def _from_output(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> 
     a CUDA OOM, a shared-memory bus error, an exception. First-hand, so certain."""
     who = f"rank {victim.label} (pid {victim.pid})"
     mine = _own(victim, ev)
+    confidence = "certain"
+    if not mine and victim.returncode not in (None, 0):
+        # Lines with no rank prefix (a rank that never initialised torch.distributed does
+        # not get one): they are the victim's only when it alone ended with an error.
+        alone = len(ev.ranks) == 1 or not any(
+            r is not victim and r.dead and r.returncode not in (None, 0) and r.signal is None
+            for r in ev.ranks
+        )
+        if alone and victim.signal is None:
+            mine = [f for label, f in ev.output if label is None]
+            confidence = "likely" if len(ev.ranks) > 1 else "certain"
     if not mine or victim.returncode == 0:
         return None
 
@@ -530,14 +545,17 @@ def _from_output(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> 
                     f"rank {r.label} (pid {r.pid}) was still alive and reported no timeout: it never joined",
                 )
             )
-        never = (
-            f"; rank {', '.join(r.label for r in missing)} never arrived"
-            if missing
-            else "; every rank here was waiting (the one that never arrived is elsewhere)"
-        )
+        if missing:
+            never = f"; rank {', '.join(r.label for r in missing)} never arrived"
+        elif len(ev.ranks) == 1 and ev.world_size == 1:
+            never = (
+                "; it is the whole world, so its own work held the collective up (a GPU kernel ahead of it)"
+            )
+        else:
+            never = "; every rank here was waiting (the one that never arrived is elsewhere)"
         return (
             "collective_timeout",
-            "certain",
+            confidence,
             f"{who}: the {backend} {what} did not complete within {waited:g} s{never}.",
         )
     oom = cite("cuda_oom")
@@ -553,7 +571,7 @@ def _from_output(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> 
         on = f" on GPU {gpu}" if gpu is not None else ""
         return (
             "cuda_oom",
-            "certain",
+            confidence,
             f"{who} ran out of GPU memory{on}: it tried to allocate {gib:.2f} GiB{extra}.",
         )
     shm = cite("shm_bus_error") or [
@@ -562,12 +580,12 @@ def _from_output(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> 
     if shm:
         return (
             "bus_error",
-            "certain",
+            confidence,
             f"{who} failed with a bus error in a DataLoader worker: /dev/shm (shared memory) ran out.",
         )
     exc_found = [f for f in mine if f.kind == "exception"]
     if exc_found and victim.status not in (None, 0):
         f = exc_found[-1]
         items.append(EvidenceItem("output", victim.died_ns, f.line))
-        return "python_exception", "certain", f"{who} raised {f.line}"
+        return "python_exception", confidence, f"{who} raised {f.line}"
     return None

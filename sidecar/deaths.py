@@ -601,6 +601,7 @@ class DeathWatch:
             teardown,
             tuple(self._findings(inc, texts)),
             bool(texts),
+            inc.gen.world_size,
         )
 
     # -- the document --------------------------------------------------------------
@@ -777,7 +778,7 @@ class DeathWatch:
                 }
                 for p in points
             ],
-            "advice": advice(v, ranks, cg, host.total_bytes if host else None),
+            "advice": advice(v, ranks, cg, host.total_bytes if host else None, ev.output_read),
         }
         return doc
 
@@ -806,7 +807,9 @@ def _gib(n: int | None) -> str:
     return "?" if n is None else f"{n / 2**30:.1f} GiB"
 
 
-def advice(v: Verdict, ranks: list[dict[str, Any]], cg: Any, host_total: int | None) -> list[str]:
+def advice(
+    v: Verdict, ranks: list[dict[str, Any]], cg: Any, host_total: int | None, output_read: bool = True
+) -> list[str]:
     """What to change, from the verdict and the numbers."""
     out: list[str] = []
     rss = [r["rss_bytes"] for r in ranks if r.get("rss_bytes")]
@@ -855,7 +858,8 @@ def advice(v: Verdict, ranks: list[dict[str, Any]], cg: Any, host_total: int | N
             "skips a collective, uneven data (one rank runs out of batches first), or a rank stuck in I/O."
         )
         out.append(
-            "Turn on the flight recorder next time so the postmortem names each rank's last collective: "
+            "Unless it was on, turn on the flight recorder so the next postmortem can name each "
+            "rank's last collective: "
             + (
                 "TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 "
                 "TORCH_FR_DUMP_TEMP_FILE=/tmp/nccl_trace_rank_"
@@ -878,6 +882,12 @@ def advice(v: Verdict, ranks: list[dict[str, Any]], cg: Any, host_total: int | N
         )
     if v.kind == "python_exception":
         out.append("The exception is the rank's own: fix it from the traceback in the rank's output.")
+    if not output_read and v.kind in ("python_exception", "abort", "segfault", "bus_error", "unknown"):
+        out.append(
+            "The ranks' output could not be read, so their own last words are missing here. Next time run "
+            "the job under `trainwatch run -- torchrun ...`, or give torchrun --log-dir DIR --redirects 3 "
+            "(or send its stdout/stderr to a file): trainwatch reads those files."
+        )
     if v.kind == "unknown":
         out.append("Run trainwatch as root in the host's PID and network namespaces so exits are captured.")
     return out

@@ -173,6 +173,9 @@ def run_command(argv: Sequence[str], environ: dict[str, str] | None = None) -> i
     except ConfigError as exc:
         log.error("trainwatch run: not watching (%s); the job runs on", exc)
         service = None
+    except Exception:  # whatever breaks in trainwatch, the job it started runs on
+        log.exception("trainwatch run: not watching; the job runs on")
+        service = None
     code = child.wait()
     for p in pumps:
         p.join(5)  # ranks left behind may hold the output open: do not wait for them forever

@@ -187,3 +187,44 @@ def test_output_verdicts():
     v = autopsy(Evidence((_rank("1", 11, 1 << 8, S),), output=(("0", raised),)))
     assert v is not None and (v.kind, v.confidence) == ("python_exception", "possible")
     assert "its output was not read" in v.summary
+
+
+DEVICE = HERE / "fixtures" / "device-h200"
+
+
+def test_real_nccl_timeout_and_cuda_oom_from_the_h200_under_trainwatch_run():
+    """benchmarks/gpu_failures.sh on the H200 (torch 2.11, one rank each): the output that
+    `trainwatch run` passed through, and what the postmortems said."""
+    nccl = parse_rank_output((DEVICE / "nccl-timeout.stderr").read_text())
+    timeout = next(f for f in nccl if f.kind == "nccl_timeout")
+    assert (timeout.rank, timeout.get("seq"), timeout.get("op"), timeout.get("timeout_ms")) == (
+        0,
+        "2",
+        "ALLREDUCE",
+        "5000",
+    )
+    said = (DEVICE / "nccl-timeout.postmortem.txt").read_text()
+    assert "killer: collective_timeout (certain)" in said and "NCCL allreduce (SeqNum 2)" in said
+    oom = [f for f in parse_rank_output((DEVICE / "cuda-oom.stderr").read_text()) if f.kind == "cuda_oom"]
+    assert len(oom) == 1 and oom[0].rank is None  # no process group: torch adds no [rank0]: prefix
+    assert oom[0].get("requested_bytes") == str(int(139.80 * 2**30))
+    assert oom[0].get("free_bytes") == str(int(131.20 * 2**30)) and oom[0].get("gpu") == "0"
+    # the verdict that run should have given: a world of one, so the unprefixed lines are its own
+    lone = _rank("0", 2637, 1 << 8, S)
+    exc = next(
+        f for f in parse_rank_output((DEVICE / "cuda-oom.stderr").read_text()) if f.kind == "exception"
+    )
+    v = autopsy(Evidence((lone,), output=((None, exc), (None, oom[0])), world_size=1))
+    assert v is not None and (v.kind, v.confidence) == ("cuda_oom", "certain"), v
+    assert "tried to allocate 139.80 GiB of 139.8 GiB, 131.20 GiB free" in v.summary
+    # two ranks, the other still running: the unprefixed lines are likely the victim's, not certain
+    v = autopsy(Evidence((lone, _rank("1", 2638, None, None)), output=((None, oom[0]),), world_size=2))
+    assert v is not None and (v.kind, v.confidence) == ("cuda_oom", "likely")
+    # two ranks that both failed by themselves: whose lines these are cannot be told
+    both = (lone, _rank("1", 2638, 1 << 8, S + 1))
+    v = autopsy(Evidence(both, output=((None, oom[0]),), world_size=2))
+    assert v is not None and (v.kind, v.confidence) == ("python_exception", "possible")
+    # a world of one whose all_reduce waited on its own GPU work
+    nccl_only = next(f for f in nccl if f.kind == "nccl_timeout")
+    v = autopsy(Evidence((_rank("0", 2376, 6, S),), output=(("0", nccl_only),), world_size=1))
+    assert v is not None and v.kind == "collective_timeout" and "it is the whole world" in v.summary
