@@ -21,6 +21,7 @@ from __future__ import annotations
 import signal as _signal
 from dataclasses import dataclass, field
 
+from sidecar.parse.flight import FlightVerdict
 from sidecar.parse.ranks import Finding
 
 __all__ = [
@@ -170,6 +171,9 @@ class Evidence:
     output: tuple[tuple[str | None, Finding], ...] = ()
     output_read: bool = False  # some output of the job could be read
     world_size: int | None = None
+    flight: FlightVerdict | None = None  # the flight recorder's dumps, summarised
+    flight_enabled: bool | None = None
+    shm: tuple[int, int] | None = None  # the ranks' /dev/shm: (size, used) bytes, in their mount namespace
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,6 +362,18 @@ def _victim_verdict(
             f"{who} was killed by the kernel because memory cgroup {limit_cgroup} reached its limit.",
         )
     sent = _sender(victim, ev.signals)
+    fault = False  # the kernel delivered it for the rank's own fault (si_code > 0)
+    if sent is not None and sent.sender_pid in (victim.pid, *victim.ns_pids):
+        fault = sent.code > 0
+        # the rank signalled itself: a fault (SIGSEGV, SIGBUS) or abort() (SIGABRT)
+        items.append(
+            EvidenceItem(
+                "tracepoint",
+                sent.at_ns,
+                f"signal_generate: the rank itself raised {signal_name(sent.signal)} (si_code {sent.code})",
+            )
+        )
+        sent = None
     if sent is not None and not (sent.code == 128 and victim.signal == _signal.SIGKILL):
         name = signal_name(sent.signal)
         items.append(
@@ -463,10 +479,11 @@ def _victim_verdict(
     if told is not None:
         return told
     sig = victim.signal
+    sure = "certain" if fault else "likely"
     if sig == _signal.SIGSEGV:
-        return "segfault", "likely", f"{who} crashed with a segmentation fault (SIGSEGV)."
+        return "segfault", sure, f"{who} crashed with a segmentation fault (SIGSEGV)."
     if sig == _signal.SIGBUS:
-        return "bus_error", "likely", f"{who} crashed with SIGBUS (often /dev/shm exhausted)."
+        return "bus_error", sure, f"{who} crashed with SIGBUS (often /dev/shm exhausted)."
     if sig == _signal.SIGABRT:
         return "abort", "possible", f"{who} aborted (SIGABRT); no collective-timeout evidence was read."
     if sig is not None:
@@ -537,15 +554,24 @@ def _from_output(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> 
             and not _own(r, ev, *WAITING)
             and (r.died_ns is None or victim.died_ns is None or r.died_ns >= victim.died_ns)
         ]
-        for r in missing:
-            items.append(
-                EvidenceItem(
-                    "output",
-                    None,
-                    f"rank {r.label} (pid {r.pid}) was still alive and reported no timeout: it never joined",
+        fr = ev.flight
+        if fr is not None:  # sequence numbers beat inference from who said what
+            for line in fr.lines:
+                items.append(EvidenceItem("flight_recorder", None, line))
+            if fr.laggards:
+                what = (fr.op or op or "a collective") + f" (SeqNum {fr.seq})"
+        else:
+            for r in missing:
+                items.append(
+                    EvidenceItem(
+                        "output",
+                        None,
+                        f"rank {r.label} (pid {r.pid}) was alive and reported no timeout: it never joined",
+                    )
                 )
-            )
-        if missing:
+        if fr is not None and fr.laggards:
+            never = f"; rank {', '.join(map(str, fr.laggards))} never entered it (flight recorder)"
+        elif missing:
             never = f"; rank {', '.join(r.label for r in missing)} never arrived"
         elif len(ev.ranks) == 1 and ev.world_size == 1:
             never = (
@@ -577,11 +603,22 @@ def _from_output(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> 
     shm = cite("shm_bus_error") or [
         f for f in cite("dataloader_killed") if (f.get("signal") or "").lower().startswith("bus")
     ]
+    size = ""
+    if ev.shm is not None:
+        size = f" ({ev.shm[1] / 2**20:.1f} MiB used of {ev.shm[0] / 2**20:.1f} MiB)"
     if shm:
         return (
             "bus_error",
             confidence,
-            f"{who} failed with a bus error in a DataLoader worker: /dev/shm (shared memory) ran out.",
+            f"{who} failed with a bus error in a DataLoader worker: /dev/shm (shared memory) ran out{size}.",
+        )
+    full = cite("shm_full")
+    if full:
+        return (
+            "python_exception",
+            confidence,
+            f"{who} could not get shared memory for a DataLoader batch: /dev/shm ran out{size} "
+            "(No space left on device).",
         )
     exc_found = [f for f in mine if f.kind == "exception"]
     if exc_found and victim.status not in (None, 0):

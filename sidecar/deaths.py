@@ -33,6 +33,7 @@ from sidecar.autopsy import (
     signal_name,
 )
 from sidecar.model import RankSample, Snapshot
+from sidecar.parse.flight import FlightDump, FlightVerdict, load_dump, summarise
 from sidecar.parse.kernel import KmsgRecord, OomKill, OomSummary, parse_oom_line
 from sidecar.parse.oomd import parse_userspace_oom_line
 from sidecar.parse.ranks import Finding, parse_rank_output
@@ -98,6 +99,7 @@ class _Incident:
     host_oom_before: int | None = None
     cgroup_oom_before: dict[str, int] = field(default_factory=dict)
     snapshot_before: Snapshot | None = None
+    shm: tuple[int, int] | None = None  # the job's /dev/shm, read while a process of it lived
 
 
 class DeathWatch:
@@ -138,6 +140,8 @@ class DeathWatch:
         self._reported: dict[int, int] = {}  # pid -> ns: an exit was reported (any status)
         self._agent_outputs: dict[int, list[OutputFile]] = {}  # agent pid -> its output files
         self._rank_outputs: dict[int, list[OutputFile]] = {}  # rank pid -> its own output files
+        self._flight_env: dict[int, tuple[int, str] | None] = {}  # rank pid -> (FR buffer, dump prefix)
+        self._first_seen_wall: dict[int, float] = {}
         self._oomd_baseline: dict[tuple[str, int], dict[str, int]] = {}  # cgroup -> oomd xattrs
         # One incident per job and worker generation: after an elastic restart the new
         # generation's deaths get a postmortem of their own.
@@ -168,6 +172,8 @@ class DeathWatch:
                 del self._reported[pid]
             for pid in [p for p in self._rank_outputs if p not in self._known]:
                 del self._rank_outputs[pid]
+                self._flight_env.pop(pid, None)
+                self._first_seen_wall.pop(pid, None)
             new_ranks = [
                 r.key.pid for job in snap.jobs for r in job.ranks if r.key.pid not in self._rank_outputs
             ]
@@ -194,7 +200,11 @@ class DeathWatch:
             else []
             for p in new_ranks
         }
+        flight = {p: flight_recorder_env(self.proc_root, p) for p in new_ranks}
         with self._cv:
+            self._flight_env.update(flight)
+            for p in new_ranks:
+                self._first_seen_wall.setdefault(p, self.wall())
             self._rank_outputs.update(rank_files)
             self._agent_outputs.update(outputs)
             self._oomd_baseline.update(marks)
@@ -502,6 +512,49 @@ class DeathWatch:
                     found.append((label, f))
         return found
 
+    def _flight(self, inc: _Incident) -> tuple[FlightVerdict | None, bool | None, list[str]]:
+        """The flight recorder's dumps of this generation's ranks: the verdict, whether
+        the recorder was on (None: the ranks' environments could not be read), and what
+        could not be read."""
+        envs = {pid: self._flight_env.get(pid) for pid in inc.ranks}
+        known = [e for e in envs.values() if e is not None]
+        if not known and any(pid not in self._flight_env for pid in inc.ranks):
+            return None, None, []
+        on = any(buffer > 0 for buffer, _ in known)
+        dumps: list[FlightDump] = []
+        problems: list[str] = []
+        world: list[int] = []
+        for pid, env in envs.items():
+            rank = inc.ranks[pid].sample.rank
+            if env is None or env[0] <= 0 or rank is None:
+                continue
+            world.append(rank)
+            path = f"{env[1]}{rank}"
+            try:
+                if os.path.getmtime(path) < self._first_seen_wall.get(pid, 0) - 60:
+                    continue  # an earlier run's dump
+                dumps.append(load_dump(path, rank))
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError) as exc:
+                problems.append(str(exc))
+        return summarise(dumps, tuple(sorted(world))) if dumps else None, on, problems
+
+    def _shm(self, inc: _Incident) -> tuple[int, int] | None:
+        """/dev/shm as the job sees it (its own mount namespace: a container's, or a
+        private tmpfs), through a live process of the job: (size, used) bytes, read once
+        (the later rewrites of the postmortem find the job gone)."""
+        if inc.shm is not None:
+            return inc.shm
+        for pid in [*inc.ranks, inc.gen.agent_pid]:
+            try:
+                st = os.statvfs(f"{self.proc_root}/{pid}/root/dev/shm")
+            except OSError:
+                continue
+            inc.shm = st.f_blocks * st.f_frsize, (st.f_blocks - st.f_bfree) * st.f_frsize
+            return inc.shm
+        return None
+
     def _agent_log(
         self, inc: _Incident, texts: list[tuple[str | None, str]]
     ) -> tuple[dict[int, tuple[int, str]], frozenset[int]]:
@@ -602,6 +655,8 @@ class DeathWatch:
             tuple(self._findings(inc, texts)),
             bool(texts),
             inc.gen.world_size,
+            *self._flight(inc)[:2],
+            self._shm(inc),
         )
 
     # -- the document --------------------------------------------------------------
@@ -778,9 +833,36 @@ class DeathWatch:
                 }
                 for p in points
             ],
-            "advice": advice(v, ranks, cg, host.total_bytes if host else None, ev.output_read),
+            "advice": advice(
+                v, ranks, cg, host.total_bytes if host else None, ev.output_read, ev.flight_enabled
+            ),
         }
         return doc
+
+
+def flight_recorder_env(proc_root: str, pid: int) -> tuple[int, str] | None:
+    """(buffer size, dump file prefix) of the NCCL flight recorder in a rank's environment;
+    (0, ...) when it is off; None when the environment cannot be read."""
+    try:
+        with open(f"{proc_root}/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+
+    def get(*names: str) -> str | None:
+        for name in names:
+            value = env.get(name.encode())
+            if value:
+                return value.decode("utf-8", "replace")
+        return None
+
+    try:
+        buffer = int(get("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE") or 0)
+    except ValueError:
+        buffer = 0
+    prefix = get("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE") or "/tmp/nccl_trace_rank_"
+    return buffer, prefix
 
 
 def _merge(previous: KernelOom, fresh: KernelOom) -> KernelOom:
@@ -808,7 +890,12 @@ def _gib(n: int | None) -> str:
 
 
 def advice(
-    v: Verdict, ranks: list[dict[str, Any]], cg: Any, host_total: int | None, output_read: bool = True
+    v: Verdict,
+    ranks: list[dict[str, Any]],
+    cg: Any,
+    host_total: int | None,
+    output_read: bool = True,
+    flight_enabled: bool | None = None,
 ) -> list[str]:
     """What to change, from the verdict and the numbers."""
     out: list[str] = []
@@ -857,24 +944,31 @@ def advice(
             "doing (py-spy dump --pid PID while it hangs); typical causes are a rank-dependent branch that "
             "skips a collective, uneven data (one rank runs out of batches first), or a rank stuck in I/O."
         )
-        out.append(
-            "Unless it was on, turn on the flight recorder so the next postmortem can name each "
-            "rank's last collective: "
-            + (
-                "TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 "
-                "TORCH_FR_DUMP_TEMP_FILE=/tmp/nccl_trace_rank_"
-                if nccl
-                else "it records NCCL only; for gloo, TORCH_DISTRIBUTED_DEBUG=DETAIL makes a mismatch visible"
+        if flight_enabled and nccl:
+            out.append(
+                "The flight recorder was on: its dumps (TORCH_FR_DUMP_TEMP_FILE<rank>) hold each rank's "
+                "last collectives; compare them with torch's fr_trace tool for the whole job."
             )
-            + ". Raise the timeout (init_process_group(timeout=...)) only when a step truly takes longer."
-        )
+        elif nccl:
+            out.append(
+                ("Turn on" if flight_enabled is False else "Unless it was on, turn on")
+                + " the flight recorder so the next postmortem names the rank that never entered the "
+                "collective: TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 "
+                "TORCH_FR_DUMP_TEMP_FILE=/tmp/nccl_trace_rank_ (a dump per rank on timeout)."
+            )
+        else:
+            out.append(
+                "The flight recorder records NCCL only; for gloo, TORCH_DISTRIBUTED_DEBUG=DETAIL makes a "
+                "mismatch between ranks' collectives visible."
+            )
+        out.append("Raise the timeout (init_process_group(timeout=...)) only when a step truly takes longer.")
     if v.kind == "cuda_oom":
         out.append(
             "Reduce GPU memory per step: a smaller micro-batch with gradient accumulation, activation "
             "checkpointing, bf16, or sharding (FSDP/ZeRO); PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
             "helps when free memory is fragmented."
         )
-    if v.kind == "bus_error":
+    if v.kind == "bus_error" or (v.kind == "python_exception" and "/dev/shm" in v.summary):
         out.append(
             "DataLoader workers pass batches through /dev/shm: give the container more "
             "(docker --shm-size=16g, "

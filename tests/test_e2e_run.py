@@ -19,6 +19,7 @@ from tests.e2e import REPO, TORCHRUN, WORKLOAD
 
 pytestmark = [pytest.mark.slow]
 GIB = 1 << 30
+TRACEFS_READY = os.geteuid() == 0 and os.path.isdir("/sys/kernel/tracing/events/signal/signal_generate")
 
 
 def _run(
@@ -148,3 +149,33 @@ def test_a_signal_sent_to_trainwatch_reaches_the_command(tmp_path):
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
+
+
+def test_a_real_segfault(tmp_path):
+    code, _out, err = _run(tmp_path, "--segfault-rank=1", "--raise-after=2")
+    assert code == 1, err[-3000:]
+    doc = _postmortem(tmp_path)
+    assert doc["killer"]["kind"] == "segfault" and doc["victim"]["rank"] == 1, doc["killer"]
+    assert doc["victim"]["signal"] == "SIGSEGV" and doc["victim"]["exit_code"] == -11
+    if TRACEFS_READY:  # the tracepoint shows the kernel raised it for the rank's own fault
+        assert doc["killer"]["confidence"] == "certain", doc["killer"]
+        assert any("the rank itself raised SIGSEGV" in e["detail"] for e in doc["killer"]["evidence"])
+    assert _fates(doc)[0] in ("same_cause", "terminated_by_agent"), doc["ranks"]
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="a private /dev/shm needs root (unshare -m, mount)")
+def test_a_dataloader_worker_writing_past_a_small_dev_shm_is_a_bus_error(tmp_path):
+    """The job runs in a private mount namespace whose /dev/shm is a 1 MiB tmpfs; rank 1's
+    DataLoader workers write their batches through shared memory and die of SIGBUS."""
+    private_shm = ["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=1m tmpfs /dev/shm && exec "$@"', "sh"]
+    code, _out, err = _run(tmp_path, "--loader-rank=1", "--raise-after=2", wrap=private_shm)
+    assert code == 1, err[-3000:]
+    assert "is killed by signal: Bus error" in err
+    doc = _postmortem(tmp_path)
+    killer = doc["killer"]
+    assert killer["kind"] == "bus_error" and killer["confidence"] == "certain", killer
+    assert "/dev/shm" in killer["summary"] and "of 1.0 MiB" in killer["summary"], killer
+    assert doc["victim"]["rank"] == 1
+    assert any("--shm-size" in a for a in doc["advice"]), doc["advice"]
+    assert os.statvfs("/dev/shm").f_blocks * os.statvfs("/dev/shm").f_frsize > 1 << 20  # ours is untouched

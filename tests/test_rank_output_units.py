@@ -228,3 +228,28 @@ def test_real_nccl_timeout_and_cuda_oom_from_the_h200_under_trainwatch_run():
     nccl_only = next(f for f in nccl if f.kind == "nccl_timeout")
     v = autopsy(Evidence((_rank("0", 2376, 6, S),), output=(("0", nccl_only),), world_size=1))
     assert v is not None and v.kind == "collective_timeout" and "it is the whole world" in v.summary
+
+
+def test_shm_full_is_named_and_a_self_raised_fault_is_certain():
+    from sidecar.autopsy import SignalSent
+
+    # torch 2.13 preallocates shared memory: a full /dev/shm is an exception, not a SIGBUS
+    line = (
+        "[rank1]: RuntimeError: unable to allocate shared memory(shm) for file </torch_15832_3955712927_0>: "
+        "No space left on device (28)"
+    )
+    (found,) = [f for f in parse_rank_output(line) if f.kind == "shm_full"]
+    v = autopsy(Evidence((_rank("1", 11, 1 << 8, S),), output=(("1", found),), shm=(1 << 20, 1 << 20)))
+    assert (
+        v is not None
+        and v.kind == "python_exception"
+        and "/dev/shm ran out (1.0 MiB used of 1.0 MiB)" in v.summary
+    )
+    # SIGSEGV that the kernel raised for the rank's own fault (si_code SEGV_MAPERR = 1)
+    segv = _rank("1", 11, 11, S)
+    self_sent = SignalSent("python", 11, 11, 11, 1, S - 1000)
+    v = autopsy(Evidence((segv,), signals=(self_sent,)))
+    assert v is not None and (v.kind, v.confidence) == ("segfault", "certain")
+    # the same signal sent by someone else is an outside kill, said so
+    v = autopsy(Evidence((segv,), signals=(SignalSent("bash", 99, 11, 11, 0, S - 1000),)))
+    assert v is not None and v.kind == "external_signal" and "pid 99 (bash)" in v.summary

@@ -45,7 +45,8 @@ class Finding:
     (``[rankN]:``, ``[Rank N]``), ``local_rank`` from a ``[defaultN]:`` prefix; None when
     the line is not attributed. ``kind``: nccl_timeout, nccl_progress, nccl_aborted,
     nccl_heartbeat, gloo_timeout, peer_closed, cuda_oom, dataloader_killed, shm_bus_error,
-    exception. ``fields`` holds what the line measured (op, seq, timeout_ms, ...)."""
+    shm_full (torch 2.x preallocates: "unable to allocate shared memory(shm) for file ...: No
+    space left on device"), exception. ``fields`` holds what the line measured (op, seq, timeout_ms, ...)."""
 
     kind: str
     rank: int | None
@@ -80,6 +81,9 @@ _DATALOADER = re.compile(
     r"DataLoader worker \(pids?\(?s?\)? ?([\d, ]+)\) (?:is killed by signal: ([\w ]+)|exited)"
 )
 _SHM = re.compile(r"bus error encountered in worker.*insufficient shared memory", re.IGNORECASE)
+_SHM_FULL = re.compile(
+    r"unable to (?:allocate|write to) shared memory\s?\(shm\)|No space left on device.*?/dev/shm"
+)
 _EXCEPTION = re.compile(
     r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Failure|Timeout)\w*)(?:: (.*))?$"
 )
@@ -200,4 +204,6 @@ def parse_rank_output(text: str) -> list[Finding]:
             continue
         if _SHM.search(body):
             out.append(Finding("shm_bus_error", rank, local, body))
+        elif _SHM_FULL.search(body):
+            out.append(Finding("shm_full", rank, local, body))
     return out

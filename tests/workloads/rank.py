@@ -32,6 +32,34 @@ def worker(mb: int, parent: int, held: object) -> None:
         time.sleep(0.2)
 
 
+def load_batches(mb: int) -> None:
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Big(Dataset):  # type: ignore[type-arg]
+        def __len__(self) -> int:
+            return 64
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            # Write the batch through a shared-memory mapping, as libraries that skip
+            # fallocate do: past the end of a full /dev/shm the write is a SIGBUS.
+            import mmap
+
+            path = f"/dev/shm/trainwatch-test-{os.getpid()}-{i}"
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                os.ftruncate(fd, mb << 20)
+                with mmap.mmap(fd, mb << 20) as m:
+                    m[:] = b"\1" * (mb << 20)
+            finally:
+                os.close(fd)
+                os.unlink(path)
+            return torch.full((mb << 18,), float(i))  # mb MiB of float32
+
+    for _batch in DataLoader(Big(), batch_size=1, num_workers=2):
+        pass
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hold-mb", type=int, default=64)
@@ -53,6 +81,14 @@ def main() -> int:
     ap.add_argument("--pg-timeout", type=float, default=1800.0, help="init_process_group timeout, s")
     ap.add_argument("--raise-rank", type=int, default=-1, help="this rank raises an exception")
     ap.add_argument("--raise-after", type=float, default=2.0)
+    ap.add_argument("--segfault-rank", type=int, default=-1, help="this rank dereferences NULL")
+    ap.add_argument(
+        "--loader-rank",
+        type=int,
+        default=-1,
+        help="this rank iterates a DataLoader (2 workers, shared memory)",
+    )
+    ap.add_argument("--loader-mb", type=int, default=8, help="MiB per batch the --loader-rank's workers pass")
     args = ap.parse_args()
 
     import torch
@@ -110,6 +146,12 @@ def main() -> int:
         if rank == args.hang_rank and restart == 0 and elapsed > args.hang_after:
             time.sleep(0.2)  # alive, but never in a collective again: its peers time out
             continue
+        if rank == args.segfault_rank and restart == 0 and elapsed > args.raise_after:
+            import ctypes
+
+            ctypes.string_at(0)  # SIGSEGV
+        if rank == args.loader_rank and restart == 0 and elapsed > args.raise_after:
+            load_batches(args.loader_mb)  # through /dev/shm: a small one ends in SIGBUS
         if rank == args.raise_rank and restart == 0 and elapsed > args.raise_after:
             raise ValueError(f"rank {rank}: a bad batch on purpose (shape mismatch)")
         if rank == args.grow_rank and restart == 0 and time.monotonic() - start > args.grow_after:

@@ -1,0 +1,142 @@
+"""Flight-recorder dumps: the real one-rank dump the H200 wrote on an NCCL timeout, dumps
+of a four-rank job where rank 1 never entered the collective, and hostile files."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from pathlib import Path
+
+import pytest
+
+from sidecar.autopsy import Evidence, RankState, autopsy
+from sidecar.deaths import flight_recorder_env
+from sidecar.parse.flight import load_dump, summarise
+from sidecar.parse.ranks import Finding
+
+DUMP = (
+    Path(__file__).resolve().parents[2]
+    / "shared"
+    / "fixtures"
+    / "device-captures"
+    / "fr-dump-nccl-timeout-rank0.pickle"
+)
+S = 10**9
+
+
+@pytest.mark.skipif(not DUMP.exists(), reason="shared fixtures not beside the checkout")
+def test_the_real_dump_of_a_one_rank_nccl_timeout():
+    d = load_dump(str(DUMP), 0)
+    assert d.version == "2.10"
+    assert d.status == {"default_pg": (2, -1, 1)}
+    assert d.entries["default_pg"] == {
+        1: ("all_reduce", "completed", 5000),
+        2: ("all_reduce", "scheduled", 5000),
+    }
+    v = summarise([d], (0,))
+    assert v is not None and (v.process_group, v.seq, v.op, v.laggards) == ("default_pg", 2, "all_reduce", ())
+    assert v.lines == (
+        "flight recorder, rank 0, default_pg: last enqueued #2, last completed #1 (waiting in #2)",
+    )
+
+
+def _dump(tmp: Path, rank: int, enqueued: int, completed: int) -> str:
+    entries = [
+        {
+            "collective_seq_id": seq,
+            "profiling_name": "nccl:all_reduce",
+            "state": "completed" if seq <= completed else "scheduled",
+            "timeout_ms": 600000,
+            "process_group": ("0", "default_pg"),
+            "is_p2p": False,
+        }
+        for seq in range(max(1, enqueued - 2), enqueued + 1)
+    ]
+    doc = {
+        "version": "2.10",
+        "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3]"}},
+        "pg_status": {
+            "0": {
+                "last_enqueued_collective": enqueued,
+                "last_started_collective": enqueued,
+                "last_completed_collective": completed,
+            }
+        },
+        "entries": entries,
+    }
+    path = tmp / f"nccl_trace_rank_{rank}"
+    path.write_bytes(pickle.dumps(doc))
+    return str(path)
+
+
+def test_the_rank_that_never_entered_is_named_by_sequence_numbers(tmp_path):
+    dumps = [load_dump(_dump(tmp_path, r, 1580 if r != 1 else 1579, 1579), r) for r in (0, 1, 2, 3)]
+    v = summarise(dumps, (0, 1, 2, 3))
+    assert v is not None and (v.seq, v.op, v.laggards) == (1580, "all_reduce", (1,))
+    assert "rank 1, default_pg: last enqueued #1579, last completed #1579 (never entered #1580)" in v.lines[1]
+    # a rank that wrote no dump is a suspect too
+    v = summarise([dumps[0], dumps[2], dumps[3]], (0, 1, 2, 3))
+    assert v is not None and v.laggards == (1,) and any("rank 1: wrote no dump" in line for line in v.lines)
+    # the verdict names it, and says how it knows
+    ranks = tuple(
+        RankState(str(r), r, r, 100 + r, (), 6, (10 + r) * S, None, None, "connector") for r in range(4)
+    )
+    timeout = Finding(
+        "nccl_timeout",
+        0,
+        None,
+        "Watchdog caught ...",
+        (("seq", "1580"), ("op", "ALLREDUCE"), ("timeout_ms", "600000")),
+    )
+    out = tuple((str(r), Finding("nccl_timeout", r, None, "x", timeout.fields)) for r in (0, 2, 3))
+    verdict = autopsy(Evidence(ranks, output=out, flight=summarise(dumps, (0, 1, 2, 3)), flight_enabled=True))
+    assert verdict is not None and verdict.kind == "collective_timeout"
+    assert (
+        "NCCL all_reduce (SeqNum 1580) did not complete within 600 s; "
+        "rank 1 never entered it (flight recorder)" in verdict.summary
+    )
+    assert sum(e.source == "flight_recorder" for e in verdict.evidence) == 4
+
+
+def test_a_hostile_dump_is_refused_not_run(tmp_path):
+    class Boom:
+        def __reduce__(self):
+            return (os.system, ("touch " + str(tmp_path / "pwned"),))
+
+    path = tmp_path / "nccl_trace_rank_0"
+    path.write_bytes(pickle.dumps({"entries": [Boom()]}))
+    with pytest.raises(ValueError, match=r"refused (posix|os)\.system"):
+        load_dump(str(path), 0)
+    assert not (tmp_path / "pwned").exists()
+    path.write_bytes(b"\x80\x05garbage")
+    with pytest.raises(ValueError, match="not a flight-recorder dump"):
+        load_dump(str(path), 0)
+    path.write_text('{"version": "2.10", "entries": [], "pg_status": {}}')  # the JSON variant
+    assert load_dump(str(path), 0).status == {}
+
+
+def test_flight_recorder_env_of_a_real_process(tmp_path):
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TORCH_NCCL_TRACE_BUFFER_SIZE="2000", TORCH_NCCL_DEBUG_INFO_TEMP_FILE="/x/trace_")
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"], env=env) as p:
+        try:
+            deadline = time.monotonic() + 10  # until it has exec'd (before, environ is ours)
+            while (
+                b"time.sleep" not in Path(f"/proc/{p.pid}/cmdline").read_bytes()
+                and time.monotonic() < deadline
+            ):
+                time.sleep(0.01)
+            assert flight_recorder_env("/proc", p.pid) == (2000, "/x/trace_")  # the older names
+        finally:
+            p.kill()
+    with subprocess.Popen(["sleep", "5"], env={"PATH": os.environ["PATH"]}) as p:
+        try:
+            while Path(f"/proc/{p.pid}/cmdline").read_bytes()[:5] != b"sleep":
+                time.sleep(0.01)
+            assert flight_recorder_env("/proc", p.pid) == (0, "/tmp/nccl_trace_rank_")
+        finally:
+            p.kill()
+    assert flight_recorder_env("/proc", 999_999_999) is None
