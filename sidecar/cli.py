@@ -49,8 +49,8 @@ trainwatch demo runs a small real torchrun job in which a rank exceeds a memory 
 
 Every option can also be set by an environment variable: TRAINWATCH_ATTACH_TORCHRUN=1,
 TRAINWATCH_PID (comma-separated), TRAINWATCH_INTERVAL, TRAINWATCH_HOST, TRAINWATCH_PORT,
-TRAINWATCH_POSTMORTEM_DIR, TRAINWATCH_HISTORY, TRAINWATCH_LOG_LEVEL, TRAINWATCH_DISABLE
-(comma-separated). Options win over variables.
+TRAINWATCH_POSTMORTEM_DIR, TRAINWATCH_HISTORY, TRAINWATCH_LOG_LEVEL, TRAINWATCH_STALL_AFTER,
+TRAINWATCH_PY_SPY=1, TRAINWATCH_DISABLE (comma-separated). Options win over variables.
 
 Evidence sources (--disable turns one off; trainwatch doctor says which work here):
   connector   the netlink process connector: exit statuses from the kernel (root)
@@ -118,6 +118,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--log-level", metavar="LEVEL", default=None, help="DEBUG, INFO, WARNING or ERROR (default INFO)"
+    )
+    p.add_argument(
+        "--stall-after",
+        metavar="SECONDS",
+        default=None,
+        help="a job whose ranks all use no CPU this long is reported stalled (default 60)",
+    )
+    p.add_argument(
+        "--py-spy",
+        action="store_true",
+        default=None,
+        help="when a job stalls, record each rank's Python stack with py-spy (must be installed)",
     )
     p.add_argument(
         "--disable",
@@ -211,6 +223,12 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
     if os.path.exists(pm_dir) and not os.path.isdir(pm_dir):
         raise ConfigError(f"{name}: {pm_dir} exists and is not a directory")
 
+    raw, name = _pick(ns.stall_after, env, "TRAINWATCH_STALL_AFTER", "--stall-after")
+    stall_after = 60.0 if raw is None else _number(raw, name, 1.0, 7 * 86400.0)
+    py_spy = bool(ns.py_spy)
+    if not py_spy and env.get("TRAINWATCH_PY_SPY"):
+        py_spy = _truthy(env["TRAINWATCH_PY_SPY"], "TRAINWATCH_PY_SPY")
+
     disabled: set[str] = set()
     raw_disabled = [(d, "--disable") for d in ns.disable or []]
     if not raw_disabled and env.get("TRAINWATCH_DISABLE"):
@@ -226,6 +244,8 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
     return Settings(
         attach_torchrun=True,
         disabled=frozenset(disabled),
+        stall_after_seconds=stall_after,
+        py_spy=py_spy,
         pids=tuple(pids),
         interval_seconds=interval,
         host=host,

@@ -9,6 +9,7 @@ on. Nothing here starts a subprocess or writes outside the postmortem directory.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -36,6 +37,7 @@ from sidecar.probes.gpu import GpuProbe
 from sidecar.probes.host import HostReader
 from sidecar.probes.proc import ProcReader
 from sidecar.settings import Settings
+from sidecar.stalls import StallTracker
 from sidecar.timeline import Timeline
 from sidecar.watch.exits import ExitEvent, ProcConnector
 from sidecar.watch.kmsg import KmsgWatcher
@@ -448,6 +450,7 @@ class Daemon:
         self.sampler = sampler if sampler is not None else Sampler(settings)
         self.timeline = Timeline(settings.history_seconds, settings.interval_seconds)
         self.store = PostmortemStore(settings.postmortem_dir)
+        self.stalls = StallTracker(settings.stall_after_seconds, py_spy=settings.py_spy)
         host = HostReader(settings.proc_root)
         self.deaths = DeathWatch(
             self.store,
@@ -458,6 +461,7 @@ class Daemon:
             read_outputs="outputs" not in settings.disabled,
             proc_root=settings.proc_root,
             job_output=job_output,
+            stacks_of=self.stalls.stacks,
         )
         self.watch_deaths = watch_deaths
         self.connector: ProcConnector | None = None
@@ -581,6 +585,15 @@ class Daemon:
         return snapshot
 
     def _publish(self, snapshot: Snapshot) -> None:
+        stalled = self.stalls.update(snapshot)
+        if any(stalled.values()):
+            snapshot = dataclasses.replace(
+                snapshot,
+                jobs=tuple(
+                    dataclasses.replace(j, stalled_seconds=round(stalled.get(j.key, 0.0), 3))
+                    for j in snapshot.jobs
+                ),
+            )
         with self._lock:
             self._snapshot = snapshot
         self._last_done = time.monotonic()

@@ -100,6 +100,7 @@ class _Incident:
     cgroup_oom_before: dict[str, int] = field(default_factory=dict)
     snapshot_before: Snapshot | None = None
     shm: tuple[int, int] | None = None  # the job's /dev/shm, read while a process of it lived
+    stacks: dict[str, Any] | None = None  # py-spy stacks recorded while the job stalled
 
 
 class DeathWatch:
@@ -113,6 +114,7 @@ class DeathWatch:
         read_oomd_marks: Callable[[str, int], dict[str, int]] = lambda path, version: {},
         read_outputs: bool = True,
         job_output: Callable[[int], str] | None = None,
+        stacks_of: Callable[[str], tuple[dict[str, str], float | None]] | None = None,
         hostname: str | None = None,
         proc_root: str = "/proc",
         clock_ns: Callable[[], int] = time.monotonic_ns,
@@ -125,6 +127,7 @@ class DeathWatch:
         self.read_oomd_marks = read_oomd_marks
         self.read_outputs = read_outputs
         self.job_output = job_output  # trainwatch run: what the command printed, by agent pid
+        self.stacks_of = stacks_of  # the ranks' Python stacks recorded while the job stalled
         self.hostname = hostname or socket.gethostname()
         self.proc_root = proc_root
         self.clock_ns = clock_ns
@@ -138,6 +141,7 @@ class DeathWatch:
         self._signals: deque[SignalSent] = deque(maxlen=1024)
         self._userspace: deque[UserspaceKill] = deque(maxlen=256)  # oomd's kernel-log lines
         self._reported: dict[int, int] = {}  # pid -> ns: an exit was reported (any status)
+        self._clean_exits: dict[int, tuple[int, str | None]] = {}  # pid -> (ns, source), before any incident
         self._agent_outputs: dict[int, list[OutputFile]] = {}  # agent pid -> its output files
         self._rank_outputs: dict[int, list[OutputFile]] = {}  # rank pid -> its own output files
         self._flight_env: dict[int, tuple[int, str] | None] = {}  # rank pid -> (FR buffer, dump prefix)
@@ -170,6 +174,8 @@ class DeathWatch:
                 del self._known[pid]
             for pid in [p for p, ns in self._reported.items() if ns < cutoff]:
                 del self._reported[pid]
+            for pid in [p for p, (ns, _) in self._clean_exits.items() if ns < cutoff]:
+                del self._clean_exits[pid]
             for pid in [p for p in self._rank_outputs if p not in self._known]:
                 del self._rank_outputs[pid]
                 self._flight_env.pop(pid, None)
@@ -270,7 +276,10 @@ class DeathWatch:
         inc = self._incidents.get(known.gen)
         if inc is None:
             if exit_code == 0:
-                return  # a clean exit opens no incident
+                # a clean exit opens no incident, but is remembered: a sibling's death that
+                # opens one later must not count this rank as still running
+                self._clean_exits[pid] = (at_ns, source)
+                return
             inc = self._open(known, pid, exit_code, at_ns)
         if pid in inc.deaths:
             return
@@ -367,6 +376,10 @@ class DeathWatch:
         if before is None:
             before = next((s for ns, s in reversed(self._snapshots) if ns <= at_ns), None)
         inc = _Incident(known.gen, ranks, snapshot_before=before)
+        for rank_pid in ranks:
+            if rank_pid in self._clean_exits:  # siblings that had already ended cleanly
+                ns, source = self._clean_exits.pop(rank_pid)
+                inc.deaths[rank_pid] = (0, ns, source)
         if before is not None and before.host is not None:
             inc.host_oom_before = before.host.oom_kills
         if before is not None:
@@ -540,6 +553,14 @@ class DeathWatch:
                 problems.append(str(exc))
         return summarise(dumps, tuple(sorted(world))) if dumps else None, on, problems
 
+    def _stacks(self, inc: _Incident) -> dict[str, Any] | None:
+        if self.stacks_of is None or inc.stacks is not None:
+            return inc.stacks  # kept: the tracker forgets a job once it is gone
+        stacks, at = self.stacks_of(inc.gen.job)
+        if stacks:
+            inc.stacks = {"at": iso(at), "ranks": stacks}
+        return inc.stacks
+
     def _shm(self, inc: _Incident) -> tuple[int, int] | None:
         """/dev/shm as the job sees it (its own mount namespace: a container's, or a
         private tmpfs), through a live process of the job: (size, used) bytes, read once
@@ -669,7 +690,7 @@ class DeathWatch:
     def _clean_end(self, inc: _Incident, ev: Evidence, verdict: Verdict) -> bool | None:
         """For deaths that nothing explains and whose statuses are all unknown: True when
         it was the job's clean end (drop it), None while that cannot be told yet."""
-        if verdict.kind != "unknown" or any(r.exit_code is not None for r in ev.ranks if r.dead):
+        if verdict.kind != "unknown" or any(r.exit_code not in (None, 0) for r in ev.ranks if r.dead):
             return False
         if inc.agent_exit is not None and inc.agent_exit[0] is not None:
             return inc.agent_exit[0] == 0
@@ -833,6 +854,7 @@ class DeathWatch:
                 }
                 for p in points
             ],
+            "stacks": self._stacks(inc),
             "advice": advice(
                 v, ranks, cg, host.total_bytes if host else None, ev.output_read, ev.flight_enabled
             ),

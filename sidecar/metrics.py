@@ -44,6 +44,9 @@ METRICS: dict[str, Spec] = {
         "gauge", ("job",), "TORCHELASTIC_RESTART_COUNT of the job's live workers"
     ),
     "trainwatch_job_ranks": Spec("gauge", ("job",), "Number of live ranks of the job on this machine"),
+    "trainwatch_job_stalled_seconds": Spec(
+        "gauge", ("job",), "Seconds for which no rank of the job has used CPU (0 while any rank works)"
+    ),
     "trainwatch_rank_resident_memory_bytes": Spec(
         "gauge", R, "Resident set size of the rank process in bytes (VmRSS, /proc/PID/status)"
     ),
@@ -218,6 +221,7 @@ class TrainwatchCollector(Collector):
             )
             f.add("trainwatch_job_restarts", job.restart_count, job.key)
             f.add("trainwatch_job_ranks", len(job.ranks), job.key)
+            f.add("trainwatch_job_stalled_seconds", job.stalled_seconds, job.key)
             for r in job.ranks:
                 labels = (job.key, r.rank_label)
                 f.add(

@@ -164,6 +164,7 @@ class JobSample:
     started_at: float
     ranks: tuple[RankSample, ...]
     agent_alive: bool = True
+    stalled_seconds: float = 0.0  # how long no rank has used CPU (sidecar/stalls.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ view as JSON), ``/healthz`` (200 while the sampler is alive and not stalled, els
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -60,7 +60,9 @@ def create_app(daemon: Daemon, *, manage_daemon: bool = True) -> FastAPI:
 
     @app.get("/ranks")
     def ranks() -> JSONResponse:
-        return JSONResponse(ranks_view(daemon.snapshot))
+        return JSONResponse(
+            ranks_view(daemon.snapshot, daemon.settings.stall_after_seconds, daemon.stalls.stacks)
+        )
 
     def present(doc: dict[str, Any], request: Request) -> Response:
         wanted = request.query_params.get("format")
@@ -120,7 +122,11 @@ def _prefers_html(accept: str) -> bool:
     return quality("text/html") > quality("application/json")
 
 
-def ranks_view(snap: Snapshot | None) -> dict[str, Any]:
+def ranks_view(
+    snap: Snapshot | None,
+    stall_after: float = 60.0,
+    stacks_of: Callable[[str], tuple[dict[str, str], float | None]] | None = None,
+) -> dict[str, Any]:
     """The JSON of ``GET /ranks``: attached jobs, their ranks and the last sample of each."""
     if snap is None:
         return {"taken_at": None, "jobs": [], "host": None, "gpus": [], "cgroups": [], "probes": {}}
@@ -168,6 +174,9 @@ def ranks_view(snap: Snapshot | None) -> dict[str, Any]:
                 "entrypoint": job.entrypoint,
                 "started_at": job.started_at,
                 "agent_alive": job.agent_alive,
+                "stalled_seconds": job.stalled_seconds,
+                "stalled": job.stalled_seconds >= stall_after,
+                "stacks": (stacks_of(job.key)[0] or None) if stacks_of is not None else None,
                 "ranks": ranks,
             }
         )

@@ -49,6 +49,8 @@ class Settings:
     proc_root: str = "/proc"
     shm_path: str = "/dev/shm"
     disabled: frozenset[str] = frozenset()
+    stall_after_seconds: float = 60.0  # a job whose ranks all idle this long is "stalled"
+    py_spy: bool = False  # record each rank's Python stack (py-spy dump) when a job stalls
 
     @property
     def stall_seconds(self) -> float:

@@ -205,3 +205,15 @@ def test_doctor_says_what_is_lost_and_the_fix():
     assert "loses: certain OOM verdicts" in lines[i + 1] and "fix:   run as root" in lines[i + 2]
     assert "ok       NVML" in text and lines[-1] == "1 missing: kernel log"
     assert summary_line([Check("NVML", True, "x")]) == "evidence sources: NVML ok"
+
+
+def test_stall_after_and_py_spy():
+    s = parse_args(["--attach-torchrun", "--stall-after", "5", "--py-spy"], {})
+    assert (s.stall_after_seconds, s.py_spy) == (5.0, True)
+    s = parse_args(["--attach-torchrun"], {"TRAINWATCH_STALL_AFTER": "90", "TRAINWATCH_PY_SPY": "1"})
+    assert (s.stall_after_seconds, s.py_spy) == (90.0, True)
+    assert parse_args(["--attach-torchrun"], {}).stall_after_seconds == 60.0
+    with pytest.raises(ConfigError, match="--stall-after: must be between"):
+        parse_args(["--attach-torchrun", "--stall-after", "0"], {})
+    with pytest.raises(ConfigError, match="TRAINWATCH_PY_SPY"):
+        parse_args(["--attach-torchrun"], {"TRAINWATCH_PY_SPY": "maybe"})

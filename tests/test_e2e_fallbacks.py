@@ -5,6 +5,7 @@ oomd's kernel-log line) when the signal tracepoint is off."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -84,11 +85,18 @@ def test_a_clean_end_without_exit_statuses_writes_no_postmortem(tmp_path):
         DaemonProc(tmp_path, "--disable", "connector", "--disable", "pidfd", interval=0.5) as daemon,
         TorchrunJob(tmp_path, "clean", hold_mb=50, workers=0) as job,
     ):
-        job.ready()
+        pids = job.ready()
         time.sleep(1.5)
         assert job.stop() == 0
-        wait_for(lambda: "clean end: no postmortem" in daemon.log(), 30, "the clean end to be recognised")
-        assert daemon.get("/postmortems")[1].count(str(job.agent_pid)) == 0
+        # Either a rank's clean exit was seen as a zombie (status 0: nothing to judge) or it
+        # vanished with its status unknown and the agent's clean exit and log cleared it.
+        time.sleep(3 + 2)
+        log = daemon.log()
+        opened = any(f"(pid {p[0]}) died" in log for p in pids.values())
+        assert not opened or "clean end: no postmortem" in log, log[-3000:]
+        for entry in json.loads(daemon.get("/postmortems")[1]):
+            doc = json.loads(daemon.get(f"/postmortems/{entry['id']}")[1])
+            assert doc["job"]["agent_pid"] != job.agent_pid, doc["killer"]
         assert daemon.stop() == 0
 
 

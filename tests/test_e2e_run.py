@@ -179,3 +179,59 @@ def test_a_dataloader_worker_writing_past_a_small_dev_shm_is_a_bus_error(tmp_pat
     assert doc["victim"]["rank"] == 1
     assert any("--shm-size" in a for a in doc["advice"]), doc["advice"]
     assert os.statvfs("/dev/shm").f_blocks * os.statvfs("/dev/shm").f_frsize > 1 << 20  # ours is untouched
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_stall_is_seen_before_the_timeout_with_each_ranks_stack(tmp_path):
+    """Rank 1 stops joining collectives; rank 0 waits in all_reduce (gloo, 40 s timeout).
+    Within seconds /ranks and the metric say the job stalled, and py-spy records both
+    stacks, which the postmortem keeps."""
+    import urllib.request
+
+    from tests.e2e import parse_metrics, value
+
+    port = _free_port()
+    cmd = [
+        sys.executable, "-m", "sidecar", "run", "--port", str(port), "--postmortem-dir", str(tmp_path / "pm"),
+        "--interval", "0.5", "--stall-after", "3", "--py-spy", "--",
+        TORCHRUN, "--standalone", "--nproc-per-node=2", "--monitor-interval=0.1", str(WORKLOAD),
+        "--hold-mb=30", "--workers=0", "--hang-rank=1", "--hang-after=2", "--pg-timeout=40",
+    ]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    with subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env
+    ) as proc:
+
+        def stalled() -> dict | None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ranks", timeout=2) as r:
+                    jobs = json.loads(r.read())["jobs"]
+            except OSError:
+                return None
+            job = jobs[0] if jobs else None
+            return job if job and job["stalled"] and job["stacks"] and len(job["stacks"]) == 2 else None
+
+        from tests.e2e import wait_for
+
+        job = wait_for(stalled, 35, "the job to be seen stalled, with both stacks", 0.5)
+        assert job["stalled_seconds"] >= 3
+        by_rank = {r["label"]: r for r in job["ranks"]}
+        assert set(job["stacks"]) == set(by_rank) == {"0", "1"}
+        assert "all_reduce" in job["stacks"]["0"], job["stacks"]["0"]
+        assert "main" in job["stacks"]["1"] and "rank.py" in job["stacks"]["1"], job["stacks"]["1"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            m = parse_metrics(r.read().decode())
+        assert (value(m, "trainwatch_job_stalled_seconds", job=job["job"]) or 0) >= 3
+        _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err[-3000:]
+    assert "stalled: none of its 2 rank(s) used CPU" in err
+    doc = _postmortem(tmp_path)
+    assert doc["killer"]["kind"] == "collective_timeout", doc["killer"]
+    assert set(doc["stacks"]["ranks"]) == {"0", "1"} and "all_reduce" in doc["stacks"]["ranks"]["0"]
