@@ -22,6 +22,7 @@ import signal as _signal
 from dataclasses import dataclass, field
 
 from sidecar.parse.flight import FlightVerdict
+from sidecar.parse.kernel import GPU_FAULT_XIDS, XidRecord
 from sidecar.parse.ranks import Finding
 
 __all__ = [
@@ -174,6 +175,7 @@ class Evidence:
     flight: FlightVerdict | None = None  # the flight recorder's dumps, summarised
     flight_enabled: bool | None = None
     shm: tuple[int, int] | None = None  # the ranks' /dev/shm: (size, used) bytes, in their mount namespace
+    xids: tuple[tuple[int, XidRecord], ...] = ()  # (monotonic ns, record) of NVRM Xid kernel records
 
 
 @dataclass(frozen=True, slots=True)
@@ -476,6 +478,11 @@ def _victim_verdict(
             f"{who} was killed by a SIGKILL from outside: {why}. The sender is unknown.",
         )
     told = _from_output(victim, ev, items)
+    if told is not None and told[0] != "python_exception":
+        return told
+    gpu = _gpu_fault(victim, ev, items)
+    if gpu is not None:
+        return gpu
     if told is not None:
         return told
     sig = victim.signal
@@ -508,6 +515,28 @@ def _victim_verdict(
             if ev.output_read
             else "its output was not read (run it under `trainwatch run`, or send its output to a file)."
         ),
+    )
+
+
+def _gpu_fault(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> tuple[str, str, str] | None:
+    """An NVRM Xid near the death: naming the rank's pid (certain), or one of the Xids that
+    mean the hardware failed (a GPU off the bus, uncorrectable ECC, GSP errors: likely)."""
+    if victim.died_ns is None:
+        return None
+    near = [(ns, x) for ns, x in ev.xids if abs(ns - victim.died_ns) <= 120 * 10**9]
+    named = [(ns, x) for ns, x in near if x.pid is not None and x.pid in (victim.pid, *victim.ns_pids)]
+    faults = named or [(ns, x) for ns, x in near if x.xid in GPU_FAULT_XIDS]
+    if not faults:
+        return None
+    ns, x = faults[0]
+    items.append(EvidenceItem("kmsg", ns, f"NVRM: Xid ({x.bus}): {x.xid}, {x.detail}"))
+    who = f"rank {victim.label} (pid {victim.pid})"
+    what = x.detail.rstrip(".") or f"Xid {x.xid}"
+    return (
+        "gpu_error",
+        "certain" if named else "likely",
+        f"{who} died as the GPU at {x.bus} failed: Xid {x.xid} ({what})"
+        + ("; the driver named this process." if named else "."),
     )
 
 

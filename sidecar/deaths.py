@@ -34,7 +34,7 @@ from sidecar.autopsy import (
 )
 from sidecar.model import RankSample, Snapshot
 from sidecar.parse.flight import FlightDump, FlightVerdict, load_dump, summarise
-from sidecar.parse.kernel import KmsgRecord, OomKill, OomSummary, parse_oom_line
+from sidecar.parse.kernel import KmsgRecord, OomKill, OomSummary, XidRecord, parse_oom_line, parse_xid_line
 from sidecar.parse.oomd import parse_userspace_oom_line
 from sidecar.parse.ranks import Finding, parse_rank_output
 from sidecar.parse.torchrun import (
@@ -140,6 +140,7 @@ class DeathWatch:
         self._kernel: deque[KernelOom] = deque(maxlen=512)
         self._signals: deque[SignalSent] = deque(maxlen=1024)
         self._userspace: deque[UserspaceKill] = deque(maxlen=256)  # oomd's kernel-log lines
+        self._xids: deque[tuple[int, XidRecord]] = deque(maxlen=256)  # NVRM Xid records
         self._reported: dict[int, int] = {}  # pid -> ns: an exit was reported (any status)
         self._clean_exits: dict[int, tuple[int, str | None]] = {}  # pid -> (ns, source), before any incident
         self._agent_outputs: dict[int, list[OutputFile]] = {}  # agent pid -> its output files
@@ -322,6 +323,15 @@ class DeathWatch:
                             "kmsg",
                         )
                     )
+                    for inc in self._incidents.values():
+                        if inc.deaths:
+                            self._schedule(inc, self.clock_ns())
+            return
+        if "NVRM: Xid" in record.text:
+            xid = parse_xid_line(record.text)
+            if xid is not None:
+                with self._cv:
+                    self._xids.append((record.timestamp_us * 1000, xid))
                     for inc in self._incidents.values():
                         if inc.deaths:
                             self._schedule(inc, self.clock_ns())
@@ -678,6 +688,7 @@ class DeathWatch:
             inc.gen.world_size,
             *self._flight(inc)[:2],
             self._shm(inc),
+            tuple(self._xids),
         )
 
     # -- the document --------------------------------------------------------------
@@ -984,6 +995,12 @@ def advice(
                 "mismatch between ranks' collectives visible."
             )
         out.append("Raise the timeout (init_process_group(timeout=...)) only when a step truly takes longer.")
+    if v.kind == "gpu_error":
+        out.append(
+            "The GPU failed, not the program: drain the node and have it checked (nvidia-smi -q, "
+            "nvidia-bug-report.sh; Xid 79 is a GPU off the bus, 48/94/95 uncorrectable memory errors); "
+            "restart the job elsewhere from its last checkpoint."
+        )
     if v.kind == "cuda_oom":
         out.append(
             "Reduce GPU memory per step: a smaller micro-batch with gradient accumulation, activation "

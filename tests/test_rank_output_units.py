@@ -253,3 +253,38 @@ def test_shm_full_is_named_and_a_self_raised_fault_is_certain():
     # the same signal sent by someone else is an outside kill, said so
     v = autopsy(Evidence((segv,), signals=(SignalSent("bash", 99, 11, 11, 0, S - 1000),)))
     assert v is not None and v.kind == "external_signal" and "pid 99 (bash)" in v.summary
+
+
+def test_an_nvrm_xid_names_a_gpu_error():
+    from sidecar.parse.kernel import parse_xid_line
+
+    cases = (
+        {
+            c["id"]: c
+            for c in map(json.loads, (FIXTURES / "public-logs" / "cases.jsonl").read_text().splitlines())
+        }
+        if FIXTURES.exists()
+        else {}
+    )
+    text = (
+        cases["nvidia-docker-1553-xid79-fallen-off-bus"]["evidence"][0]["text"]
+        if cases
+        else "[1084456.074562] NVRM: Xid (PCI:0000:09:00): 79, pid=0, GPU has fallen off the bus."
+    )
+    xids = [x for x in map(parse_xid_line, text.splitlines()) if x is not None]
+    assert [(x.bus, x.xid, x.pid, x.detail) for x in xids] == [
+        ("0000:09:00", 79, None, "GPU has fallen off the bus.")
+    ]
+    named = parse_xid_line(
+        "NVRM: Xid (PCI:0000:3b:00): 13, pid=4242, name=python, Graphics Exception: ESR 0x50"
+    )
+    assert named is not None and (named.xid, named.pid, named.process) == (13, 4242, "python")
+    victim = _rank("1", 4242, 6, 10 * S)
+    v = autopsy(Evidence((victim,), xids=((10 * S - 10**9, xids[0]),)))
+    assert v is not None and (v.kind, v.confidence) == ("gpu_error", "likely") and "Xid 79" in v.summary
+    v = autopsy(Evidence((victim,), xids=((10 * S, named),)))
+    assert v is not None and (v.kind, v.confidence) == ("gpu_error", "certain")
+    # an Xid that is usually the program's own bug, naming another process: not this death's cause
+    other = parse_xid_line("NVRM: Xid (PCI:0000:3b:00): 13, pid=99, name=python, Graphics Exception")
+    v = autopsy(Evidence((victim,), xids=((10 * S, other),)))  # type: ignore[arg-type]
+    assert v is not None and v.kind == "abort"

@@ -30,8 +30,10 @@ __all__ = [
     "OomMemcgLimit",
     "OomMemcgUsage",
     "OomSummary",
+    "XidRecord",
     "parse_kmsg_record",
     "parse_oom_line",
+    "parse_xid_line",
 ]
 
 KB = 1024
@@ -141,6 +143,33 @@ def _int(value: str | None) -> int | None:
 
 def _kb(value: str | None) -> int | None:
     return int(value) * KB if value is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class XidRecord:
+    """``NVRM: Xid (PCI:0000:09:00): 79, pid=0, GPU has fallen off the bus.``: an error the
+    NVIDIA driver saw on a GPU. ``pid`` is the process it blamed (None or 0: none)."""
+
+    bus: str
+    xid: int
+    pid: int | None
+    process: str | None
+    detail: str
+
+
+_XID = re.compile(
+    r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d+)(?:, pid=(\d+|'<unknown>'))?(?:, name=([^,]*))?,?\s*(.*)"
+)
+# Xids that mean the GPU (or its memory, or its link) failed, not the program on it.
+GPU_FAULT_XIDS = frozenset({48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 121, 123, 140, 143, 154})
+
+
+def parse_xid_line(text: str) -> XidRecord | None:
+    m = _XID.search(text)
+    if not m:
+        return None
+    pid = int(m[3]) if m[3] and m[3].isdigit() else None
+    return XidRecord(m[1], int(m[2]), pid or None, (m[4] or "").strip() or None, m[5].strip())
 
 
 def parse_oom_line(text: str) -> OomSummary | OomKill | OomMemcgLimit | OomHeader | OomMemcgUsage | None:
