@@ -562,7 +562,7 @@ def _from_output(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> 
     def cite(*kinds: str) -> list[Finding]:
         found = [f for f in mine if f.kind in kinds]
         for f in found[:3]:
-            items.append(EvidenceItem("output", victim.died_ns, f.line))
+            items.append(EvidenceItem("output", None, f.line))  # its own time is in the text
         return found
 
     nccl = cite("nccl_timeout")
@@ -652,6 +652,6 @@ def _from_output(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> 
     exc_found = [f for f in mine if f.kind == "exception"]
     if exc_found and victim.status not in (None, 0):
         f = exc_found[-1]
-        items.append(EvidenceItem("output", victim.died_ns, f.line))
+        items.append(EvidenceItem("output", None, f.line))  # its own time is in the text
         return "python_exception", confidence, f"{who} raised {f.line}"
     return None

@@ -89,6 +89,21 @@ def _pump(fd: int, out: int, keeper: OutputKeeper) -> None:
         os.close(fd)
 
 
+RUN_HELP = """\
+usage: trainwatch run [daemon options] -- COMMAND [ARGS...]
+
+Start COMMAND (torchrun ..., or a script that runs it) and watch only that job: the
+same HTTP (/metrics, /ranks, /postmortem) and postmortems as the daemon. Its output and
+its ranks' output pass through unchanged and the last 8 MiB are kept as evidence. The
+exit status is COMMAND's (128+N after signal N). Signals sent to trainwatch are passed
+on; Ctrl-C at a terminal reaches COMMAND directly.
+
+The daemon options are those of trainwatch --attach-torchrun (see trainwatch --help)
+except --pid. trainwatch's own log is at WARNING unless --log-level says otherwise; the
+port is 9864, or a free one when that is taken and --port was not given.
+"""
+
+
 def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     args = list(argv)
     if "--" not in args:
@@ -108,6 +123,10 @@ def run_command(argv: Sequence[str], environ: dict[str, str] | None = None) -> i
     from sidecar import cli
 
     env = dict(os.environ if environ is None else environ)
+    before = list(argv)[: list(argv).index("--")] if "--" in argv else list(argv)
+    if "--help" in before or "-h" in before:
+        sys.stdout.write(RUN_HELP)
+        return 0
     options, command = _split(argv)
     if "--log-level" not in " ".join(options) and not env.get("TRAINWATCH_LOG_LEVEL"):
         options = [*options, "--log-level", "WARNING"]  # the terminal belongs to the job
