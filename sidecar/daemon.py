@@ -120,6 +120,7 @@ def _rank_sample(
         cgroup=rank_cgroup.get(tracked.key),
         gpu_memory_bytes=gpu_by_rank.get(tracked.key, {}),
         ns_pids=read.ns_pids,
+        flight_recorder=tracked.env.flight_recorder if tracked.env else None,
     )
 
 

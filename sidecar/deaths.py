@@ -144,9 +144,8 @@ class DeathWatch:
         self._reported: dict[int, int] = {}  # pid -> ns: an exit was reported (any status)
         self._clean_exits: dict[int, tuple[int, str | None]] = {}  # pid -> (ns, source), before any incident
         self._agent_outputs: dict[int, list[OutputFile]] = {}  # agent pid -> its output files
-        self._rank_outputs: dict[int, list[OutputFile]] = {}  # rank pid -> its own output files
-        self._flight_env: dict[int, tuple[int, str] | None] = {}  # rank pid -> (FR buffer, dump prefix)
-        self._first_seen_wall: dict[int, float] = {}
+        # rank pid -> (its own output files, the wall time it was first seen)
+        self._rank_files: dict[int, tuple[list[OutputFile], float]] = {}
         self._oomd_baseline: dict[tuple[str, int], dict[str, int]] = {}  # cgroup -> oomd xattrs
         # One incident per job and worker generation: after an elastic restart the new
         # generation's deaths get a postmortem of their own.
@@ -177,12 +176,10 @@ class DeathWatch:
                 del self._reported[pid]
             for pid in [p for p, (ns, _) in self._clean_exits.items() if ns < cutoff]:
                 del self._clean_exits[pid]
-            for pid in [p for p in self._rank_outputs if p not in self._known]:
-                del self._rank_outputs[pid]
-                self._flight_env.pop(pid, None)
-                self._first_seen_wall.pop(pid, None)
+            for pid in [p for p in self._rank_files if p not in self._known]:
+                del self._rank_files[pid]
             new_ranks = [
-                r.key.pid for job in snap.jobs for r in job.ranks if r.key.pid not in self._rank_outputs
+                r.key.pid for job in snap.jobs for r in job.ranks if r.key.pid not in self._rank_files
             ]
             agents = {job.agent.pid for job in snap.jobs}
             for gone in [p for p in self._agent_outputs if p not in agents]:
@@ -199,20 +196,19 @@ class DeathWatch:
         marks = {key: self.read_oomd_marks(*key) for key in new_cgroups}
         # A rank's own stdout/stderr, where they are not the agent's: torchrun --redirects
         # and --log-dir point them at per-rank files.
-        shared = {(f.device, f.inode) for files in self._agent_outputs.values() for f in files}
-        shared |= {(f.device, f.inode) for files in outputs.values() for f in files}
-        rank_files = {
-            p: [f for f in regular_outputs(self.proc_root, p) if (f.device, f.inode) not in shared]
-            if self.read_outputs
-            else []
-            for p in new_ranks
-        }
-        flight = {p: flight_recorder_env(self.proc_root, p) for p in new_ranks}
-        with self._cv:
-            self._flight_env.update(flight)
+        rank_files: dict[int, tuple[list[OutputFile], float]] = {}
+        if new_ranks:
+            shared = {
+                (f.device, f.inode)
+                for files in (*self._agent_outputs.values(), *outputs.values())
+                for f in files
+            }
+            seen_at = self.wall()
             for p in new_ranks:
-                self._first_seen_wall.setdefault(p, self.wall())
-            self._rank_outputs.update(rank_files)
+                own = regular_outputs(self.proc_root, p) if self.read_outputs else []
+                rank_files[p] = ([f for f in own if (f.device, f.inode) not in shared], seen_at)
+        with self._cv:
+            self._rank_files.update(rank_files)
             self._agent_outputs.update(outputs)
             self._oomd_baseline.update(marks)
             for job_key in [
@@ -448,16 +444,13 @@ class DeathWatch:
                 except Exception:
                     log.exception("job %s: postmortem failed", inc.gen.job)
 
-    def oom_daemons(self) -> tuple[tuple[str, int], ...]:
-        """Userspace OOM daemons running now (a /proc scan, done only when a rank died)."""
-        return tuple((comm, pid) for comm, pid, _ in self._scan_oom_daemons(read_logs=False))
-
-    def _scan_oom_daemons(self, read_logs: bool) -> list[tuple[str, int, list[UserspaceKill]]]:
-        """(comm, pid, the kill lines of its stdout/stderr where those are regular files)."""
+    def _scan_oom_daemons(self) -> list[tuple[str, int, list[UserspaceKill]]]:
+        """Userspace OOM daemons running now (a /proc scan, done only when a rank died):
+        (comm, pid, the kill lines of its stdout/stderr where those are regular files)."""
         out = []
         for comm, pid in self._oom_daemon_pids():
             lines: list[UserspaceKill] = []
-            if read_logs and self.read_outputs:
+            if self.read_outputs:
                 for f in regular_outputs(self.proc_root, pid):
                     text = read_output(self.proc_root, f, limit=256 << 10, since_offset=False)
                     for raw in text.splitlines():
@@ -503,7 +496,7 @@ class DeathWatch:
             for f in self._agent_outputs.get(inc.gen.agent_pid, []):
                 texts.append((None, read_output(self.proc_root, f, limit=OUTPUT_PARSE_BYTES)))
             for pid, k in inc.ranks.items():
-                for f in self._rank_outputs.get(pid, []):
+                for f in self._rank_files.get(pid, ([], 0.0))[0]:
                     texts.append(
                         (k.sample.rank_label, read_output(self.proc_root, f, limit=OUTPUT_PARSE_BYTES))
                     )
@@ -535,17 +528,14 @@ class DeathWatch:
                     found.append((label, f))
         return found
 
-    def _flight(self, inc: _Incident) -> tuple[FlightVerdict | None, bool | None, list[str]]:
-        """The flight recorder's dumps of this generation's ranks: the verdict, whether
-        the recorder was on (None: the ranks' environments could not be read), and what
-        could not be read."""
-        envs = {pid: self._flight_env.get(pid) for pid in inc.ranks}
+    def _flight(self, inc: _Incident) -> tuple[FlightVerdict | None, bool | None]:
+        """The flight recorder's dumps of this generation's ranks: the verdict, and whether
+        the recorder was on (None: no rank's environment could be read)."""
+        envs = {pid: k.sample.flight_recorder for pid, k in inc.ranks.items()}
         known = [e for e in envs.values() if e is not None]
-        if not known and any(pid not in self._flight_env for pid in inc.ranks):
-            return None, None, []
-        on = any(buffer > 0 for buffer, _ in known)
+        if not known:
+            return None, None
         dumps: list[FlightDump] = []
-        problems: list[str] = []
         world: list[int] = []
         for pid, env in envs.items():
             rank = inc.ranks[pid].sample.rank
@@ -554,14 +544,15 @@ class DeathWatch:
             world.append(rank)
             path = f"{env[1]}{rank}"
             try:
-                if os.path.getmtime(path) < self._first_seen_wall.get(pid, 0) - 60:
+                if os.path.getmtime(path) < self._rank_files.get(pid, ([], 0.0))[1] - 60:
                     continue  # an earlier run's dump
                 dumps.append(load_dump(path, rank))
             except FileNotFoundError:
                 continue
             except (OSError, ValueError) as exc:
-                problems.append(str(exc))
-        return summarise(dumps, tuple(sorted(world))) if dumps else None, on, problems
+                log.warning("job %s: flight-recorder dump not used: %s", inc.gen.job, exc)
+        on = any(buffer > 0 for buffer, _ in known)
+        return (summarise(dumps, tuple(sorted(world))) if dumps else None), on
 
     def _stacks(self, inc: _Incident) -> dict[str, Any] | None:
         if self.stacks_of is None or inc.stacks is not None:
@@ -663,7 +654,7 @@ class DeathWatch:
             if now is not None:
                 after_cg[cg.path] = now
         host_after = self.read_host_oom_kills()
-        daemons = self._scan_oom_daemons(read_logs=True)
+        daemons = self._scan_oom_daemons()
         userspace = [
             *self._userspace,
             *self._oomd_kills(inc),
@@ -686,7 +677,7 @@ class DeathWatch:
             tuple(self._findings(inc, texts)),
             bool(texts),
             inc.gen.world_size,
-            *self._flight(inc)[:2],
+            *self._flight(inc),
             self._shm(inc),
             tuple(self._xids),
         )
@@ -871,31 +862,6 @@ class DeathWatch:
             ),
         }
         return doc
-
-
-def flight_recorder_env(proc_root: str, pid: int) -> tuple[int, str] | None:
-    """(buffer size, dump file prefix) of the NCCL flight recorder in a rank's environment;
-    (0, ...) when it is off; None when the environment cannot be read."""
-    try:
-        with open(f"{proc_root}/{pid}/environ", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-
-    def get(*names: str) -> str | None:
-        for name in names:
-            value = env.get(name.encode())
-            if value:
-                return value.decode("utf-8", "replace")
-        return None
-
-    try:
-        buffer = int(get("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE") or 0)
-    except ValueError:
-        buffer = 0
-    prefix = get("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE") or "/tmp/nccl_trace_rank_"
-    return buffer, prefix
 
 
 def _merge(previous: KernelOom, fresh: KernelOom) -> KernelOom:

@@ -47,6 +47,8 @@ class RankEnv:
     restart_count: int
     max_restarts: int | None
     error_file: str | None
+    # the NCCL flight recorder: (buffer size, 0 when off; dump file prefix)
+    flight_recorder: tuple[int, str] = (0, "/tmp/nccl_trace_rank_")
 
     @property
     def is_worker(self) -> bool:
@@ -148,6 +150,7 @@ class RankSample:
     cgroup: str | None
     gpu_memory_bytes: dict[int, int] = field(default_factory=dict)
     ns_pids: tuple[int, ...] = ()
+    flight_recorder: tuple[int, str] | None = None  # RankEnv's; None when the env was unreadable
 
 
 @dataclass(frozen=True, slots=True)

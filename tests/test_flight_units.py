@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from sidecar.autopsy import Evidence, RankState, autopsy
-from sidecar.deaths import flight_recorder_env
 from sidecar.parse.flight import load_dump, summarise
 from sidecar.parse.ranks import Finding
+from sidecar.probes.proc import ProcReader, parse_rank_env
 
 DUMP = (
     Path(__file__).resolve().parents[2]
@@ -116,7 +116,7 @@ def test_a_hostile_dump_is_refused_not_run(tmp_path):
     assert load_dump(str(path), 0).status == {}
 
 
-def test_flight_recorder_env_of_a_real_process(tmp_path):
+def test_the_flight_recorder_settings_in_real_processes_environments(tmp_path):
     import subprocess
     import sys
 
@@ -129,14 +129,23 @@ def test_flight_recorder_env_of_a_real_process(tmp_path):
                 and time.monotonic() < deadline
             ):
                 time.sleep(0.01)
-            assert flight_recorder_env("/proc", p.pid) == (2000, "/x/trace_")  # the older names
+            env = parse_rank_env(ProcReader("/proc").environ(p.pid))
+            assert env.flight_recorder == (2000, "/x/trace_")  # the older names
         finally:
             p.kill()
     with subprocess.Popen(["sleep", "5"], env={"PATH": os.environ["PATH"]}) as p:
         try:
             while Path(f"/proc/{p.pid}/cmdline").read_bytes()[:5] != b"sleep":
                 time.sleep(0.01)
-            assert flight_recorder_env("/proc", p.pid) == (0, "/tmp/nccl_trace_rank_")
+            env = parse_rank_env(ProcReader("/proc").environ(p.pid))
+            assert env.flight_recorder == (0, "/tmp/nccl_trace_rank_")
         finally:
             p.kill()
-    assert flight_recorder_env("/proc", 999_999_999) is None
+    new = parse_rank_env(
+        {
+            "TORCH_FR_BUFFER_SIZE": "500",
+            "TORCH_NCCL_TRACE_BUFFER_SIZE": "9",
+            "TORCH_FR_DUMP_TEMP_FILE": "/d/r_",
+        }
+    )
+    assert new.flight_recorder == (500, "/d/r_")  # the new names win

@@ -180,6 +180,12 @@ def parse_rank_env(env: dict[str, str]) -> RankEnv:
         restart_count=_int_or_none(env.get("TORCHELASTIC_RESTART_COUNT")) or 0,
         max_restarts=_int_or_none(env.get("TORCHELASTIC_MAX_RESTARTS")),
         error_file=env.get("TORCHELASTIC_ERROR_FILE"),
+        flight_recorder=(
+            _int_or_none(env.get("TORCH_FR_BUFFER_SIZE") or env.get("TORCH_NCCL_TRACE_BUFFER_SIZE")) or 0,
+            env.get("TORCH_FR_DUMP_TEMP_FILE")
+            or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+            or "/tmp/nccl_trace_rank_",
+        ),
     )
 
 
