@@ -67,6 +67,7 @@ class RankState:
     cgroup_limited_by: str | None = None
     # who told the exit status: "connector", "pidfd", "proc" (a zombie), "agent-log"
     exit_source: str | None = None
+    gpus: tuple[int, ...] = ()  # the GPU indices NVML ever attributed memory of the rank's tree to
 
     @property
     def dead(self) -> bool:
@@ -176,6 +177,9 @@ class Evidence:
     flight_enabled: bool | None = None
     shm: tuple[int, int] | None = None  # the ranks' /dev/shm: (size, used) bytes, in their mount namespace
     xids: tuple[tuple[int, XidRecord], ...] = ()  # (monotonic ns, record) of NVRM Xid kernel records
+    # GPUs NVML reports lost (NVML_ERROR_GPU_IS_LOST: off the bus): (monotonic ns first seen
+    # lost, index, name)
+    lost_gpus: tuple[tuple[int, int, str | None], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,7 +251,7 @@ def autopsy(ev: Evidence) -> Verdict | None:
     # the cascade, in order: what the other ranks said as they died
     for r in sorted((r for r in dead if r is not victim), key=lambda r: r.died_ns or 0):
         for f in _own(r, ev, *WAITING, "exception")[:2]:
-            items.append(EvidenceItem("output", r.died_ns, f"then rank {r.label}: {f.line}"))
+            items.append(EvidenceItem("output", f.at_ns or r.died_ns, f"then rank {r.label}: {f.line}"))
     return Verdict(victim, kind, confidence, summary, tuple(items), fates, oom)
 
 
@@ -520,24 +524,49 @@ def _victim_verdict(
 
 def _gpu_fault(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> tuple[str, str, str] | None:
     """An NVRM Xid near the death: naming the rank's pid (certain), or one of the Xids that
-    mean the hardware failed (a GPU off the bus, uncorrectable ECC, GSP errors: likely)."""
+    mean the hardware failed (a GPU off the bus, uncorrectable ECC, GSP errors: likely).
+    Else a GPU NVML reports lost by the time of the death: the rank's own (likely), or
+    any one when the rank's GPUs are not known (possible)."""
     if victim.died_ns is None:
         return None
+    who = f"rank {victim.label} (pid {victim.pid})"
     near = [(ns, x) for ns, x in ev.xids if abs(ns - victim.died_ns) <= 120 * 10**9]
     named = [(ns, x) for ns, x in near if x.pid is not None and x.pid in (victim.pid, *victim.ns_pids)]
     faults = named or [(ns, x) for ns, x in near if x.xid in GPU_FAULT_XIDS]
-    if not faults:
+    if faults:
+        ns, x = faults[0]
+        items.append(EvidenceItem("kmsg", ns, f"NVRM: Xid ({x.bus}): {x.xid}, {x.detail}"))
+        what = x.detail.rstrip(".") or f"Xid {x.xid}"
+        return (
+            "gpu_error",
+            "certain" if named else "likely",
+            f"{who} died as the GPU at {x.bus} failed: Xid {x.xid} ({what})"
+            + ("; the driver named this process." if named else "."),
+        )
+    lost = [g for g in ev.lost_gpus if g[0] <= victim.died_ns + 120 * 10**9]
+    mine = [g for g in lost if g[1] in victim.gpus]
+    pick = mine or (lost if not victim.gpus else [])
+    if not pick:
         return None
-    ns, x = faults[0]
-    items.append(EvidenceItem("kmsg", ns, f"NVRM: Xid ({x.bus}): {x.xid}, {x.detail}"))
-    who = f"rank {victim.label} (pid {victim.pid})"
-    what = x.detail.rstrip(".") or f"Xid {x.xid}"
+    ns, index, name = pick[0]
+    gpu = f"GPU {index}" + (f" ({name})" if name else "")
+    items.append(EvidenceItem("nvml", ns, f"{gpu}: NVML_ERROR_GPU_IS_LOST (the GPU fell off the bus)"))
+    if mine:
+        return "gpu_error", "likely", f"{who} died as its {gpu} was lost: NVML reports it off the bus."
     return (
         "gpu_error",
-        "certain" if named else "likely",
-        f"{who} died as the GPU at {x.bus} failed: Xid {x.xid} ({what})"
-        + ("; the driver named this process." if named else "."),
+        "possible",
+        f"{who} died while {gpu} was lost (NVML reports it off the bus); "
+        "which GPU the rank used is not known.",
     )
+
+
+def _cited(f: Finding) -> EvidenceItem:
+    """A finding as evidence, at the time its line carries (None when it has none)."""
+    where = f.get("file")
+    if where is not None:
+        return EvidenceItem("error_file", f.at_ns, f"{where}: {f.line}")
+    return EvidenceItem("output", f.at_ns, f.line)
 
 
 def _from_output(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> tuple[str, str, str] | None:
@@ -562,7 +591,7 @@ def _from_output(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> 
     def cite(*kinds: str) -> list[Finding]:
         found = [f for f in mine if f.kind in kinds]
         for f in found[:3]:
-            items.append(EvidenceItem("output", None, f.line))  # its own time is in the text
+            items.append(_cited(f))
         return found
 
     nccl = cite("nccl_timeout")
@@ -585,6 +614,9 @@ def _from_output(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> 
         ]
         fr = ev.flight
         if fr is not None:  # sequence numbers beat inference from who said what
+            missing = [
+                r for r in missing if r.rank is None or r.rank not in fr.dumped or r.rank in fr.laggards
+            ]
             for line in fr.lines:
                 items.append(EvidenceItem("flight_recorder", None, line))
             if fr.laggards:
@@ -605,6 +637,11 @@ def _from_output(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> 
         elif len(ev.ranks) == 1 and ev.world_size == 1:
             never = (
                 "; it is the whole world, so its own work held the collective up (a GPU kernel ahead of it)"
+            )
+        elif fr is not None and ev.world_size is not None and len(fr.dumped) == ev.world_size:
+            never = (
+                "; every rank entered it (flight recorder), so the collective itself did not finish "
+                "(the network, NCCL, or GPU work queued ahead of it)"
             )
         else:
             never = "; every rank here was waiting (the one that never arrived is elsewhere)"
@@ -652,6 +689,6 @@ def _from_output(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> 
     exc_found = [f for f in mine if f.kind == "exception"]
     if exc_found and victim.status not in (None, 0):
         f = exc_found[-1]
-        items.append(EvidenceItem("output", None, f.line))  # its own time is in the text
+        items.append(_cited(f))
         return "python_exception", confidence, f"{who} raised {f.line}"
     return None

@@ -121,6 +121,7 @@ def _rank_sample(
         gpu_memory_bytes=gpu_by_rank.get(tracked.key, {}),
         ns_pids=read.ns_pids,
         flight_recorder=tracked.env.flight_recorder if tracked.env else None,
+        error_file=tracked.env.error_file if tracked.env else None,
     )
 
 

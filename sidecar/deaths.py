@@ -18,7 +18,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sidecar.autopsy import (
@@ -36,11 +36,12 @@ from sidecar.model import RankSample, Snapshot
 from sidecar.parse.flight import FlightDump, FlightVerdict, load_dump, summarise
 from sidecar.parse.kernel import KmsgRecord, OomKill, OomSummary, XidRecord, parse_oom_line, parse_xid_line
 from sidecar.parse.oomd import parse_userspace_oom_line
-from sidecar.parse.ranks import Finding, parse_rank_output
+from sidecar.parse.ranks import Finding, parse_rank_output, stamp_to_epoch
 from sidecar.parse.torchrun import (
     ClosingSignal,
     exit_codes_by_pid,
     parse_agent_text,
+    parse_error_file,
     returncode_to_wait_status,
 )
 from sidecar.postmortem import PostmortemStore, iso, make_id
@@ -103,6 +104,34 @@ class _Incident:
     stacks: dict[str, Any] | None = None  # py-spy stacks recorded while the job stalled
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What one autopsy round reads, copied from the shared state under the lock."""
+
+    agent_files: tuple[OutputFile, ...]
+    rank_files: tuple[tuple[int, str, tuple[OutputFile, ...]], ...]  # (pid, label, its own files)
+    seen_at: dict[int, float]  # rank pid -> wall time first seen (older dumps are not its)
+    oomd_baseline: dict[tuple[str, int], dict[str, int]]
+    error_files: tuple[tuple[str, str], ...]  # (rank label, its TORCHELASTIC_ERROR_FILE)
+
+
+@dataclass(frozen=True, slots=True)
+class _Reads:
+    """What one autopsy round read and parsed, outside the lock."""
+
+    texts: list[tuple[str | None, str]]  # the output read (and the error files')
+    agent_codes: dict[int, tuple[int, str]]  # pid -> (wait status, the agent's line)
+    teardown: frozenset[int]
+    findings: tuple[tuple[str | None, Finding], ...]
+    cgroup_oom_after: dict[str, int]
+    host_oom_after: int | None
+    daemons: list[tuple[str, int, list[UserspaceKill]]]
+    oomd: list[UserspaceKill]
+    flight: FlightVerdict | None
+    flight_on: bool | None
+    shm: tuple[int, int] | None
+
+
 class DeathWatch:
     def __init__(
         self,
@@ -141,6 +170,8 @@ class DeathWatch:
         self._signals: deque[SignalSent] = deque(maxlen=1024)
         self._userspace: deque[UserspaceKill] = deque(maxlen=256)  # oomd's kernel-log lines
         self._xids: deque[tuple[int, XidRecord]] = deque(maxlen=256)  # NVRM Xid records
+        self._lost_gpus: dict[int, tuple[int, str | None]] = {}  # GPU index -> (first seen lost, name)
+        self._rank_gpus: dict[int, frozenset[int]] = {}  # rank pid -> GPUs NVML ever gave it memory on
         self._reported: dict[int, int] = {}  # pid -> ns: an exit was reported (any status)
         self._clean_exits: dict[int, tuple[int, str | None]] = {}  # pid -> (ns, source), before any incident
         self._agent_outputs: dict[int, list[OutputFile]] = {}  # agent pid -> its output files
@@ -162,8 +193,17 @@ class DeathWatch:
         cgroups = {c.path: c for c in snap.cgroups}
         with self._cv:
             self._snapshots.append((now, snap))
+            for g in snap.gpus:
+                if g.lost:
+                    self._lost_gpus.setdefault(g.index, (now, g.name))
+                else:
+                    self._lost_gpus.pop(g.index, None)
             for job in snap.jobs:
                 for r in job.ranks:
+                    if r.gpu_memory_bytes:  # a lost GPU lists no processes: remember the earlier ones
+                        self._rank_gpus[r.key.pid] = self._rank_gpus.get(r.key.pid, frozenset()) | set(
+                            r.gpu_memory_bytes
+                        )
                     cg = cgroups.get(r.cgroup or "")
                     gen = _Generation(
                         job.key, job.agent.pid, job.run_id, job.world_size, r.restart, job.entrypoint
@@ -178,6 +218,8 @@ class DeathWatch:
                 del self._clean_exits[pid]
             for pid in [p for p in self._rank_files if p not in self._known]:
                 del self._rank_files[pid]
+            for pid in [p for p in self._rank_gpus if p not in self._known]:
+                del self._rank_gpus[pid]
             new_ranks = [
                 r.key.pid for job in snap.jobs for r in job.ranks if r.key.pid not in self._rank_files
             ]
@@ -437,7 +479,12 @@ class DeathWatch:
                     return
                 for inc in ready:
                     inc.due_ns = None
-                work = [(inc, self._evidence(inc)) for inc in ready]
+                plans = [(inc, self._plan(inc)) for inc in ready]
+            # The files (outputs, dumps, cgroup counters, /proc) are read and parsed outside
+            # the lock: the sampler and the exit threads never wait on a 2 MiB log.
+            reads = [(inc, self._read(inc, plan)) for inc, plan in plans]
+            with self._cv:
+                work = [(inc, self._evidence(inc, r)) for inc, r in reads]
             for inc, evidence in work:
                 try:
                     self._write(inc, evidence)
@@ -486,26 +533,96 @@ class DeathWatch:
                 found.append((comm, int(name)))
         return tuple(sorted(found))
 
-    def _texts(self, inc: _Incident) -> list[tuple[str | None, str]]:
+    def _plan(self, inc: _Incident) -> _Plan:
+        """Under the lock: what the reads of this round need from the shared state."""
+        agent = tuple(self._agent_outputs.get(inc.gen.agent_pid, []))
+        rank_files = tuple(
+            (pid, k.sample.rank_label, tuple(self._rank_files.get(pid, ([], 0.0))[0]))
+            for pid, k in inc.ranks.items()
+        )
+        seen_at = {pid: self._rank_files.get(pid, ([], 0.0))[1] for pid in inc.ranks}
+        before = inc.snapshot_before
+        baseline = {
+            (cg.path, cg.version): dict(self._oomd_baseline[(cg.path, cg.version)])
+            for cg in (before.cgroups if before else ())
+            if (cg.path, cg.version) in self._oomd_baseline
+        }
+        errors = tuple(
+            (k.sample.rank_label, k.sample.error_file) for k in inc.ranks.values() if k.sample.error_file
+        )
+        return _Plan(agent, rank_files, seen_at, baseline, errors)
+
+    def _read(self, inc: _Incident, plan: _Plan) -> _Reads:
+        """Outside the lock: every file this autopsy round reads, read and parsed."""
+        texts = self._texts(inc, plan)
+        errors = self._error_files(inc, plan)
+        codes, teardown = self._agent_log(inc, texts)
+        after_cg: dict[str, int] = {}
+        # The cgroups the ranks were in may hold no live rank any more (so no snapshot
+        # samples them): read their counters now.
+        before = inc.snapshot_before
+        for cg in before.cgroups if before else ():
+            now = self.read_cgroup_oom_kills(cg.path, cg.version)
+            if now is not None:
+                after_cg[cg.path] = now
+        flight, flight_on = self._flight(inc, plan)
+        return _Reads(
+            texts + [(owner, text) for owner, text, _ in errors],
+            codes,
+            teardown,
+            tuple(self._findings(inc, [(o, t, None) for o, t in texts] + errors)),
+            after_cg,
+            self.read_host_oom_kills(),
+            self._scan_oom_daemons(),
+            self._oomd_kills(inc, plan),
+            flight,
+            flight_on,
+            self._shm(inc),
+        )
+
+    def _texts(self, inc: _Incident, plan: _Plan) -> list[tuple[str | None, str]]:
         """What the job printed that can be read: (the rank it belongs to, or None for
         the agent's stream that every rank shares too, text)."""
         texts: list[tuple[str | None, str]] = []
         if self.job_output is not None:
             texts.append((None, self.job_output(inc.gen.agent_pid)[-OUTPUT_PARSE_BYTES:]))
         if self.read_outputs:
-            for f in self._agent_outputs.get(inc.gen.agent_pid, []):
+            for f in plan.agent_files:
                 texts.append((None, read_output(self.proc_root, f, limit=OUTPUT_PARSE_BYTES)))
-            for pid, k in inc.ranks.items():
-                for f in self._rank_files.get(pid, ([], 0.0))[0]:
-                    texts.append(
-                        (k.sample.rank_label, read_output(self.proc_root, f, limit=OUTPUT_PARSE_BYTES))
-                    )
+            for _, label, files in plan.rank_files:
+                for f in files:
+                    texts.append((label, read_output(self.proc_root, f, limit=OUTPUT_PARSE_BYTES)))
         return [(owner, text) for owner, text in texts if text]
 
+    def _error_files(self, inc: _Incident, plan: _Plan) -> list[tuple[str | None, str, str | None]]:
+        """The ranks' TORCHELASTIC_ERROR_FILE records (written where the entrypoint has
+        ``@record``): (rank label, the traceback or message, the file)."""
+        out: list[tuple[str | None, str, str | None]] = []
+        for label, path in plan.error_files:
+            # a rank in a container wrote it in the container's file system: the agent's view
+            for where in (path, f"{self.proc_root}/{inc.gen.agent_pid}/root{path}"):
+                try:
+                    with open(where, "rb") as f:
+                        text = f.read(1 << 20).decode("utf-8", "replace")
+                except OSError:
+                    continue
+                try:
+                    record = parse_error_file(text)
+                except ValueError as exc:
+                    log.warning(
+                        "job %s: error file %s of rank %s not used: %s", inc.gen.job, path, label, exc
+                    )
+                    break
+                # the traceback gives the exception line and the collective it was in
+                out.append((label, record.traceback or record.message, path))
+                break
+        return out
+
     def _findings(
-        self, inc: _Incident, texts: list[tuple[str | None, str]]
+        self, inc: _Incident, texts: list[tuple[str | None, str, str | None]]
     ) -> list[tuple[str | None, Finding]]:
-        """The ranks' findings, attributed: a rank's own file, else the line's prefix."""
+        """The ranks' findings, attributed: a rank's own file, else the line's prefix.
+        ``texts``: (owner, text, the error file it came from or None)."""
         by_rank = {
             k.sample.rank: k.sample.rank_label for k in inc.ranks.values() if k.sample.rank is not None
         }
@@ -516,8 +633,20 @@ class DeathWatch:
         }
         found: list[tuple[str | None, Finding]] = []
         seen: set[tuple[str | None, str, str]] = set()
-        for owner, text in texts:
-            for f in parse_rank_output(text):
+        wall, mono = self.wall(), self.clock_ns()
+        for owner, text, error_file in texts:
+            found_here = parse_rank_output(text)
+            if error_file is not None and not any(f.kind == "exception" for f in found_here):
+                kind, _, message = text.strip().partition(": ")  # a message without its traceback
+                found_here.append(
+                    Finding("exception", None, None, text.strip(), (("type", kind), ("message", message)))
+                )
+            for f in found_here:
+                if error_file is not None:
+                    f = replace(f, fields=(*f.fields, ("file", error_file)))
+                epoch = stamp_to_epoch(f.stamp, wall) if f.stamp is not None else None
+                if epoch is not None:  # the line's own time, on this clock
+                    f = replace(f, at_ns=mono - int((wall - epoch) * 1e9))
                 label = owner
                 if label is None and f.rank is not None:
                     label = by_rank.get(f.rank)
@@ -528,7 +657,7 @@ class DeathWatch:
                     found.append((label, f))
         return found
 
-    def _flight(self, inc: _Incident) -> tuple[FlightVerdict | None, bool | None]:
+    def _flight(self, inc: _Incident, plan: _Plan) -> tuple[FlightVerdict | None, bool | None]:
         """The flight recorder's dumps of this generation's ranks: the verdict, and whether
         the recorder was on (None: no rank's environment could be read)."""
         envs = {pid: k.sample.flight_recorder for pid, k in inc.ranks.items()}
@@ -544,7 +673,7 @@ class DeathWatch:
             world.append(rank)
             path = f"{env[1]}{rank}"
             try:
-                if os.path.getmtime(path) < self._rank_files.get(pid, ([], 0.0))[1] - 60:
+                if os.path.getmtime(path) < plan.seen_at.get(pid, 0.0) - 60:
                     continue  # an earlier run's dump
                 dumps.append(load_dump(path, rank))
             except FileNotFoundError:
@@ -591,14 +720,14 @@ class DeathWatch:
             teardown.update(r.pid for r in records if isinstance(r, ClosingSignal))
         return codes, frozenset(teardown & set(inc.ranks))
 
-    def _oomd_kills(self, inc: _Incident) -> list[UserspaceKill]:
+    def _oomd_kills(self, inc: _Incident, plan: _Plan) -> list[UserspaceKill]:
         """The cgroups (the ranks' and their ancestors) whose oomd xattrs went up since the
         daemon first saw them: systemd-oomd and oomd mark the cgroup they kill."""
         found: list[UserspaceKill] = []
         seen: set[str] = set()
         before = inc.snapshot_before
         for cg in before.cgroups if before else ():
-            baseline = self._oomd_baseline.get((cg.path, cg.version))
+            baseline = plan.oomd_baseline.get((cg.path, cg.version))
             if baseline is None:
                 continue
             for level, count in self.read_oomd_marks(cg.path, cg.version).items():
@@ -614,18 +743,17 @@ class DeathWatch:
                     )
         return found
 
-    def _evidence(self, inc: _Incident) -> Evidence:
+    def _evidence(self, inc: _Incident, reads: _Reads) -> Evidence:
+        """Under the lock: the round's reads joined with what the feeds recorded."""
         ranks = []
-        unknown = [pid for pid, d in inc.deaths.items() if d[0] is None]
         # Without first-hand exits, death times are when a death was noticed: the agent's
         # log then tells the order (whom it tore down) and the statuses.
         second_hand = any(d[2] not in ("connector", "pidfd") for d in inc.deaths.values())
-        texts = self._texts(inc)
-        from_log, teardown = self._agent_log(inc, texts) if second_hand else ({}, frozenset[int]())
-        for pid in unknown:
-            if pid in from_log:
-                died_ns = inc.deaths[pid][1]
-                inc.deaths[pid] = (from_log[pid][0], died_ns, "agent-log")
+        teardown = reads.teardown if second_hand else frozenset[int]()
+        if second_hand:
+            for pid, d in list(inc.deaths.items()):
+                if d[0] is None and pid in reads.agent_codes:
+                    inc.deaths[pid] = (reads.agent_codes[pid][0], d[1], "agent-log")
         for pid, k in sorted(
             inc.ranks.items(), key=lambda kv: (kv[1].sample.rank is None, kv[1].sample.rank or 0)
         ):
@@ -642,44 +770,39 @@ class DeathWatch:
                     k.sample.cgroup,
                     k.cgroup_limited_by,
                     source,
+                    tuple(sorted(self._rank_gpus.get(pid, ()))),
                 )
             )
         latest = self._snapshots[-1][1] if self._snapshots else None
         after_cg = {c.path: c.oom_kills for c in latest.cgroups if c.oom_kills is not None} if latest else {}
-        # The cgroups the ranks were in may hold no live rank any more (so no snapshot
-        # samples them): read their counters now.
-        before = inc.snapshot_before
-        for cg in before.cgroups if before else ():
-            now = self.read_cgroup_oom_kills(cg.path, cg.version)
-            if now is not None:
-                after_cg[cg.path] = now
-        host_after = self.read_host_oom_kills()
-        daemons = self._scan_oom_daemons()
+        after_cg.update(reads.cgroup_oom_after)
         userspace = [
             *self._userspace,
-            *self._oomd_kills(inc),
-            *(rec for _, _, lines in daemons for rec in lines),
+            *reads.oomd,
+            *(rec for _, _, lines in reads.daemons for rec in lines),
         ]
         return Evidence(
             tuple(ranks),
             tuple(self._kernel),
             tuple(self._signals),
             inc.gen.agent_pid,
-            tuple((comm, pid) for comm, pid, _ in daemons),
+            tuple((comm, pid) for comm, pid, _ in reads.daemons),
             inc.host_oom_before,
-            host_after,
+            reads.host_oom_after,
             inc.cgroup_oom_before,
             after_cg,
             self.kernel_log_readable,
             self.exits_first_hand,
             tuple(userspace),
             teardown,
-            tuple(self._findings(inc, texts)),
-            bool(texts),
+            reads.findings,
+            bool(reads.texts),
             inc.gen.world_size,
-            *self._flight(inc),
-            self._shm(inc),
+            reads.flight,
+            reads.flight_on,
+            reads.shm,
             tuple(self._xids),
+            tuple((ns, index, name) for index, (ns, name) in sorted(self._lost_gpus.items())),
         )
 
     # -- the document --------------------------------------------------------------
@@ -938,11 +1061,19 @@ def advice(
         )
     if v.kind == "collective_timeout":
         nccl = "NCCL" in v.summary
-        out.append(
-            "A collective timed out because a rank never reached it. Look at what the missing rank was "
-            "doing (py-spy dump --pid PID while it hangs); typical causes are a rank-dependent branch that "
-            "skips a collective, uneven data (one rank runs out of batches first), or a rank stuck in I/O."
-        )
+        if "whole world" in v.summary or "every rank entered" in v.summary:
+            out.append(
+                "Every rank reached the collective and it still did not finish: look at the GPU work queued "
+                "before it (a kernel that runs far longer than a step, or hangs), the network between the "
+                "ranks (NCCL_DEBUG=INFO shows the transport), and the kernel log for GPU errors (Xid)."
+            )
+        else:
+            out.append(
+                "A collective timed out because a rank never reached it. Look at what the missing rank was "
+                "doing (py-spy dump --pid PID while it hangs); typical causes are a rank-dependent branch "
+                "that skips a collective, uneven data (one rank runs out of batches first), or a rank stuck "
+                "in I/O."
+            )
         if flight_enabled and nccl:
             out.append(
                 "The flight recorder was on: its dumps (TORCH_FR_DUMP_TEMP_FILE<rank>) hold each rank's "
@@ -964,7 +1095,8 @@ def advice(
     if v.kind == "gpu_error":
         out.append(
             "The GPU failed, not the program: drain the node and have it checked (nvidia-smi -q, "
-            "nvidia-bug-report.sh; Xid 79 is a GPU off the bus, 48/94/95 uncorrectable memory errors); "
+            "nvidia-bug-report.sh; Xid 79 and NVML's GPU_IS_LOST are a GPU off the bus, 48/94/95 "
+            "uncorrectable memory errors); "
             "restart the job elsewhere from its last checkpoint."
         )
     if v.kind == "cuda_oom":
@@ -985,7 +1117,9 @@ def advice(
         out.append(
             "The ranks' output could not be read, so their own last words are missing here. Next time run "
             "the job under `trainwatch run -- torchrun ...`, or give torchrun --log-dir DIR --redirects 3 "
-            "(or send its stdout/stderr to a file): trainwatch reads those files."
+            "(or send its stdout/stderr to a file): trainwatch reads those files. Decorating the "
+            "entrypoint with torch.distributed.elastic.multiprocessing.errors.record also writes each "
+            "rank's exception to its TORCHELASTIC_ERROR_FILE, which trainwatch reads."
         )
     if v.kind == "unknown":
         out.append("Run trainwatch as root in the host's PID and network namespaces so exits are captured.")

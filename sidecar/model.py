@@ -151,6 +151,7 @@ class RankSample:
     gpu_memory_bytes: dict[int, int] = field(default_factory=dict)
     ns_pids: tuple[int, ...] = ()
     flight_recorder: tuple[int, str] | None = None  # RankEnv's; None when the env was unreadable
+    error_file: str | None = None  # TORCHELASTIC_ERROR_FILE: where @record writes the rank's exception
 
 
 @dataclass(frozen=True, slots=True)

@@ -190,7 +190,7 @@ def render_text(doc: dict[str, Any]) -> str:
         "evidence:",
     ]
     lines += [
-        f"  [{e.get('source')}] {e.get('at') or ''} {e.get('detail')}".rstrip()
+        f"  [{e.get('source')}] " + (f"{e['at']} " if e.get("at") else "") + f"{e.get('detail')}".rstrip()
         for e in k.get("evidence") or []
     ]
     lines += [

@@ -24,7 +24,8 @@ EVIDENCE_SOURCES = {
     "pidfd": "pidfds on the ranks (exit statuses where the connector is refused)",
     "kmsg": "the kernel log /dev/kmsg (OOM records)",
     "tracepoint": "the signal:signal_generate tracepoint (who sent a signal)",
-    "outputs": "reading the agent's and OOM daemons' stdout/stderr files (exit codes, kill lines)",
+    "outputs": "reading the agent's, ranks' and OOM daemons' stdout/stderr files (exit codes, the ranks' "
+    "last words, kill lines)",
 }
 
 

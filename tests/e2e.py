@@ -171,6 +171,7 @@ class TorchrunJob:
         max_restarts: int = 0,
         wrap: list[str] | None = None,
         launcher: str = "torchrun",
+        launcher_args: tuple[str, ...] = (),
         **workload: Any,
     ) -> None:
         self.dir = tmp / name
@@ -186,6 +187,7 @@ class TorchrunJob:
             f"--nproc-per-node={nproc}",
             f"--max-restarts={max_restarts}",
             "--monitor-interval=0.1",
+            *launcher_args,
             str(WORKLOAD),
             *args,
         ]

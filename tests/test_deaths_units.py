@@ -666,3 +666,48 @@ def test_a_killed_daemons_tracefs_instance_is_cleaned_up():
         if stale.exists():
             stale.rmdir()
     assert not Path(watcher.instance).exists()
+
+
+def test_a_gpu_nvml_reports_lost_is_a_gpu_error(tmp_path):
+    """A GPU that falls off the bus lists no processes any more: the rank's GPU is the one
+    NVML gave it memory on before; its loss names gpu_error (likely), another rank's does not."""
+    from dataclasses import replace
+
+    from sidecar.deaths import DeathWatch
+    from sidecar.model import GpuDeviceSample, GpuProcessSample
+    from sidecar.timeline import Timeline
+    from tests.test_daemon_loop import _job, _snapshot
+
+    def run(used_gpu: int) -> dict:
+        store = PostmortemStore(str(tmp_path / str(used_gpu)))
+        watch = DeathWatch(store, Timeline(60, 1), hostname="h", read_outputs=False)
+        job = _job("a", 100)
+        on_gpu = replace(job, ranks=(replace(job.ranks[0], gpu_memory_bytes={used_gpu: 1 << 30}),))
+        healthy = tuple(
+            GpuDeviceSample(
+                i, f"GPU-{i}", "NVIDIA H200", 1 << 30, 140 << 30, False, (GpuProcessSample(10, 1 << 30),)
+            )
+            for i in (0, 1)
+        )
+        lost = (GpuDeviceSample(0, "GPU-0", "NVIDIA H200", None, None, lost=True), healthy[1])
+        watch.start()
+        try:
+            watch.observe(replace(_snapshot(1, (on_gpu,)), gpus=healthy))
+            watch.observe(replace(_snapshot(2, (job,)), gpus=lost))  # the rank's memory is no longer listed
+            watch.on_exit(ExitEvent(10, 6, 6, time.monotonic_ns()))  # SIGABRT
+            deadline = time.monotonic() + 5
+            while store.newest() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+        finally:
+            watch.stop()
+        doc = store.newest()
+        assert doc is not None
+        return doc
+
+    doc = run(0)
+    assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("gpu_error", "likely"), doc["killer"]
+    assert "GPU 0 (NVIDIA H200) was lost" in doc["killer"]["summary"]
+    assert any(e["source"] == "nvml" and "GPU_IS_LOST" in e["detail"] for e in doc["killer"]["evidence"])
+    assert any("Xid 79 and NVML's GPU_IS_LOST" in a for a in doc["advice"])
+    doc = run(1)  # the rank was on GPU 1, which is fine: the lost GPU 0 is not its cause
+    assert doc["killer"]["kind"] == "abort", doc["killer"]

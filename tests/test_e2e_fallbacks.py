@@ -100,6 +100,72 @@ def test_a_clean_end_without_exit_statuses_writes_no_postmortem(tmp_path):
         assert daemon.stop() == 0
 
 
+def test_the_ranks_error_file_gives_the_exception_when_no_output_is_read(tmp_path):
+    """An entrypoint under @record writes its exception to TORCHELASTIC_ERROR_FILE (torchrun
+    points each rank at its own). With no output read (--disable outputs: as when the ranks
+    write to a terminal or a pipe), that record still names the exception, first-hand."""
+    with (
+        DaemonProc(tmp_path, "--disable", "outputs") as daemon,
+        TorchrunJob(
+            tmp_path, "errfile", hold_mb=50, workers=0, raise_rank=1, raise_after=1.0, record=1
+        ) as job,
+    ):
+        job.ready()
+        doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
+        job.proc.wait(60)
+    killer = doc["killer"]
+    assert (killer["kind"], killer["confidence"]) == ("python_exception", "certain"), killer
+    assert "ValueError: rank 1: a bad batch on purpose (shape mismatch)" in killer["summary"]
+    cited = [e for e in killer["evidence"] if e["source"] == "error_file"]
+    assert cited and cited[0]["detail"].endswith(
+        "error.json: ValueError: rank 1: a bad batch on purpose (shape mismatch)"
+    )
+    assert _fates(doc) == {0: "terminated_by_agent", 1: "root_cause"}
+    assert not any("could not be read" in a for a in doc["advice"])
+    # the same death without @record: nothing first-hand, so only "possible", and the advice
+    # says how to make the ranks' words readable next time
+    (tmp_path / "b").mkdir()
+    with (
+        DaemonProc(tmp_path / "b", "--disable", "outputs") as daemon,
+        TorchrunJob(tmp_path, "noerrfile", hold_mb=50, workers=0, raise_rank=1, raise_after=1.0) as job,
+    ):
+        job.ready()
+        doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
+        job.proc.wait(60)
+    assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("python_exception", "possible")
+    assert any("could not be read" in a and "TORCHELASTIC_ERROR_FILE" in a for a in doc["advice"])
+
+
+def test_per_rank_log_files_of_torchrun_redirects_are_read(tmp_path):
+    """torchrun --log-dir DIR --redirects 3: each rank's stdout and stderr are files of their
+    own, and the agent's output holds none of the ranks' words. The daemon finds those files
+    through /proc/PID/fd/1 and /2 and reads the exception there."""
+    logs = tmp_path / "rank-logs"
+    with (
+        DaemonProc(tmp_path) as daemon,
+        TorchrunJob(
+            tmp_path,
+            "redirects",
+            launcher_args=(f"--log-dir={logs}", "--redirects=3"),
+            hold_mb=50,
+            workers=0,
+            raise_rank=1,
+            raise_after=1.0,
+        ) as job,
+    ):
+        job.ready()
+        doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
+        job.proc.wait(60)
+    agent_out = (job.dir / "torchrun.log").read_text()
+    assert "a bad batch on purpose" not in agent_out  # the words are only in the rank's own file
+    stderr_files = [p for p in logs.rglob("stderr.log") if "a bad batch on purpose" in p.read_text()]
+    assert stderr_files, sorted(str(p) for p in logs.rglob("*"))
+    killer = doc["killer"]
+    assert (killer["kind"], killer["confidence"]) == ("python_exception", "certain"), killer
+    assert "ValueError: rank 1: a bad batch on purpose (shape mismatch)" in killer["summary"]
+    assert _fates(doc) == {0: "terminated_by_agent", 1: "root_cause"}
+
+
 def _mem_available() -> int:
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -201,6 +202,8 @@ def test_a_stall_is_seen_before_the_timeout_with_each_ranks_stack(tmp_path):
 
     from tests.e2e import parse_metrics, value
 
+    beside = Path(sys.executable).parent / "py-spy"
+    spy = shutil.which("py-spy") is not None or os.access(beside, os.X_OK)
     port = _free_port()
     cmd = [
         sys.executable, "-m", "sidecar", "run", "--port", str(port), "--postmortem-dir", str(tmp_path / "pm"),
@@ -220,16 +223,19 @@ def test_a_stall_is_seen_before_the_timeout_with_each_ranks_stack(tmp_path):
             except OSError:
                 return None
             job = jobs[0] if jobs else None
-            return job if job and job["stalled"] and job["stacks"] and len(job["stacks"]) == 2 else None
+            if not (job and job["stalled"]):
+                return None
+            return job if not spy or (job["stacks"] and len(job["stacks"]) == 2) else None
 
         from tests.e2e import wait_for
 
-        job = wait_for(stalled, 35, "the job to be seen stalled, with both stacks", 0.5)
+        job = wait_for(stalled, 35, "the job to be seen stalled" + (", with both stacks" if spy else ""), 0.5)
         assert job["stalled_seconds"] >= 3
         by_rank = {r["label"]: r for r in job["ranks"]}
-        assert set(job["stacks"]) == set(by_rank) == {"0", "1"}
-        assert "all_reduce" in job["stacks"]["0"], job["stacks"]["0"]
-        assert "main" in job["stacks"]["1"] and "rank.py" in job["stacks"]["1"], job["stacks"]["1"]
+        if spy:
+            assert set(job["stacks"]) == set(by_rank) == {"0", "1"}
+            assert "all_reduce" in job["stacks"]["0"], job["stacks"]["0"]
+            assert "main" in job["stacks"]["1"] and "rank.py" in job["stacks"]["1"], job["stacks"]["1"]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
             m = parse_metrics(r.read().decode())
         assert (value(m, "trainwatch_job_stalled_seconds", job=job["job"]) or 0) >= 3
@@ -238,4 +244,6 @@ def test_a_stall_is_seen_before_the_timeout_with_each_ranks_stack(tmp_path):
     assert "stalled: none of its 2 rank(s) used CPU" in err
     doc = _postmortem(tmp_path)
     assert doc["killer"]["kind"] == "collective_timeout", doc["killer"]
+    if not spy:  # the device machine has none; scripts/dev-setup installs it here
+        pytest.skip("py-spy is not installed: the stall was seen, the stacks were not checked")
     assert set(doc["stacks"]["ranks"]) == {"0", "1"} and "all_reduce" in doc["stacks"]["ranks"]["0"]

@@ -348,3 +348,21 @@ def test_disable_flag_and_variable():
         parse_args(["--attach-torchrun", "--disable", "ebpf"], {})
     with pytest.raises(ConfigError, match="TRAINWATCH_DISABLE"):
         parse_args(["--attach-torchrun"], {"TRAINWATCH_DISABLE": "kmsg,nope"})
+
+
+def test_torchelastic_error_files_of_every_writer():
+    from sidecar.parse.torchrun import parse_error_file
+
+    rec = parse_error_file(
+        '{"message": {"message": "ValueError: bad batch", "extraInfo": {"py_callstack": '
+        '"Traceback (most recent call last):\\n  File \\"t.py\\", line 3, in main\\n'
+        'ValueError: bad batch\\n", '
+        '"timestamp": "1796235841"}}}'
+    )
+    assert (rec.message, rec.timestamp) == ("ValueError: bad batch", 1796235841)
+    assert rec.traceback is not None and rec.traceback.endswith("ValueError: bad batch\n")
+    # older writers and the C++ signal handler: a plain string
+    assert parse_error_file('{"message": "Signal 11 (SIGSEGV) received"}').message.startswith("Signal 11")
+    for bad, why in (("{not json", "not JSON"), ("[]", "no 'message'"), ('{"message": 3}', "neither")):
+        with pytest.raises(ValueError, match=why):
+            parse_error_file(bad)

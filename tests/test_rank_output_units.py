@@ -288,3 +288,60 @@ def test_an_nvrm_xid_names_a_gpu_error():
     other = parse_xid_line("NVRM: Xid (PCI:0000:3b:00): 13, pid=99, name=python, Graphics Exception")
     v = autopsy(Evidence((victim,), xids=((10 * S, other),)))  # type: ignore[arg-type]
     assert v is not None and v.kind == "abort"
+
+
+def test_each_line_carries_its_own_time():
+    """glog stamps (torch's C++ and 2.4+ Python logs) have no year and are local time; the
+    Python-logging and 2.1-2.3 agent stamps do; torch 1.x and gloo lines have none."""
+    import time
+
+    from sidecar.parse.ranks import line_stamp, stamp_to_epoch
+
+    nccl = parse_rank_output((DEVICE / "nccl-timeout.stderr").read_text())
+    timeout = next(f for f in nccl if f.kind == "nccl_timeout")
+    near = time.mktime((2026, 12, 2, 21, 25, 2, 0, 0, -1))  # the death, 35 s later (heartbeat monitor)
+    assert timeout.stamp == (None, 12, 2, 21, 24, 27, 956479)
+    assert stamp_to_epoch(timeout.stamp, near) == pytest.approx(near - 35 + 0.956479, abs=1e-3)
+    # a December stamp read on the 1st of January belongs to the year before
+    new_year = time.mktime((2027, 1, 1, 0, 0, 5, 0, 0, -1))
+    assert stamp_to_epoch((None, 12, 31, 23, 59, 58, 0), new_year) == pytest.approx(new_year - 7)
+    # a time days away from the death is another run's, or another zone's: not used
+    assert stamp_to_epoch((2024, 1, 1, 12, 0, 0, 123000), near) is None
+    assert line_stamp("2026-12-02 18:24:01,331 WARNING sidecar.deaths: x") == (2026, 12, 2, 18, 24, 1, 331000)
+    assert line_stamp("[2024-01-01 12:00:00,123] torch.distributed.elastic") == (2024, 1, 1, 12, 0, 0, 123000)
+    assert line_stamp("[E ProcessGroupNCCL.cpp:737] [Rank 1] Watchdog caught") is None
+    assert line_stamp("E1399 18:00:00.1 bogus") is None
+    assert all(f.stamp is None for f in parse_rank_output(GLOO.read_text()))
+
+
+def test_the_real_flight_recorder_dump_of_the_h200():
+    """The dump torch 2.11 wrote on the H200 when its all_reduce #2 timed out (a world of
+    one, the collective queued behind a long kernel), and the postmortem made of it."""
+    from dataclasses import replace
+
+    from sidecar.parse.flight import load_dump, summarise
+
+    dump = load_dump(str(DEVICE / "nccl_trace_rank_0"), 0)
+    assert dump.status == {"default_pg": (2, -1, 1)}
+    assert dump.entries["default_pg"][2][:2] == ("all_reduce", "scheduled")
+    fr = summarise([dump], (0,))
+    assert fr is not None and (fr.seq, fr.op, fr.laggards) == (2, "all_reduce", ())
+    # that rank alone of a world of two: the other wrote no dump, so it is the one missing
+    two = summarise([dump], (0, 1))
+    assert two is not None and two.laggards == (1,)
+    doc = json.loads((DEVICE / "nccl-timeout.postmortem.json").read_text())
+    assert doc["killer"]["kind"] == "collective_timeout" and "whole world" in doc["killer"]["summary"]
+    cited = {e["source"] for e in doc["killer"]["evidence"]}
+    assert {"exit", "output", "flight_recorder"} <= cited
+    assert all(e["at"] for e in doc["killer"]["evidence"] if e["source"] == "output")  # each line's own time
+    # the verdict again from the fixture, with the dump
+    nccl = [("0", f) for f in parse_rank_output((DEVICE / "nccl-timeout.stderr").read_text())]
+    ranks = (_rank("0", 510, 6, S),)
+    v = autopsy(Evidence(ranks, output=tuple(nccl), world_size=1, flight=fr, flight_enabled=True))
+    assert v is not None and "it is the whole world" in v.summary, v.summary
+    assert any(e.source == "flight_recorder" and "waiting in #2" in e.detail for e in v.evidence)
+    # two ranks whose dumps both say "waiting in #2": every rank entered it
+    both = summarise([dump, replace(dump, rank=1)], (0, 1))
+    ranks = (*ranks, _rank("1", 511, 6, S + 1))
+    v = autopsy(Evidence(ranks, output=tuple(nccl), world_size=2, flight=both, flight_enabled=True))
+    assert v is not None and "every rank entered it (flight recorder)" in v.summary, v.summary

@@ -101,6 +101,7 @@ class FlightVerdict:
     op: str | None
     laggards: tuple[int, ...]
     lines: tuple[str, ...]
+    dumped: tuple[int, ...] = ()  # the ranks whose dump was read
 
 
 def summarise(dumps: list[FlightDump], world_ranks: tuple[int, ...] = ()) -> FlightVerdict | None:
@@ -135,7 +136,9 @@ def summarise(dumps: list[FlightDump], world_ranks: tuple[int, ...] = ()) -> Fli
             lines.append(
                 f"flight recorder, rank {r}: wrote no dump (hung, dead, or the recorder was off there)"
             )
-        verdict = FlightVerdict(pg, seq, op, tuple(sorted({*laggards, *no_dump})), tuple(lines))
+        verdict = FlightVerdict(
+            pg, seq, op, tuple(sorted({*laggards, *no_dump})), tuple(lines), tuple(sorted(by_rank))
+        )
         if best is None or len(verdict.laggards) > len(best.laggards):
             best = verdict
     return best

@@ -28,9 +28,10 @@ public logs):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 
-__all__ = ["Finding", "parse_rank_output", "size_to_bytes"]
+__all__ = ["Finding", "line_stamp", "parse_rank_output", "size_to_bytes", "stamp_to_epoch"]
 
 _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 
@@ -53,9 +54,61 @@ class Finding:
     local_rank: int | None
     line: str
     fields: tuple[tuple[str, str], ...] = ()
+    # The time the line itself carries (line_stamp), and that time resolved to the
+    # caller's clock (ns) once it knows the year and zone: see stamp_to_epoch.
+    stamp: Stamp | None = None
+    at_ns: int | None = None
 
     def get(self, name: str) -> str | None:
         return next((v for k, v in self.fields if k == name), None)
+
+
+# (year or None, month, day, hour, minute, second, microsecond), in the writer's local time
+Stamp = tuple[int | None, int, int, int, int, int, int]
+
+# glog (torch's C++ and, since 2.4, its Python logs): "E1202 18:15:56.797176003 ...", also
+# "[E1202 ...]"; Python logging and the 2.1-2.3 agent: "2026-12-02 18:24:01,331"
+_GLOG_STAMP = re.compile(r"^\[?[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d+))? ")
+_ISO_STAMP = re.compile(r"^\[?(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[,.](\d+))?")
+
+
+def line_stamp(body: str) -> Stamp | None:
+    """The time at the start of a (prefix-stripped) line, as written; None when it has none
+    (torch 1.x ``[E ProcessGroupNCCL.cpp:737]``, gloo's own lines, tracebacks)."""
+    m = _GLOG_STAMP.match(body)
+    year = None
+    if m is not None:
+        parts, frac = [int(m[i]) for i in range(1, 6)], m[6]
+    else:
+        m = _ISO_STAMP.match(body)
+        if m is None:
+            return None
+        year = int(m[1])
+        parts, frac = [int(m[i]) for i in range(2, 7)], m[7]
+    micro = int((frac + "000000")[:6]) if frac else 0
+    mon, day, hh, mm, ss = parts
+    if not (1 <= mon <= 12 and 1 <= day <= 31 and hh < 24 and mm < 60 and ss < 62):
+        return None
+    return (year, mon, day, hh, mm, ss, micro)
+
+
+def stamp_to_epoch(stamp: Stamp, near: float, max_gap_s: float = 2 * 86400) -> float | None:
+    """A line's stamp as epoch seconds, read as this machine's local time (the writer's,
+    on the same node); a glog stamp has no year: the one that puts it nearest ``near``.
+    None when it lands more than ``max_gap_s`` from ``near`` (another zone, another run)."""
+    year, mon, day, hh, mm, ss, micro = stamp
+    base = time.localtime(near).tm_year
+    best: float | None = None
+    for y in (year,) if year is not None else (base - 1, base, base + 1):
+        try:
+            t = time.mktime((y, mon, day, hh, mm, ss, 0, 0, -1)) + micro / 1e6
+        except (OverflowError, ValueError):
+            continue
+        if best is None or abs(t - near) < abs(best - near):
+            best = t
+    if best is None or abs(best - near) > max_gap_s:
+        return None
+    return best
 
 
 # an optional "[80746] " in front (some launchers add the pid), then the rank prefixes
@@ -120,8 +173,16 @@ def _split_prefix(line: str) -> tuple[int | None, int | None, str]:
 
 
 def parse_rank_output(text: str) -> list[Finding]:
-    """Every finding in ``text``, in order. Traceback state is kept per prefix, so the
-    interleaved tracebacks of several ranks stay apart."""
+    """Every finding in ``text``, in order, each with the time its line carries (``stamp``).
+    Traceback state is kept per prefix, so the interleaved tracebacks of several ranks stay
+    apart."""
+    return [
+        f if f.stamp is not None or (st := line_stamp(f.line)) is None else replace(f, stamp=st)
+        for f in _parse(text)
+    ]
+
+
+def _parse(text: str) -> list[Finding]:
     out: list[Finding] = []
     in_traceback: dict[tuple[int | None, int | None], str | None] = {}  # prefix -> collective
     for raw in text.splitlines():

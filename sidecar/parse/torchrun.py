@@ -28,6 +28,7 @@ public logs and the device captures):
 
 from __future__ import annotations
 
+import json
 import re
 import signal as _signal
 from dataclasses import dataclass
@@ -36,11 +37,13 @@ __all__ = [
     "AgentRecord",
     "ClosingSignal",
     "DeathSignal",
+    "ErrorFile",
     "Escalation",
     "FailureEntry",
     "WorkerFailed",
     "exit_codes_by_pid",
     "parse_agent_text",
+    "parse_error_file",
     "returncode_to_wait_status",
 ]
 
@@ -188,3 +191,36 @@ def exit_codes_by_pid(records: list[AgentRecord]) -> dict[int, tuple[int, str]]:
                 ),
             )
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorFile:
+    """A rank's ``TORCHELASTIC_ERROR_FILE``, written by ``@record`` (torch.distributed.
+    elastic.multiprocessing.errors) when the entrypoint raised: ``{"message": {"message":
+    "RuntimeError: ...", "extraInfo": {"py_callstack": "Traceback ...", "timestamp":
+    "1796235841"}}}``; older writers and C++ handlers put a plain string in ``message``."""
+
+    message: str
+    traceback: str | None
+    timestamp: int | None
+
+
+def parse_error_file(text: str) -> ErrorFile:
+    """Raises ValueError, with the reason, when ``text`` is not such a record."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict) or "message" not in data:
+        raise ValueError("no 'message' key")
+    body = data["message"]
+    if isinstance(body, str):
+        return ErrorFile(body, None, None)
+    if not isinstance(body, dict) or not isinstance(body.get("message"), str):
+        raise ValueError("'message' is neither a string nor an object with a string 'message'")
+    found = body.get("extraInfo")
+    extra: dict[str, object] = found if isinstance(found, dict) else {}
+    stack = extra.get("py_callstack")
+    raw = extra.get("timestamp")
+    stamp = int(raw) if isinstance(raw, (str, int)) and str(raw).isdigit() else None
+    return ErrorFile(body["message"], stack if isinstance(stack, str) else None, stamp)

@@ -81,6 +81,12 @@ def main() -> int:
     ap.add_argument("--pg-timeout", type=float, default=1800.0, help="init_process_group timeout, s")
     ap.add_argument("--raise-rank", type=int, default=-1, help="this rank raises an exception")
     ap.add_argument("--raise-after", type=float, default=2.0)
+    ap.add_argument(
+        "--record",
+        type=int,
+        default=0,
+        help="1: run under torch.distributed.elastic's @record (writes TORCHELASTIC_ERROR_FILE)",
+    )
     ap.add_argument("--segfault-rank", type=int, default=-1, help="this rank dereferences NULL")
     ap.add_argument(
         "--loader-rank",
@@ -169,4 +175,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    if "--record=1" in sys.argv:
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        sys.exit(record(main)())
     sys.exit(main())
