@@ -12,6 +12,7 @@ mkdir -p "$W/fr"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 py=${PYTHON:-python3}
 torchrun=$(dirname "$(command -v "$py")")/torchrun
+mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null
 uname -r > "$W/uname.txt"; nvidia-smi > "$W/nvidia-smi.txt" 2>&1
 "$py" -c 'import torch; print(torch.__version__, torch.cuda.nccl.version())' > "$W/versions.txt" 2>&1
 
