@@ -214,7 +214,8 @@ def render_text(doc: dict[str, Any]) -> str:
     if cg:
         lines.append(
             f"  cgroup {cg.get('path')} (v{cg.get('version')}): {_size(cg.get('usage_bytes_at_death'))} used "
-            f"of a {_size(cg.get('limit_bytes'))} limit, peak {_size(cg.get('peak_bytes'))}, "
+            + (f"of a {_size(cg['limit_bytes'])} limit" if cg.get("limit_bytes") else "(no limit)")
+            + f", peak {_size(cg.get('peak_bytes'))}, "
             f"OOM kills {cg.get('oom_kills')}"
         )
     timeline = doc.get("timeline") or []
