@@ -25,3 +25,4 @@ bench: setup
 	.venv/bin/python benchmarks/overhead.py $(ARGS)
 	.venv/bin/python benchmarks/accuracy.py
 	.venv/bin/python benchmarks/deaths.py
+	.venv/bin/python benchmarks/diagnose_accuracy.py

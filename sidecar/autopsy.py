@@ -262,6 +262,18 @@ def _own(rank: RankState, ev: Evidence, *kinds: str) -> list[Finding]:
     return [f for label, f in ev.output if label == rank.label and (not kinds or f.kind in kinds)]
 
 
+def _entered(rank: RankState, ev: Evidence, seq: str | None) -> bool:
+    """The rank's watchdog says it enqueued work ``seq`` or later (``last enqueued NCCL work:
+    1582``): it reached the collective, whatever else it said."""
+    if seq is None or not seq.isdigit():
+        return False
+    return any(
+        (f.get("last_enqueued") or "-1").lstrip("-").isdigit()
+        and int(f.get("last_enqueued") or -1) >= int(seq)
+        for f in _own(rank, ev, "nccl_progress")
+    )
+
+
 def _same_cause(rank: RankState, kind: str, ev: Evidence) -> bool:
     """Killed by the same OOM as the victim (a kernel record or a userspace daemon's), or
     a rank that timed out waiting for the collective the victim's death (or hang) broke."""
@@ -575,7 +587,7 @@ def _from_output(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> 
     who = f"rank {victim.label} (pid {victim.pid})"
     mine = _own(victim, ev)
     confidence = "certain"
-    if not mine and victim.returncode not in (None, 0):
+    if not mine and victim.returncode != 0:  # an error status, or one nobody could tell
         # Lines with no rank prefix (a rank that never initialised torch.distributed does
         # not get one): they are the victim's only when it alone ended with an error.
         alone = len(ev.ranks) == 1 or not any(
@@ -610,6 +622,7 @@ def _from_output(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> 
             for r in ev.ranks
             if r is not victim
             and not _own(r, ev, *WAITING)
+            and not _entered(r, ev, seq)
             and (r.died_ns is None or victim.died_ns is None or r.died_ns >= victim.died_ns)
         ]
         fr = ev.flight
@@ -650,9 +663,19 @@ def _from_output(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> 
             confidence,
             f"{who}: the {backend} {what} did not complete within {waited:g} s{never}.",
         )
+    stuck = cite("nccl_heartbeat")
+    if stuck:
+        return (
+            "collective_timeout",
+            "likely",
+            f"{who}: its NCCL watchdog got stuck (the heartbeat monitor gave up on it): a collective or a "
+            "CUDA call it waits on hung, and the process was ended for it.",
+        )
     oom = cite("cuda_oom")
     if oom:
         f = oom[0]
+        if f.get("requested_bytes") is None:  # "CUDA error: out of memory": no sizes in it
+            return "cuda_oom", confidence, f"{who} ran out of GPU memory (CUDA error: out of memory)."
         gib = int(f.get("requested_bytes") or 0) / 2**30
         gpu = f.get("gpu")
         extra = ""

@@ -44,6 +44,8 @@ EPILOG = """\
 Also: trainwatch run [options] -- torchrun ARGS... starts a job and watches it (its output
 passes through and is kept as evidence; the exit status is torchrun's);
 trainwatch postmortem [ID|PATH|URL] prints a postmortem in the terminal;
+trainwatch diagnose [FILE|-]... names the killer from logs after the fact (torchrun output,
+dmesg, Slurm/Kubernetes/Docker/Ray messages: --help for more);
 trainwatch doctor says which evidence sources work here and how to get the missing ones;
 trainwatch demo runs a small real torchrun job in which a rank exceeds a memory limit.
 
@@ -475,6 +477,55 @@ def postmortem_command(argv: Sequence[str], environ: Mapping[str, str] | None = 
     return 0
 
 
+DIAGNOSE_HELP = """\
+Name what killed a training job from its logs, after the fact.
+
+Give any mix of files and standard input (-): the torchrun output (any torch version's
+agent lines and failure table, the ranks' tracebacks and NCCL/gloo messages, DeepSpeed's or
+accelerate's launcher), the kernel log (dmesg, dmesg -T, journalctl -k, kern.log), Slurm,
+Kubernetes, Docker or Ray messages, earlyoom/systemd-oomd journal lines. What each file is
+comes from its content. The answer is the same postmortem document the daemon writes, with
+what the logs cannot tell set to null; when they cannot decide, it says so and lists what to
+collect next time.
+
+  dmesg -T | trainwatch diagnose - train.log
+  trainwatch diagnose --format json slurm-1234.out kern.log
+
+Exit status 0 when it ran (also when the answer is "unknown"), 2 when an input cannot be read.
+"""
+
+
+def diagnose_command(argv: Sequence[str]) -> int:
+    """``trainwatch diagnose [FILE|-]... [--format text|json|html]``."""
+    import json
+
+    from sidecar.diagnose import DiagnoseError, diagnose, read_inputs, render_diagnosis
+    from sidecar.postmortem_html import render_html
+
+    p = _Parser(
+        prog="trainwatch diagnose",
+        description=DIAGNOSE_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "files", nargs="*", metavar="FILE", help="a log file, or - for standard input (the default)"
+    )
+    p.add_argument("--format", choices=("text", "json", "html"), default="text")
+    ns = p.parse_args(list(argv))
+    try:
+        inputs = read_inputs(ns.files)
+    except DiagnoseError as exc:
+        raise ConfigError(str(exc)) from None
+    doc = diagnose(inputs)
+    if ns.format == "json":
+        sys.stdout.write(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+    elif ns.format == "html":
+        sys.stdout.write(render_html(doc))
+    else:
+        sys.stdout.write(render_diagnosis(doc))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -483,6 +534,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         if args[0] == "postmortem":
             return postmortem_command(args[1:])
+        if args[0] == "diagnose":
+            return diagnose_command(args[1:])
         if args[0] == "run":
             from sidecar.run import run_command
 

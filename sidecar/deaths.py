@@ -34,7 +34,15 @@ from sidecar.autopsy import (
 )
 from sidecar.model import RankSample, Snapshot
 from sidecar.parse.flight import FlightDump, FlightVerdict, load_dump, summarise
-from sidecar.parse.kernel import KmsgRecord, OomKill, OomSummary, XidRecord, parse_oom_line, parse_xid_line
+from sidecar.parse.kernel import (
+    KmsgRecord,
+    OomKill,
+    OomMemcgLimit,
+    OomSummary,
+    XidRecord,
+    parse_oom_line,
+    parse_xid_line,
+)
 from sidecar.parse.oomd import parse_userspace_oom_line
 from sidecar.parse.ranks import Finding, parse_rank_output, stamp_to_epoch
 from sidecar.parse.torchrun import (
@@ -170,6 +178,7 @@ class DeathWatch:
         self._signals: deque[SignalSent] = deque(maxlen=1024)
         self._userspace: deque[UserspaceKill] = deque(maxlen=256)  # oomd's kernel-log lines
         self._xids: deque[tuple[int, XidRecord]] = deque(maxlen=256)  # NVRM Xid records
+        self._memcg_limit: tuple[str, int] | None = None  # the last "Task in ... limit of X" (pre-5.0)
         self._lost_gpus: dict[int, tuple[int, str | None]] = {}  # GPU index -> (first seen lost, name)
         self._rank_gpus: dict[int, frozenset[int]] = {}  # rank pid -> GPUs NVML ever gave it memory on
         self._reported: dict[int, int] = {}  # pid -> ns: an exit was reported (any status)
@@ -375,9 +384,13 @@ class DeathWatch:
                             self._schedule(inc, self.clock_ns())
             return
         parsed = parse_oom_line(record.text)
+        at = record.timestamp_us * 1000
+        if isinstance(parsed, OomMemcgLimit):  # before 5.0: which cgroup's limit, ahead of the kill
+            with self._cv:
+                self._memcg_limit = (parsed.oom_memcg, at)
+            return
         if not isinstance(parsed, (OomSummary, OomKill)):
             return
-        at = record.timestamp_us * 1000
         with self._cv:
             previous = next(
                 (k for k in reversed(self._kernel) if k.pid == parsed.pid and abs(k.at_ns - at) < 5 * 10**9),
@@ -396,8 +409,10 @@ class DeathWatch:
                     (record.text,),
                 )
             else:
+                limit = self._memcg_limit
+                memcg = limit[0] if limit and parsed.scope == "memcg" and at - limit[1] < 5 * 10**9 else None
                 fresh = KernelOom(
-                    parsed.pid, at, parsed.scope, None, None, parsed.comm, parsed.rss_bytes, (record.text,)
+                    parsed.pid, at, parsed.scope, memcg, None, parsed.comm, parsed.rss_bytes, (record.text,)
                 )
             merged = fresh if previous is None else _merge(previous, fresh)
             if previous is not None:

@@ -12,6 +12,9 @@ One record (one line of text) in, a typed event or None out; pure. Formats (EVID
   pgtables:268kB oom_score_adj:0``; prefix ``Out of memory`` for the global killer (none
   before 5.1; fields after ``file-rss`` appeared over 4.5-5.4);
 * 4.x memcg attribution: ``Task in /a killed as a result of limit of /b``;
+* before 4.19, the choice: ``Memory cgroup out of memory: Kill process 1234 (python) score
+  1000 or sacrifice child`` (``Out of memory: ...`` for the global killer), followed by a
+  ``Killed process`` line without a prefix;
 * the header: ``python3 invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0,
   oom_score_adj=0``; the memcg state ``memory: usage 102400kB, limit 102400kB, failcnt 0``.
 
@@ -129,6 +132,10 @@ _KILLED = re.compile(
     r"(?:, shmem-rss:(?P<shmem>\d+)kB)?(?:, UID:(?P<uid>\d+))?(?: pgtables:\d+kB)?"
     r"(?: oom_score_adj:(?P<adj>-?\d+))?"
 )
+_CHOICE = re.compile(
+    r"(?P<prefix>Out of memory|Memory cgroup out of memory): Kill process (?P<pid>\d+) \((?P<comm>.*?)\) "
+    r"score -?\d+ or sacrifice child"
+)
 _TASK_IN = re.compile(r"Task in (?P<task>\S+) killed as a result of limit of (?P<limit>\S+)")
 _HEADER = re.compile(
     r"(?P<comm>.+?) invoked oom-killer: gfp_mask=\S+(?:,.*?)? order=(?P<order>-?\d+),"
@@ -203,6 +210,11 @@ def parse_oom_line(text: str) -> OomSummary | OomKill | OomMemcgLimit | OomHeade
                 uid=_int(m["uid"]),
                 oom_score_adj=_int(m["adj"]),
             )
+    if "Kill process" in text:  # before 4.19: the choice, then an unprefixed "Killed process" line
+        m = _CHOICE.search(text)
+        if m:
+            scope = "memcg" if m["prefix"].startswith("Memory cgroup") else "global"
+            return OomKill(scope, int(m["pid"]), m["comm"], None, None, None, None, None, None)
     if "killed as a result of limit of" in text:
         m = _TASK_IN.search(text)
         if m:

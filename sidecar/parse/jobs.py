@@ -1,0 +1,208 @@
+"""What schedulers, containers, launchers and shells say when a training process ends. Pure.
+
+Each line in, a ``JobRecord`` or None out. Formats, as they appear in real logs:
+
+* Slurm: ``slurmstepd: error: Detected 1 oom-kill event(s) in StepId=191.batch cgroup.``
+  (20.02+; ``in step 191.batch cgroup`` before), ``Job 1234 exceeded memory limit (X > Y),
+  being killed`` (the accounting-based kill of old releases), ``srun: error: node7: task 3:
+  Out Of Memory``, ``OUT_OF_MEMORY`` (``sacct``, ``scontrol``; ``OUT_OF_ME+`` when sacct
+  cuts the column), ``*** JOB 123 ON node7 CANCELLED AT 2026-12-02T11:53:34 DUE TO TIME
+  LIMIT ***`` (also ``PREEMPTION``, ``NODE FAILURE``, or by a user);
+* Kubernetes (``kubectl describe pod``, events, the pod JSON): ``Reason: OOMKilled``,
+  ``Exit Code: 137``, ``The node was low on resource: memory.`` with ``Evicted``;
+* Docker: ``"OOMKilled": true`` (``docker inspect``), ``exited with code 137`` (compose),
+  ``Exited (137)`` (``docker ps``);
+* Ray's memory monitor: ``... killed due to memory pressure (OOM)``, ``Task was killed due to
+  the node running low on memory``; its generic ``Worker unexpectedly exits`` decides nothing;
+* DeepSpeed's launcher: ``[launch.py:318:sigkill_handler] Killing subprocess 80``, ``[...,
+  '--local_rank=1'] exits with return code = -9``, and its ``CPU Virtual Memory:  used =
+  28.43 GB, percent = 22.6%`` readings;
+* torch.distributed.launch before elastic, accelerate and other subprocess launchers:
+  ``subprocess.CalledProcessError: Command '[...]' died with <Signals.SIGSEGV: 11>.`` or
+  ``... returned non-zero exit status 1.``;
+* shells: ``line 28:  8156 Killed   python3 main.py`` (bash, with the pid), a bare ``Killed``
+  (and its translations: ``已杀死``, ``Getötet``...), ``Segmentation fault (core dumped)``.
+"""
+
+from __future__ import annotations
+
+import re
+import signal as _signal
+from dataclasses import dataclass
+
+__all__ = ["JobRecord", "parse_job_line"]
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """``what``: oom_cgroup (a scheduler or runtime says a memory limit killed), eviction
+    (Kubernetes evicted the pod for node memory pressure), memory_monitor (Ray's), time_limit,
+    preempted, node_failure, cancelled, exit_signal, exit_code, killed_by_shell (a shell
+    reports its child's death by a signal), teardown (a launcher killing its workers),
+    memory_usage (a host-memory reading), worker_died (a launcher's generic report)."""
+
+    source: str
+    what: str
+    line: str
+    pid: int | None = None
+    signal: int | None = None
+    exit_code: int | None = None
+    local_rank: int | None = None
+    scope: str | None = None  # the step, container or node the record names
+    value: float | None = None  # memory_usage: percent of host memory used
+
+
+def _sig(name: str) -> int | None:
+    try:
+        return int(_signal.Signals[name])
+    except KeyError:
+        return None
+
+
+_SLURM_OOM = re.compile(
+    r"Detected (\d+) oom[-_ ]kill event\(s\) in (?:StepId=|step )?(\S+?)(?: cgroup|\.?$|\s)"
+)
+_SLURM_LIMIT = re.compile(r"(?:Job|Step) (\S+) exceeded (?:job )?memory limit(?: \((\d+) > (\d+)\))?")
+_SRUN_OOM = re.compile(r"srun: error: (\S+): task (\d+): Out Of Memory")
+_SRUN_KILLED = re.compile(
+    r"srun: error: (\S+): tasks? ([\d,-]+): (Killed|Terminated|Segmentation fault|Aborted)"
+)
+_SLURM_STATE = re.compile(r"\bOUT_OF_ME(?:MORY|\+)|JobState=OUT_OF_MEMORY|Reason=OutOfMemory")
+_SLURM_CANCEL = re.compile(
+    r"\*\*\* (?:JOB|STEP) (\S+) ON (\S+) CANCELLED AT (\S+)(?: DUE TO (TIME LIMIT|PREEMPTION|NODE FAILURE))?"
+)
+_K8S_OOM = re.compile(r"(?:Reason|reason)\"?:\s*\"?OOMKilled|\bOOMKilled\b(?!\"?:\s*false)")
+_K8S_EVICTED = re.compile(r"[Tt]he node was low on resource: (memory|ephemeral-storage|\w+)")
+_K8S_EXIT = re.compile(r"Exit Code:\s+(\d+)")
+_DOCKER_OOM = re.compile(r"\"OOMKilled\":\s*true")
+_DOCKER_EXIT = re.compile(r"exited with code (\d+)|\bExited \((\d+)\)")
+_RAY_OOM = re.compile(
+    r"killed due to memory pressure \(OOM\)|node running low on memory|ray\.exceptions\.OutOfMemoryError|"
+    r"exceeds the memory usage threshold"
+)
+_RAY_DIED = re.compile(r"Worker unexpectedly exits|The actor is dead because its worker process has died")
+_DS_KILLING = re.compile(r"sigkill_handler\] Killing subprocess (\d+)")
+_DS_EXITS = re.compile(r"sigkill_handler\] (\[.*\]) exits with return code = (-?\d+)")
+_DS_MEMORY = re.compile(r"CPU Virtual Memory:\s+used = ([\d.]+) GB, percent = ([\d.]+)%")
+_CALLED = re.compile(
+    r"CalledProcessError: Command (.*?) "
+    r"(?:died with <Signals\.(SIG\w+): (\d+)>|returned non-zero exit status (-?\d+))"
+)
+_LOCAL_RANK = re.compile(r"--local[_-]rank[= ',]+(\d+)")
+_SHELL = re.compile(
+    r"(?:line \d+:\s+)?(\d+) (Killed|Terminated|Segmentation fault|Bus error|Aborted)"
+    r"(?: \(core dumped\))?\s+(\S.*)$"
+)
+# bash's message for a foreground child killed by a signal, in the locales seen in the wild
+_BARE = {
+    "Killed": "SIGKILL",
+    "已杀死": "SIGKILL",
+    "Getötet": "SIGKILL",
+    "Processus arrêté": "SIGKILL",
+    "強制終了": "SIGKILL",
+    "Убито": "SIGKILL",
+    "Terminated": "SIGTERM",
+    "已终止": "SIGTERM",
+    "Segmentation fault": "SIGSEGV",
+    "段错误": "SIGSEGV",
+    "Bus error": "SIGBUS",
+    "总线错误": "SIGBUS",
+    "Aborted": "SIGABRT",
+    "已放弃": "SIGABRT",
+}
+_SHELL_SIGNALS = {
+    "Killed": "SIGKILL",
+    "Terminated": "SIGTERM",
+    "Segmentation fault": "SIGSEGV",
+    "Bus error": "SIGBUS",
+    "Aborted": "SIGABRT",
+}
+_CORE = re.compile(r"\s*\((?:core dumped|核心已转储|Speicherabzug geschrieben)\)$")
+
+
+def parse_job_line(text: str) -> JobRecord | None:
+    line = text.strip()
+    if not line:
+        return None
+    if "oom" in line.lower() and "kill event" in line:
+        m = _SLURM_OOM.search(line)
+        if m:
+            return JobRecord("slurm", "oom_cgroup", line, scope=m[2].rstrip("."))
+    m = _SLURM_LIMIT.search(line)
+    if m:
+        return JobRecord("slurm", "oom_cgroup", line, scope=m[1])
+    m = _SRUN_OOM.search(line)
+    if m:
+        return JobRecord("slurm", "oom_cgroup", line, local_rank=int(m[2]), scope=m[1])
+    m = _SRUN_KILLED.search(line)
+    if m:
+        task = m[2]
+        return JobRecord(
+            "slurm",
+            "exit_signal",
+            line,
+            signal=_sig(_SHELL_SIGNALS[m[3]]),
+            local_rank=int(task) if task.isdigit() else None,
+            scope=m[1],
+        )
+    m = _SLURM_CANCEL.search(line)
+    if m:
+        what = {"TIME LIMIT": "time_limit", "PREEMPTION": "preempted", "NODE FAILURE": "node_failure"}
+        return JobRecord("slurm", what.get(m[4] or "", "cancelled"), line, scope=m[1])
+    if _SLURM_STATE.search(line):
+        return JobRecord("slurm", "oom_cgroup", line)
+    if _DOCKER_OOM.search(line):
+        return JobRecord("docker", "oom_cgroup", line)
+    if _K8S_OOM.search(line):
+        return JobRecord("kubernetes", "oom_cgroup", line)
+    m = _K8S_EVICTED.search(line)
+    if m:
+        return JobRecord("kubernetes", "eviction" if m[1] == "memory" else "cancelled", line, scope=m[1])
+    m = _K8S_EXIT.search(line)
+    if m:
+        code = int(m[1])
+        return JobRecord(
+            "kubernetes", "exit_code", line, exit_code=code, signal=code - 128 if code > 128 else None
+        )
+    m = _DOCKER_EXIT.search(line)
+    if m:
+        code = int(m[1] or m[2])
+        return JobRecord(
+            "docker", "exit_code", line, exit_code=code, signal=code - 128 if code > 128 else None
+        )
+    if _RAY_OOM.search(line):
+        return JobRecord("ray", "memory_monitor", line)
+    if _RAY_DIED.search(line):
+        return JobRecord("ray", "worker_died", line)
+    m = _DS_KILLING.search(line)
+    if m:
+        return JobRecord("deepspeed", "teardown", line, pid=int(m[1]))
+    m = _DS_EXITS.search(line)
+    if m:
+        code = int(m[2])
+        lr = _LOCAL_RANK.search(m[1])
+        return JobRecord(
+            "deepspeed",
+            "exit_signal" if code < 0 else "exit_code",
+            line,
+            signal=-code if code < 0 else None,
+            exit_code=code if code >= 0 else None,
+            local_rank=int(lr[1]) if lr else None,
+        )
+    m = _DS_MEMORY.search(line)
+    if m:
+        return JobRecord("deepspeed", "memory_usage", line, value=float(m[2]))
+    m = _CALLED.search(line)
+    if m:
+        lr = _LOCAL_RANK.search(m[1])
+        local = int(lr[1]) if lr else None
+        if m[3]:
+            return JobRecord("launcher", "exit_signal", line, signal=int(m[3]), local_rank=local)
+        return JobRecord("launcher", "exit_code", line, exit_code=int(m[4]), local_rank=local)
+    m = _SHELL.search(line)
+    if m:
+        return JobRecord("shell", "killed_by_shell", line, pid=int(m[1]), signal=_sig(_SHELL_SIGNALS[m[2]]))
+    bare = _CORE.sub("", line)
+    if bare in _BARE:
+        return JobRecord("shell", "killed_by_shell", line, signal=_sig(_BARE[bare]))
+    return None
