@@ -110,6 +110,19 @@ class KernelOom:
     rss_bytes: int | None
     lines: tuple[str, ...] = ()
 
+    def merged(self, fresh: KernelOom) -> KernelOom:
+        """One OOM kill told by several records (the summary, the kill line): what each adds."""
+        return KernelOom(
+            pid=fresh.pid,
+            at_ns=min(self.at_ns, fresh.at_ns),
+            scope=fresh.scope or self.scope,
+            oom_memcg=fresh.oom_memcg or self.oom_memcg,
+            task_memcg=fresh.task_memcg or self.task_memcg,
+            comm=fresh.comm,
+            rss_bytes=fresh.rss_bytes if fresh.rss_bytes is not None else self.rss_bytes,
+            lines=(*self.lines, *fresh.lines),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class SignalSent:

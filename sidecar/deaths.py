@@ -414,7 +414,7 @@ class DeathWatch:
                 fresh = KernelOom(
                     parsed.pid, at, parsed.scope, memcg, None, parsed.comm, parsed.rss_bytes, (record.text,)
                 )
-            merged = fresh if previous is None else _merge(previous, fresh)
+            merged = fresh if previous is None else previous.merged(fresh)
             if previous is not None:
                 self._kernel.remove(previous)
             self._kernel.append(merged)
@@ -1000,20 +1000,6 @@ class DeathWatch:
             ),
         }
         return doc
-
-
-def _merge(previous: KernelOom, fresh: KernelOom) -> KernelOom:
-    """One OOM kill told by several records (the summary, the kill line): what each adds."""
-    return KernelOom(
-        pid=fresh.pid,
-        at_ns=min(previous.at_ns, fresh.at_ns),
-        scope=fresh.scope or previous.scope,
-        oom_memcg=fresh.oom_memcg or previous.oom_memcg,
-        task_memcg=fresh.task_memcg or previous.task_memcg,
-        comm=fresh.comm,
-        rss_bytes=fresh.rss_bytes if fresh.rss_bytes is not None else previous.rss_bytes,
-        lines=(*previous.lines, *fresh.lines),
-    )
 
 
 def _exit_text(code: int | None) -> str:

@@ -358,24 +358,13 @@ def _kernel(lines: list[KernelLine]) -> _Kernel:
                     parsed.pid, 0, scope, parsed.oom_memcg, parsed.task_memcg, parsed.comm, None, (line.text,)
                 )
             else:
-                rss = parsed.anon_rss_bytes
                 memcg = limit if parsed.scope == "memcg" else None
-                fresh = KernelOom(parsed.pid, 0, parsed.scope, memcg, None, parsed.comm, rss, (line.text,))
+                fresh = KernelOom(
+                    parsed.pid, 0, parsed.scope, memcg, None, parsed.comm, parsed.rss_bytes, (line.text,)
+                )
             if line.at is not None:
                 k.oom_at.setdefault(parsed.pid, line.at)
-            if prev is None:
-                by_pid[parsed.pid] = fresh
-            else:
-                by_pid[parsed.pid] = KernelOom(
-                    prev.pid,
-                    0,
-                    prev.scope if prev.scope == "memcg" else fresh.scope or prev.scope,
-                    prev.oom_memcg or fresh.oom_memcg,
-                    prev.task_memcg or fresh.task_memcg,
-                    prev.comm,
-                    prev.rss_bytes or fresh.rss_bytes,
-                    (*prev.lines, line.text),
-                )
+            by_pid[parsed.pid] = fresh if prev is None else prev.merged(fresh)
             continue
         m = _PARTIAL.search(line.text)
         if m:
@@ -910,7 +899,10 @@ def render_diagnosis(doc: dict[str, Any]) -> str:
             for e in k["evidence"]
         ]
     if doc.get("ranks"):
+        timed = any(r.get("died_at") for r in doc["ranks"])
         lines += ["", "ranks:", f"  {'rank':>7}  {'pid':>8}  {'fate':<20} {'exit':>5}  {'rss':>10}"]
+        if timed:
+            lines[-1] += "  died"
         for r in doc["ranks"]:
             label = (
                 r["rank"]
@@ -923,6 +915,8 @@ def render_diagnosis(doc: dict[str, Any]) -> str:
             )
             rss = f"{r['rss_bytes'] / 2**30:.1f} GiB" if r.get("rss_bytes") else "-"
             lines.append(f"  {label!s:>7}  {r['pid']!s:>8}  {r['fate']:<20} {r['exit_code']!s:>5}  {rss:>10}")
+            if timed:
+                lines[-1] += f"  {r.get('died_at') or '-'}"
     if doc.get("advice"):
         lines += ["", "advice:"] + [f"  - {a}" for a in doc["advice"]]
     if doc.get("collect"):
