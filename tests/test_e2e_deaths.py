@@ -193,6 +193,20 @@ def test_global_oom_is_kernel_oom(tmp_path):
         assert {r["rank"]: r["fate"] for r in doc["ranks"]} == {0: "terminated_by_agent", 1: "root_cause"}
         assert any("global_oom" in e["detail"] or "Out of memory" in e["detail"] for e in killer["evidence"])
         assert daemon.stop() == 0
+    # The same death after the fact, from the torchrun log and the kernel log alone.
+    dmesg = subprocess.run(["dmesg", "-T"], capture_output=True, text=True, check=True).stdout
+    r = subprocess.run(
+        [sys.executable, "-m", "sidecar", "diagnose", "--format", "json", str(job.dir / "torchrun.log"), "-"],
+        input=dmesg,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    diag = json.loads(r.stdout)
+    assert (diag["killer"]["kind"], diag["killer"]["confidence"]) == ("kernel_oom", "certain"), diag["killer"]
+    assert diag["victim"]["pid"] == pids[1][0]
+    assert {row["pid"]: row["fate"] for row in diag["ranks"]}[pids[0][0]] == "terminated_by_agent"
 
 
 def test_demo_ends_with_a_postmortem(tmp_path):
