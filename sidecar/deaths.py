@@ -71,6 +71,7 @@ TIMELINE_WINDOW_S = 300.0
 # clean end of training every rank "vanishes" too, and that is no incident.
 UNKNOWN_EXIT_WAIT_S = 3.0
 OUTPUT_PARSE_BYTES = 2 << 20  # of each output stream, the tail that is parsed at a death
+DEATH_TIMES = 64  # deaths whose time is exported (trainwatch_rank_death_timestamp_seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +173,9 @@ class DeathWatch:
         self.kernel_log_readable = False
         self.exits_first_hand = False
         self.deaths_total: dict[tuple[str, str], int] = {}
+        # (job, rank, restart) -> (killer, wall time of death): the newest DEATH_TIMES deaths,
+        # for dashboards' annotations and a job's first death across nodes
+        self.death_times: dict[tuple[str, str, int], tuple[str, float]] = {}
         self._known: dict[int, _Known] = {}
         self._snapshots: deque[tuple[int, Snapshot]] = deque(maxlen=8)
         self._kernel: deque[KernelOom] = deque(maxlen=512)
@@ -879,6 +883,12 @@ class DeathWatch:
                 }.get(fate or "", "unknown")
                 inc.counted[r.pid] = killer
                 self.deaths_total[(inc.gen.job, killer)] = self.deaths_total.get((inc.gen.job, killer), 0) + 1
+                when = self._wall(r.died_ns) or died_at
+                self.death_times = dict(
+                    [*self.death_times.items(), ((inc.gen.job, r.label, inc.gen.restart), (killer, when))][
+                        -DEATH_TIMES:
+                    ]
+                )
         if first:
             log.warning(
                 "job %s: postmortem %s: %s (%s)", inc.gen.job, inc.doc_id, verdict.summary, verdict.confidence

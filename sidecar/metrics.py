@@ -135,6 +135,11 @@ METRICS: dict[str, Spec] = {
     "trainwatch_rank_deaths_total": Spec(
         "counter", ("job", "killer"), "Ranks that died abnormally, by the killer named in their postmortem"
     ),
+    "trainwatch_rank_death_timestamp_seconds": Spec(
+        "gauge",
+        ("job", "rank", "restart", "killer"),
+        "Unix time at which the rank died abnormally, by the killer named in its postmortem (agent_teardown for ranks the agent stopped); the newest 64 deaths",
+    ),
     "trainwatch_postmortems_written_total": Spec("counter", (), "Postmortem documents written"),
     "trainwatch_probe_success": Spec("gauge", ("probe",), "1 when the probe's last run succeeded, else 0"),
     "trainwatch_probe_duration_seconds": Spec(
@@ -179,9 +184,11 @@ class TrainwatchCollector(Collector):
         snapshot: Callable[[], Snapshot | None],
         deaths: Callable[[], dict[tuple[str, str], int]] = dict,
         postmortems: Callable[[], int] = lambda: 0,
+        death_times: Callable[[], dict[tuple[str, str, int], tuple[str, float]]] = dict,
     ) -> None:
         self._snapshot = snapshot
         self._deaths = deaths
+        self._death_times = death_times
         self._postmortems = postmortems
 
     def describe(self) -> Iterator[Metric]:
@@ -193,6 +200,8 @@ class TrainwatchCollector(Collector):
         f.add("trainwatch_postmortems_written_total", self._postmortems())
         for (job, killer), count in sorted(self._deaths().items()):
             f.add("trainwatch_rank_deaths_total", count, job, killer)
+        for (job, rank, restart), (killer, at) in sorted(self._death_times().items()):
+            f.add("trainwatch_rank_death_timestamp_seconds", at, job, rank, str(restart), killer)
         snap = self._snapshot()
         if snap is not None:
             self._fill(f, snap)

@@ -46,6 +46,7 @@ def create_app(daemon: Daemon, *, manage_daemon: bool = True) -> FastAPI:
         lambda: daemon.snapshot,
         deaths=lambda: dict(daemon.deaths.deaths_total),
         postmortems=lambda: daemon.store.written_total,
+        death_times=lambda: daemon.deaths.death_times,
     )
     app.state.daemon = daemon
 

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,14 @@ def test_cgroup_oom_is_named_with_certainty(tmp_path):
                 labels["killer"]: v for labels, v in m["trainwatch_rank_deaths_total"] if labels["job"] == key
             }
             assert mine == {"cgroup_oom": 1, "agent_teardown": 1}
+            times = {
+                (labels["rank"], labels["killer"]): v
+                for labels, v in m["trainwatch_rank_death_timestamp_seconds"]
+                if labels["job"] == key
+            }
+            assert set(times) == {("1", "cgroup_oom"), ("0", "agent_teardown")}, times
+            died = datetime.fromisoformat(doc["victim"]["died_at"]).timestamp()
+            assert abs(times[("1", "cgroup_oom")] - died) < 1 and times[("0", "agent_teardown")] > died - 0.5
             assert m["trainwatch_postmortems_written_total"][0][1] >= 1
             listing = json.loads(daemon.get("/postmortems")[1])
             (entry,) = [e for e in listing if e["id"] == doc["id"]]
