@@ -2,7 +2,7 @@
 #   make demo   set up, then run the demo (a real torchrun job dies; its postmortem is printed)
 #   make test   set up, then lint, type-check and run every test
 # and `make run`: set up, then run the daemon (trainwatch --attach-torchrun).
-.PHONY: setup demo run test lint bench
+.PHONY: setup demo run test lint bench dashboard
 
 setup:
 	@scripts/dev-setup
@@ -26,3 +26,6 @@ bench: setup
 	.venv/bin/python benchmarks/accuracy.py
 	.venv/bin/python benchmarks/deaths.py
 	.venv/bin/python benchmarks/diagnose_accuracy.py
+
+dashboard: setup
+	.venv/bin/python -m sidecar.dashboard > dashboards/trainwatch.json
