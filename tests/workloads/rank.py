@@ -63,6 +63,9 @@ def load_batches(mb: int) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hold-mb", type=int, default=64)
+    ap.add_argument(
+        "--gpu-mb", type=int, default=0, help="MiB each rank holds on GPU LOCAL_RANK %% count, if CUDA works"
+    )
     ap.add_argument("--worker-mb", type=int, default=32)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--duration", type=float, default=60.0)
@@ -123,6 +126,10 @@ def main() -> int:
         timeout=__import__("datetime").timedelta(seconds=args.pg_timeout),
     )
     buf = hold(args.hold_mb)
+    on_gpu = None
+    if args.gpu_mb and torch.cuda.is_available():  # GPU memory NVML attributes to this rank
+        device = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+        on_gpu = torch.ones(args.gpu_mb << 20, dtype=torch.uint8, device=f"cuda:{device}")
     ctx = mp.get_context("fork")
     held = [ctx.Event() for _ in range(args.workers)]
     procs = [ctx.Process(target=worker, args=(args.worker_mb, os.getpid(), e), daemon=True) for e in held]
@@ -167,7 +174,7 @@ def main() -> int:
         if rank != args.ignore_sigterm_rank:  # that one only waits (a peer's death must not fail it)
             dist.all_reduce(t)
         time.sleep(0.2)
-    del buf
+    del buf, on_gpu
     for p in procs:
         p.terminate()
     dist.destroy_process_group()

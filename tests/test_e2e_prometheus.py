@@ -1,0 +1,125 @@
+"""The observability stack against the real Prometheus server: it scrapes a real daemon
+attached to a real torchrun job (gloo, CPU) every second with the shipped scrape job and
+rules; a rank is killed by a real memory cgroup limit; then every query of every panel of
+the shipped dashboard (its variables substituted as Grafana would) must return series,
+the variables must offer this job, and the rank-killed alert must fire."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from sidecar.dashboard import VARIABLES, all_queries
+from sidecar.demo import join_cgroup, memory_cgroup, memory_hierarchy
+from tests.e2e import DaemonProc, TorchrunJob, job_postmortem, wait_for
+from tests.prom import PROMETHEUS, PrometheusServer
+
+GIB = 1 << 30
+pytestmark = [pytest.mark.slow]
+
+
+def grafana(expr: str, values: dict[str, str], range_s: int) -> str:
+    """``expr`` with the dashboard's variables replaced as Grafana does for a regex
+    matcher (each value regex-escaped, then escaped for a PromQL string)."""
+    for name, value in values.items():
+        escaped = value if value == ".*" else re.escape(value).replace("\\", "\\\\")
+        expr = expr.replace(f"${name}", escaped)
+    expr = expr.replace("$__rate_interval", "4s").replace("$__range", f"{range_s}s")
+    assert "$" not in expr.replace('"$1"', ""), expr
+    return expr
+
+
+def label_values(prom: PrometheusServer, definition: str, start: float, end: float) -> set[str]:
+    """Grafana's ``label_values(selector, label)`` through the series API."""
+    m = re.fullmatch(r"label_values\((.+), (\w+)\)", definition)
+    assert m, definition
+    data = prom.api("series", **{"match[]": m[1], "start": f"{start:.0f}", "end": f"{end:.0f}"})
+    return {s[m[2]] for s in data if m[2] in s}
+
+
+@pytest.mark.root
+@pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus (make setup installs it)")
+@pytest.mark.skipif(memory_hierarchy() is None, reason="needs root and a writable memory cgroup hierarchy")
+def test_every_panel_returns_series_and_the_killed_rank_alerts(tmp_path: Path) -> None:
+    with (
+        memory_cgroup(int(1.5 * GIB), "trainwatch-prom") as (_version, _parent, child),
+        DaemonProc(tmp_path, interval=0.5) as daemon,
+    ):
+        instance = daemon.base.removeprefix("http://")
+        with PrometheusServer(tmp_path, instance) as prom:
+            wait_for(lambda: prom.target_health() == ["up"], 30, "prometheus to scrape the daemon", 0.5)
+            start = time.time()
+            with TorchrunJob(
+                tmp_path,
+                "prom",
+                wrap=join_cgroup(child),
+                hold_mb=50,
+                workers=1,
+                grow_rank=1,
+                grow_after=8,
+                gpu_mb=256 if Path("/dev/nvidiactl").exists() else 0,  # on a GPU machine, GPU panels too
+            ) as job:
+                pids = job.ready()
+                doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
+                job.proc.wait(60)
+            assert doc["killer"]["kind"] == "cgroup_oom", doc["killer"]
+            key = doc["job"]["key"]
+
+            def killed() -> list[dict] | None:
+                alerts = [
+                    a
+                    for a in prom.api("alerts")["alerts"]
+                    if a["labels"]["alertname"] == "TrainwatchRankKilled" and a["labels"].get("job") == key
+                ]
+                return alerts if alerts and all(a["state"] == "firing" for a in alerts) else None
+
+            alerts = wait_for(killed, 30, "TrainwatchRankKilled to fire", 0.5)
+            (alert,) = alerts
+            assert alert["labels"]["killer"] == "cgroup_oom" and alert["labels"]["rank"] == "1", alert
+            assert alert["labels"]["instance"] == instance and alert["labels"]["severity"] == "critical"
+            assert "cgroup_oom" in alert["annotations"]["summary"]
+            firing = {
+                a["labels"]["alertname"] for a in prom.api("alerts")["alerts"] if a["state"] == "firing"
+            }
+            # the kill shows in the OOM counters too (v1 memory.oom_control, /proc/vmstat)
+            assert {"TrainwatchCgroupOomKills", "TrainwatchHostOomKills"} <= firing, firing
+
+            end = time.time() + 1
+            range_s = int(end - start) + 5
+            has_gpu = bool(daemon.metrics().get("trainwatch_gpu_info"))
+            values = {"instance": instance, "job": key, "rank": ".*"}
+
+            # the variables offer this node, this job and its ranks
+            assert instance in label_values(prom, VARIABLES["instance"], start, end)
+            assert key in label_values(prom, grafana(VARIABLES["job"], values, range_s), start, end)
+            assert {"0", "1"} <= label_values(prom, grafana(VARIABLES["rank"], values, range_s), start, end)
+
+            report, empty = [], []
+            for rank in (".*", "1"):
+                values["rank"] = rank
+                for title, target, needs in all_queries():
+                    expr = grafana(target.expr, values, range_s)
+                    result = prom.query(expr, end) if target.instant else prom.query_range(expr, start, end)
+                    line = f"{title!r} rank={rank}: {len(result)} series  <- {expr}"
+                    if not result and needs == "gpu" and not has_gpu:
+                        report.append(f"no GPU here (valid query, no series): {line}")
+                    elif not result:
+                        empty.append(line)
+                    else:
+                        report.append(f"ok: {line}")
+            (tmp_path / "panels.txt").write_text("\n".join(report + empty) + "\n")
+            print("\n".join(report))
+            assert not empty, "panels without series:\n" + "\n".join(empty)
+
+            # the death's time in the table and the annotation is the rank's own
+            died = prom.query(
+                f'trainwatch_rank_death_timestamp_seconds{{job="{key}", rank="1"}}',
+                end,
+            )
+            assert died and died[0]["metric"]["killer"] == "cgroup_oom"
+            assert float(died[0]["value"][1]) >= start and pids[1][0] == doc["victim"]["pid"]
+            first = prom.query(f'trainwatch:job_first_death_timestamp_seconds{{job="{key}"}}', end)
+            assert first and float(first[0]["value"][1]) == float(died[0]["value"][1])
