@@ -54,10 +54,11 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
 class DaemonProc:
     """``python -m sidecar --attach-torchrun --port 0 ...`` with its log in a file."""
 
-    def __init__(self, tmp: Path, *args: str, interval: float = 0.2) -> None:
+    def __init__(self, tmp: Path, *args: str, interval: float = 0.2, wrap: list[str] | None = None) -> None:
         self.log_path = tmp / f"daemon-{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "w")  # noqa: SIM115
         cmd = [
+            *(wrap or []),
             sys.executable,
             "-m",
             "sidecar",

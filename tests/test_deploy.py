@@ -1,0 +1,249 @@
+"""The observability stack's files: the dashboard is the generator's output and queries
+only metrics that exist; promtool accepts the scrape config and the rules and passes their
+unit tests; the Kubernetes manifests validate against the Kubernetes schemas; the systemd
+unit verifies, and the real daemon run with exactly its capabilities still names a
+rank's killer and its sender."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from sidecar import dashboard
+from sidecar.metrics import METRICS
+from tests.e2e import REPO, DaemonProc, TorchrunJob, job_postmortem
+from tests.prom import DEPLOY, PROMTOOL
+
+DASHBOARD = REPO / "dashboards" / "trainwatch.json"
+KUBE = REPO / "deploy" / "kubernetes"
+UNIT = REPO / "deploy" / "systemd" / "trainwatch.service"
+GRAFANA_VARS = {"datasource", "instance", "job", "rank", "__rate_interval", "__range"}
+
+
+def test_the_dashboard_file_is_the_generators_output():
+    assert json.loads(DASHBOARD.read_text()) == dashboard.build(), (
+        "dashboards/trainwatch.json is stale: python -m sidecar.dashboard > dashboards/trainwatch.json"
+    )
+
+
+def test_every_query_names_known_metrics_and_variables():
+    board = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    exprs += [a["expr"] for a in board["annotations"]["list"] if "expr" in a]
+    exprs += [v["definition"] for v in board["templating"]["list"] if v["type"] == "query"]
+    assert len(exprs) >= 30
+    defined = {v["name"] for v in board["templating"]["list"]}
+    for expr in exprs:
+        names = dashboard.metric_names(expr)
+        assert names, expr
+        assert names <= set(METRICS), (expr, names - set(METRICS))
+        used = set(re.findall(r"\$(\w+)", expr)) - {"1"}
+        assert used <= GRAFANA_VARS, (expr, used)
+        assert {u for u in used if not u.startswith("__")} <= defined, expr
+    # what the issue asks to see at a glance is there
+    queried = set().union(*(dashboard.metric_names(e) for e in exprs))
+    for name in (
+        "trainwatch_rank_resident_memory_bytes",
+        "trainwatch_rank_tree_resident_memory_bytes",
+        "trainwatch_rank_memory_limit_bytes",
+        "trainwatch_cgroup_memory_limit_bytes",
+        "trainwatch_host_memory_available_bytes",
+        "trainwatch_rank_gpu_memory_bytes",
+        "trainwatch_gpu_memory_used_bytes",
+        "trainwatch_host_oom_kills_total",
+        "trainwatch_cgroup_oom_kills_total",
+        "trainwatch_rank_death_timestamp_seconds",
+        "trainwatch_rank_deaths_total",
+        "trainwatch_host_memory_pressure_ratio",
+        "trainwatch_probe_success",
+        "trainwatch_last_sample_timestamp_seconds",
+    ):
+        assert name in queried, name
+
+
+def test_the_dashboard_imports_as_is():
+    board = json.loads(DASHBOARD.read_text())
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids))
+    for p in board["panels"]:
+        g = p["gridPos"]
+        assert g["x"] + g["w"] <= 24 and g["w"] > 0 and g["h"] > 0, p["title"]
+        if p["type"] != "row":
+            assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
+            assert all(t["datasource"]["uid"] == "${datasource}" for t in p["targets"])
+    (ds,) = [v for v in board["templating"]["list"] if v["name"] == "datasource"]
+    assert ds["type"] == "datasource" and ds["query"] == "prometheus"
+    # no panel overlaps another
+    cells = set()
+    for p in board["panels"]:
+        g = p["gridPos"]
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert not cells & mine, p["title"]
+        cells |= mine
+
+
+def test_a_panel_on_a_metric_that_does_not_exist_fails_the_build(monkeypatch):
+    bad = dashboard.Panel("typo", "timeseries", (dashboard.Target("trainwatch_rank_rss_bytes"),))
+    monkeypatch.setattr(dashboard, "panels", lambda: [bad])
+    with pytest.raises(ValueError, match="trainwatch_rank_rss_bytes"):
+        dashboard.build()
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="needs promtool (Debian's prometheus; make setup installs it)")
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("check", "config", "prometheus.yml"),
+        ("check", "rules", "trainwatch-rules.yml"),
+        ("test", "rules", "tests/trainwatch-rules.test.yml"),
+    ],
+    ids=["check-config", "check-rules", "test-rules"],
+)
+def test_promtool(args):
+    r = subprocess.run([PROMTOOL, *args], cwd=DEPLOY, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS" in r.stdout + r.stderr
+
+
+def test_the_scrape_job_keeps_trainwatchs_job_label():
+    config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+    (job,) = config["scrape_configs"]
+    assert job["job_name"] == "trainwatch" and job["honor_labels"] is True
+    rules = yaml.safe_load((DEPLOY / "trainwatch-rules.yml").read_text())
+    names = {r.get("alert") or r.get("record") for g in rules["groups"] for r in g["rules"]}
+    tested = (DEPLOY / "tests" / "trainwatch-rules.test.yml").read_text()
+    for name in names:  # every rule has a unit test
+        assert name in tested, name
+    for g in rules["groups"]:
+        for r in g["rules"]:
+            assert dashboard.metric_names(r["expr"]) <= set(METRICS), r
+
+
+def _manifests() -> list[tuple[str, dict]]:
+    out = []
+    for path in sorted(KUBE.glob("*.yaml")):
+        out += [(path.name, doc) for doc in yaml.safe_load_all(path.read_text()) if doc]
+    return out
+
+
+@pytest.mark.parametrize("name,doc", _manifests(), ids=lambda v: v if isinstance(v, str) else v["kind"])
+def test_kubernetes_manifests_validate(name, doc):
+    if doc["apiVersion"] == "monitoring.coreos.com/v1":
+        _check_monitor(doc)
+        return
+    kubernetes_validate.validate(doc, "1.37.0", strict=True)
+
+
+# The fields of prometheus-operator's PodMonitor and ServiceMonitor (monitoring.coreos.com/v1)
+# that these manifests use; the schemas ship only with the operator's CRDs.
+_ENDPOINT = {"port", "path", "interval", "honorLabels", "relabelings", "scheme", "scrapeTimeout"}
+_MONITOR = {
+    "PodMonitor": ("podMetricsEndpoints", {"selector", "namespaceSelector", "podMetricsEndpoints"}),
+    "ServiceMonitor": ("endpoints", {"selector", "namespaceSelector", "endpoints"}),
+}
+
+
+def _check_monitor(doc: dict) -> None:
+    key, allowed = _MONITOR[doc["kind"]]
+    assert set(doc) == {"apiVersion", "kind", "metadata", "spec"}
+    assert doc["metadata"]["name"] and set(doc["spec"]) <= allowed
+    assert set(doc["spec"]["selector"]) <= {"matchLabels", "matchExpressions"}
+    assert set(doc["spec"]["namespaceSelector"]) <= {"any", "matchNames"}
+    for ep in doc["spec"][key]:
+        assert set(ep) <= _ENDPOINT, ep
+        assert ep["port"] == "metrics" and ep["path"] == "/metrics" and ep["honorLabels"] is True
+        for rl in ep.get("relabelings", []):
+            assert set(rl) <= {"sourceLabels", "targetLabel", "regex", "replacement", "action", "separator"}
+
+
+def test_the_monitors_select_the_pods_that_serve_metrics():
+    docs = {(d["kind"], d["metadata"]["name"]): d for _, d in _manifests()}
+    ds = docs[("DaemonSet", "trainwatch")]
+    svc = docs[("Service", "trainwatch")]
+    sm = docs[("ServiceMonitor", "trainwatch")]
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    (port,) = ds["spec"]["template"]["spec"]["containers"][0]["ports"]
+    assert port["name"] == "metrics" and svc["spec"]["ports"][0]["targetPort"] == "metrics"
+    assert ds["spec"]["template"]["spec"]["hostPID"] is True
+    pod = docs[("Pod", "train-llm")]
+    pm = docs[("PodMonitor", "trainwatch-sidecars")]
+    assert pm["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert pod["spec"]["shareProcessNamespace"] is True
+    (sidecar,) = pod["spec"]["initContainers"]
+    assert sidecar["restartPolicy"] == "Always" and sidecar["ports"][0]["name"] == "metrics"
+    for c in (sidecar, ds["spec"]["template"]["spec"]["containers"][0]):
+        assert "--attach-torchrun" in c["args"] and "0.0.0.0" in c["args"]
+
+
+def test_the_dockerfile_installs_this_package_and_runs_the_daemon():
+    text = (REPO / "deploy" / "docker" / "Dockerfile").read_text()
+    for line in text.splitlines():
+        if line.startswith("COPY"):
+            for src in line.split()[1:-1]:
+                assert (REPO / src).exists(), src
+    assert 'ENTRYPOINT ["trainwatch"]' in text and 'CMD ["--attach-torchrun"]' in text
+
+
+def _unit_capabilities() -> list[str]:
+    (line,) = [x for x in UNIT.read_text().splitlines() if x.startswith("CapabilityBoundingSet=")]
+    return line.split("=", 1)[1].split()
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
+def test_the_systemd_unit_verifies(tmp_path):
+    # verify checks that ExecStart exists: point it at this checkout's trainwatch
+    exe = Path(sys.executable).parent / "trainwatch"
+    text = re.sub(r"^ExecStart=\S+", f"ExecStart={exe}", UNIT.read_text(), flags=re.M)
+    unit = tmp_path / "trainwatch.service"
+    unit.write_text(text)
+    r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and not r.stderr.strip(), r.stderr
+
+
+TRACEFS_READY = os.geteuid() == 0 and os.path.isdir("/sys/kernel/tracing/events/signal/signal_generate")
+
+
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.skipif(not (TRACEFS_READY and shutil.which("setpriv")), reason="needs root, tracefs and setpriv")
+def test_the_units_capabilities_are_enough_to_name_a_killer(tmp_path):
+    """The daemon as the unit runs it: uid 0 with only the unit's capabilities. A rank
+    killed from outside is still discovered, its exit caught and its sender named."""
+    caps = _unit_capabilities()
+    assert caps == ["CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH", "CAP_SYSLOG", "CAP_NET_ADMIN"]
+    bounding = "-all," + ",".join("+" + c.removeprefix("CAP_").lower() for c in caps)
+    wrap = ["setpriv", f"--bounding-set={bounding}", "--inh-caps=-all", "--"]
+    with (
+        DaemonProc(tmp_path, wrap=wrap) as daemon,
+        TorchrunJob(tmp_path, "caps", hold_mb=50, workers=0) as job,
+    ):
+        status = Path(f"/proc/{daemon.proc.pid}/status").read_text()
+        (eff,) = re.findall(r"^CapEff:\s*(\w+)$", status, re.M)
+        assert int(eff, 16) == sum(1 << n for n in (19, 2, 34, 12)), (
+            eff
+        )  # ptrace, dac_read, syslog, net_admin
+        pids = job.ready()
+        time.sleep(1.5)
+        killer = subprocess.run(
+            ["sh", "-c", f"kill -9 {pids[1][0]}; echo $$"], capture_output=True, text=True
+        )
+        doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
+        k = doc["killer"]
+        assert (k["kind"], k["confidence"]) == ("external_signal", "certain"), k
+        assert f"pid {killer.stdout.strip()} (sh)" in k["summary"], k
+        assert {r["rank"]: r["fate"] for r in doc["ranks"]} == {0: "terminated_by_agent", 1: "root_cause"}
+        log = daemon.log()
+        assert "Permission denied" not in log and "Operation not permitted" not in log, log[-3000:]
+        assert daemon.stop() == 0
