@@ -49,6 +49,10 @@ __all__ = ["Daemon", "Sampler"]
 log = logging.getLogger(__name__)
 
 CGROUP_RECHECK_SECONDS = 10.0
+# A cgroup's series stay this long after its last rank left: the OOM kill that emptied it
+# must reach a scrape as an increment of trainwatch_cgroup_oom_kills_total (the agent tears
+# the other ranks down within a second, before a 5 s scrape sees the new count).
+CGROUP_LINGER_SECONDS = 120.0
 # Near a memory limit the last sample before an OOM kill should be close to the kill:
 # the sampler runs this often while a rank's cgroup is at >= PRESSURE_SHARE of its
 # limit or the host has less than 1 - PRESSURE_SHARE of its memory available.
@@ -170,6 +174,7 @@ class Sampler:
         self.host = HostReader(settings.proc_root, settings.shm_path)
         self.gpu = gpu if gpu is not None else GpuProbe()
         self._rank_cgroups: dict[ProcKey, _RankCgroup] = {}
+        self._recent_cgroups: dict[str, tuple[MemoryCgroupRef, float]] = {}  # path -> (ref, last used)
         self._once = _OnceLog()
         self._nvml_ns_warned = False
         # Called with a rank's zombie exit status: the fallback when the process connector
@@ -369,11 +374,19 @@ class Sampler:
             if cached.ref is not None:
                 refs[cached.ref.path] = cached.ref
                 rank_cgroup[tracked.key] = cached.ref.path
+        for path, ref in refs.items():
+            self._recent_cgroups[path] = (ref, now)
+        for path, (ref, used) in list(self._recent_cgroups.items()):
+            if now - used > CGROUP_LINGER_SECONDS:
+                del self._recent_cgroups[path]
+            else:
+                refs.setdefault(path, ref)
         samples: dict[str, CgroupSample] = {}
         for path, ref in refs.items():
             try:
                 sample = self.cgroups.sample(ref)
             except NoSuchProcess:
+                self._recent_cgroups.pop(path, None)
                 continue
             except ProbeError as exc:
                 self._cgroup_problem = str(exc)
