@@ -105,23 +105,38 @@ def test_overruns_are_counted_and_the_loop_survives_errors(proc_tree, tmp_path):
 
 
 def test_deadlines_do_not_drift(proc_tree, tmp_path):
-    sampler = _sampler(proc_tree, tmp_path)
+    """Rounds start on a fixed grid whatever they take; a round that runs past the next
+    deadlines counts them as overruns and the loop rejoins the grid. On a fake clock: the
+    loop's waits advance it, each round takes the time given below."""
+    from tests.test_discovery import Clock
+
+    clock = Clock()
+    sampler = _sampler(proc_tree, tmp_path, clock=clock)
     settings = Settings(interval_seconds=0.1, proc_root=str(proc_tree), postmortem_dir=str(tmp_path))
+    durations = [0.05] * 5 + [0.25] + [0.05] * 3
+    starts: list[float] = []
     real = sampler.sample
 
-    def slow():
-        time.sleep(0.05)  # half the interval
+    def timed():
+        starts.append(round(clock.now - 100.0, 6))
+        clock.now += durations[len(starts) - 1]
         return real()
 
-    sampler.sample = slow  # type: ignore[method-assign]
+    class Stop:  # the loop's Event: its wait is where time passes
+        def is_set(self) -> bool:
+            return len(starts) == len(durations)
+
+        def wait(self, seconds: float) -> bool:
+            clock.now += seconds
+            return False
+
+    sampler.sample = timed  # type: ignore[method-assign]
     daemon = Daemon(settings, sampler, watch_deaths=False)
-    daemon.start()
-    time.sleep(1.02)
-    daemon.stop()
-    # Fixed deadlines: a round starts every 0.1 s, about 11 in 1.02 s. A loop that slept
-    # a full interval after each 0.05 s round would drift to 0.15 s a round: about 7.
-    assert 9 <= sampler.samples_total <= 12, sampler.samples_total
-    assert sampler.overruns_total == 0
+    daemon._stop = Stop()  # type: ignore[assignment]
+    daemon._run()
+    # A loop that slept a full interval after each round would start at 0, 0.15, 0.3...
+    assert starts == [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.8, 0.9, 1.0], starts
+    assert sampler.overruns_total == 2  # the 0.25 s round ran past the deadlines at 0.6 and 0.7
 
 
 def test_pressure_means_a_rank_close_to_a_limit():

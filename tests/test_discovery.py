@@ -312,3 +312,40 @@ def test_ranks_that_outlive_their_agent_stay_watched(proc_tree, tmp_path):
     for pid in (RANK0, RANK1, *RANK0_WORKERS, *RANK1_WORKERS):
         shutil.rmtree(proc_tree / str(pid))
     assert sampler.sample().jobs == ()
+
+
+def test_a_cgroup_lingers_after_its_last_rank_so_its_oom_kill_is_scraped(proc_tree, tmp_path):
+    """The kill that empties a cgroup must still reach a scrape: its series stay for
+    CGROUP_LINGER_SECONDS after the last rank left, and go when the cgroup is removed."""
+    import shutil
+
+    from sidecar.daemon import CGROUP_LINGER_SECONDS
+
+    clock = Clock()
+    sampler = _sampler(proc_tree, tmp_path, clock=clock)
+    assert CAPTURED_CGROUP in {c.path for c in sampler.sample().cgroups}
+    for pid in (AGENT, RANK0, RANK1, *RANK0_WORKERS, *RANK1_WORKERS):
+        shutil.rmtree(proc_tree / str(pid))
+    level = tmp_path / "sys/fs/cgroup/memory" / CAPTURED_CGROUP.lstrip("/")
+    (level / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 1\n")
+    clock.now += 5
+    snap = sampler.sample()
+    assert snap.jobs == ()
+    cgroups = {c.path: c for c in snap.cgroups}
+    assert cgroups[CAPTURED_CGROUP].oom_kills == 1 and "/process_api" in cgroups
+    clock.now += CGROUP_LINGER_SECONDS + 1
+    assert sampler.sample().cgroups == ()
+
+
+def test_a_removed_cgroup_does_not_linger(proc_tree, tmp_path):
+    import shutil
+
+    clock = Clock()
+    sampler = _sampler(proc_tree, tmp_path, clock=clock)
+    sampler.sample()
+    for pid in (AGENT, RANK0, RANK1, *RANK0_WORKERS, *RANK1_WORKERS):
+        shutil.rmtree(proc_tree / str(pid))
+    shutil.rmtree(tmp_path / "sys/fs/cgroup/memory" / CAPTURED_CGROUP.lstrip("/"))
+    clock.now += 5
+    snap = sampler.sample()
+    assert snap.cgroups == () and snap.probes["cgroup"].success
