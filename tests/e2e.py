@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -173,8 +174,11 @@ class TorchrunJob:
         wrap: list[str] | None = None,
         launcher: str = "torchrun",
         launcher_args: tuple[str, ...] = (),
+        rdzv_id: str | None = None,
         **workload: Any,
     ) -> None:
+        """``rdzv_id``: a c10d rendezvous of one node with this run id instead of
+        ``--standalone`` (whose run id is random): jobs that share it are one job's nodes."""
         self.dir = tmp / name
         self.dir.mkdir(parents=True)
         self.stop_file = self.dir / "stop"
@@ -182,9 +186,21 @@ class TorchrunJob:
         args = [f"--ready-dir={self.dir}", f"--stop-file={self.stop_file}"]
         for k, v in workload.items():
             args.append(f"--{k.replace('_', '-')}={v}")
+        if rdzv_id is None:
+            rendezvous = ["--standalone"]
+        else:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            rendezvous = [
+                "--nnodes=1",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}",
+                f"--rdzv-id={rdzv_id}",
+            ]
         cmd = [
             *self.LAUNCHERS[launcher],
-            "--standalone",
+            *rendezvous,
             f"--nproc-per-node={nproc}",
             f"--max-restarts={max_restarts}",
             "--monitor-interval=0.1",

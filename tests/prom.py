@@ -27,15 +27,16 @@ def free_port() -> int:
 
 
 class PrometheusServer:
-    """Prometheus scraping ``target`` every second with the shipped scrape job (its
-    ``honor_labels`` and all) and the shipped rules, evaluated every second."""
+    """Prometheus scraping ``targets`` every second with the shipped scrape job (its
+    ``honor_labels`` and all) and the shipped rules, evaluated every second. Each target
+    stands for one node's daemon."""
 
-    def __init__(self, tmp: Path, target: str) -> None:
+    def __init__(self, tmp: Path, *targets: str) -> None:
         assert PROMETHEUS is not None
         shipped = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
         (scrape,) = shipped["scrape_configs"]
         scrape["scrape_interval"] = "1s"
-        scrape["static_configs"] = [{"targets": [target]}]
+        scrape["static_configs"] = [{"targets": list(targets)}]
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": [str(DEPLOY / f) for f in shipped["rule_files"]],

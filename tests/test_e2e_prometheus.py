@@ -6,8 +6,11 @@ the variables must offer this job, and the rank-killed alert must fire."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -123,3 +126,69 @@ def test_every_panel_returns_series_and_the_killed_rank_alerts(tmp_path: Path) -
             assert float(died[0]["value"][1]) >= start and pids[1][0] == doc["victim"]["pid"]
             first = prom.query(f'trainwatch:job_first_death_timestamp_seconds{{job="{key}"}}', end)
             assert first and float(first[0]["value"][1]) == float(died[0]["value"][1])
+
+
+def test_one_job_on_two_nodes_meets_in_prometheus(tmp_path: Path) -> None:
+    """Two nodes of one job, as two daemons (two instances) each watching its own
+    torchrun agent of the same run id. A rank dies on node A, then one on node B: the
+    dashboard's first-death panel and the recording rule name A's time, the deaths table
+    lists both nodes, and each node's death alerts with its own instance."""
+    run_id = f"multinode-{os.getpid()}"
+    with (
+        TorchrunJob(tmp_path, "node-a", hold_mb=50, workers=0, rdzv_id=run_id) as job_a,
+        TorchrunJob(tmp_path, "node-b", hold_mb=50, workers=0, rdzv_id=run_id) as job_b,
+    ):
+        pids_a, pids_b = job_a.ready(), job_b.ready()
+        with (
+            DaemonProc(tmp_path, "--pid", str(job_a.agent_pid)) as node_a,
+            DaemonProc(tmp_path, "--pid", str(job_b.agent_pid)) as node_b,
+        ):
+            inst_a, inst_b = (d.base.removeprefix("http://") for d in (node_a, node_b))
+            with PrometheusServer(tmp_path, inst_a, inst_b) as prom:
+                wait_for(lambda: prom.target_health() == ["up", "up"], 30, "both nodes scraped", 0.5)
+                start = time.time()
+                wait_for(
+                    lambda: prom.query(f'trainwatch_rank_info{{job="{run_id}"}}', time.time()),
+                    30,
+                    "the ranks in prometheus",
+                    0.5,
+                )
+                os.kill(pids_a[1][0], signal.SIGKILL)
+                doc_a = job_postmortem(node_a, victim_rank=1, want_fates=2, job=job_a)
+                time.sleep(2)
+                os.kill(pids_b[0][0], signal.SIGKILL)
+                doc_b = job_postmortem(node_b, victim_rank=0, want_fates=2, job=job_b)
+                assert doc_a["job"]["key"] == doc_b["job"]["key"] == run_id
+
+                def both_alerting() -> set[str] | None:
+                    got = {
+                        a["labels"]["instance"]
+                        for a in prom.api("alerts")["alerts"]
+                        if a["labels"]["alertname"] == "TrainwatchRankKilled"
+                        and a["labels"].get("job") == run_id
+                        and a["state"] == "firing"
+                    }
+                    return got if got == {inst_a, inst_b} else None
+
+                wait_for(both_alerting, 30, "TrainwatchRankKilled on both nodes", 0.5)
+                end = time.time() + 1
+                values = {"instance": ".*", "job": run_id, "rank": ".*"}
+                (first_panel,) = [t for title, t, _ in all_queries() if title.startswith("First death")]
+                (first,) = prom.query(grafana(first_panel.expr, values, int(end - start) + 5), end)
+                died_a = datetime.fromisoformat(doc_a["victim"]["died_at"]).timestamp()
+                died_b = datetime.fromisoformat(doc_b["victim"]["died_at"]).timestamp()
+                assert died_a < died_b
+                assert abs(float(first["value"][1]) / 1000 - died_a) < 1, (first, died_a)
+                (rule,) = prom.query(f'trainwatch:job_first_death_timestamp_seconds{{job="{run_id}"}}', end)
+                assert abs(float(rule["value"][1]) - died_a) < 1
+                (table,) = [t for title, t, _ in all_queries() if title == "Rank deaths"]
+                rows = prom.query(grafana(table.expr, values, int(end - start) + 5), end)
+                by_node = {tuple(r["metric"][k] for k in ("instance", "rank", "killer")) for r in rows}
+                assert by_node == {
+                    (inst_a, "1", "external_signal"),
+                    (inst_a, "0", "agent_teardown"),
+                    (inst_b, "0", "external_signal"),
+                    (inst_b, "1", "agent_teardown"),
+                }, by_node
+                oldest = min(rows, key=lambda r: float(r["value"][1]))
+                assert (oldest["metric"]["instance"], oldest["metric"]["rank"]) == (inst_a, "1")
