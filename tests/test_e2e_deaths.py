@@ -26,6 +26,35 @@ TRACEFS_READY = os.geteuid() == 0 and os.path.isdir("/sys/kernel/tracing/events/
 
 @pytest.mark.root
 @pytest.mark.skipif(memory_hierarchy() is None, reason="needs root and a writable memory cgroup hierarchy")
+def test_the_opening_story_every_rank_loads_its_own_copy(tmp_path):
+    """DEVELOPERS.md's opening story, scaled to this machine: four ranks each load the same
+    2 GiB 'model' into host memory, in shards, inside a 6 GiB cgroup limit. The kernel
+    kills one; the postmortem names the limit, the rank and its pid with certainty, the
+    other three as torn down by the agent, and says every rank held its own full copy."""
+    with memory_cgroup(6 * GIB, "trainwatch-story") as (_version, parent, child):
+        with (
+            DaemonProc(tmp_path) as daemon,
+            TorchrunJob(
+                tmp_path, "story", nproc=4, wrap=join_cgroup(child), hold_mb=50, workers=0, load_mb=2048
+            ) as job,
+        ):
+            pids = {rank: p[0] for rank, p in job.ready().items()}
+            doc = job_postmortem(daemon, victim_rank=None, want_fates=4, job=job, timeout=120)
+            job.proc.wait(60)
+        k = doc["killer"]
+        assert (k["kind"], k["confidence"]) == ("cgroup_oom", "certain"), k
+        assert f"/{parent.name}" in k["summary"]
+        victim = doc["victim"]
+        assert pids[victim["rank"]] == victim["pid"] and victim["exit_code"] == -9
+        assert any(e["source"] == "kmsg" and f"pid={victim['pid']}" in e["detail"] for e in k["evidence"])
+        fates = {r["rank"]: r["fate"] for r in doc["ranks"]}
+        assert fates == {r: "root_cause" if r == victim["rank"] else "terminated_by_agent" for r in range(4)}
+        assert any("each process loads its own full copy" in a for a in doc["advice"]), doc["advice"]
+        assert any(f"/{parent.name} is 6.0 GiB" in a for a in doc["advice"]), doc["advice"]
+
+
+@pytest.mark.root
+@pytest.mark.skipif(memory_hierarchy() is None, reason="needs root and a writable memory cgroup hierarchy")
 def test_cgroup_oom_is_named_with_certainty(tmp_path):
     with memory_cgroup(int(1.5 * GIB), "trainwatch-oom") as (_version, parent, child):
         wrap = join_cgroup(child)

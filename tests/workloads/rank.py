@@ -66,6 +66,13 @@ def main() -> int:
     ap.add_argument(
         "--gpu-mb", type=int, default=0, help="MiB each rank holds on GPU LOCAL_RANK %% count, if CUDA works"
     )
+    ap.add_argument(
+        "--load-mb",
+        type=int,
+        default=0,
+        help="every rank then loads this many MiB of 'model' into host memory, 64 MiB every 0.1 s "
+        "(checkpoint shards), as every rank of the opening story did",
+    )
     ap.add_argument("--worker-mb", type=int, default=32)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--duration", type=float, default=60.0)
@@ -146,6 +153,7 @@ def main() -> int:
     start = time.monotonic()
     t = torch.ones(4)
     grown: list[bytearray] = []
+    model: list[bytearray] = []
     if rank == args.grow_rank and restart == 0:
         with open("/proc/self/oom_score_adj", "w") as f:  # be the OOM killer's choice
             f.write("1000")
@@ -156,6 +164,10 @@ def main() -> int:
             print(f"rank {rank}: failing on purpose", file=sys.stderr, flush=True)
             os._exit(1)
         elapsed = time.monotonic() - start
+        if len(model) * 64 < args.load_mb and restart == 0:
+            model.append(hold(64))  # every rank its own full copy
+            time.sleep(0.1)
+            continue
         if rank == args.hang_rank and restart == 0 and elapsed > args.hang_after:
             time.sleep(0.2)  # alive, but never in a collective again: its peers time out
             continue
