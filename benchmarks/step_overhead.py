@@ -1,11 +1,22 @@
 """The daemon's cost to a real training loop: step time with and without trainwatch.
 
-    python benchmarks/step_overhead.py [--nproc N] [--steps 400] [--reps 4] [--out DIR]
+    python benchmarks/step_overhead.py [--mode alternate|runs] [--nproc N] [--steps S] [--out DIR]
 
-Runs benchmarks/train_step.py under torchrun (--nproc ranks, default one per GPU, or 2 on
-CPU) in three conditions: no daemon, the daemon at 1 Hz and at 10 Hz (--interval 1 and
-0.1), --reps times each, the order rotated every repetition so drift spreads over all
-three. Each run's figure is its median step time (warm-up excluded). The overhead of a
+Both modes run benchmarks/train_step.py (a small transformer, bf16, DDP) under torchrun.
+
+--mode alternate (the default): one training run per sampling rate (1 Hz, 10 Hz), the
+daemon watching it and paused (SIGSTOP) and resumed (SIGCONT) every --phase seconds, so
+each stretch with the daemon at work has a stretch without it beside it in the same run.
+Steps within 0.3 s of a switch are dropped; the overhead is the mean of the paired
+differences of the stretches' median step times, with a 95% interval. Run-to-run
+differences (the GPU's clocks, where the process landed) cancel out, which a comparison
+of separate runs cannot do: on the H200 machine separate runs without the daemon differed
+by up to 20%.
+
+--mode runs: separate runs of benchmarks/train_step.py under torchrun (--nproc ranks,
+default one per GPU, or 2 on CPU) in three conditions: no daemon, the daemon at 1 Hz and
+at 10 Hz (--interval 1 and 0.1), --reps times each, the order rotated every repetition so
+drift spreads over all three. Each run's figure is its median step time (warm-up excluded). The overhead of a
 condition is its paired difference to the run without the daemon in the same repetition;
 the table gives the mean, the spread and a 95% interval over repetitions (Student t), so
 a 1% difference is visible when the interval is narrower than 1%.
@@ -19,6 +30,7 @@ written to DIR/step_overhead.json.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import math
 import os
@@ -89,48 +101,74 @@ class Daemon:
         self._log.close()
 
 
-def run_once(workdir: Path, nproc: int, steps: int, interval: float | None, tag: str) -> dict:
-    out = workdir / f"steps-{tag}.json"
-    daemon = Daemon(workdir, interval) if interval else None
-    cpu0 = daemon.cpu_seconds() if daemon else 0.0
+def launch(workdir: Path, nproc: int, steps: int, tag: str) -> subprocess.Popen[bytes]:
+    """torchrun of train_step.py; its output in DIR/torchrun-TAG.log."""
     env = dict(os.environ, OMP_NUM_THREADS="4", NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    job = subprocess.Popen(
-        [
-            torchrun,
-            "--standalone",
-            f"--nproc-per-node={nproc}",
-            str(HERE / "train_step.py"),
-            f"--steps={steps}",
-            f"--out={out}",
-        ],
-        stdout=open(workdir / f"torchrun-{tag}.log", "w"),  # noqa: SIM115
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    seen, gpu_view = False, None
+    with open(workdir / f"torchrun-{tag}.log", "w") as log:
+        return subprocess.Popen(
+            [
+                torchrun,
+                "--standalone",
+                f"--nproc-per-node={nproc}",
+                str(HERE / "train_step.py"),
+                f"--steps={steps}",
+                f"--out={workdir / f'steps-{tag}.json'}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+
+
+def sees(daemon: Daemon, job: subprocess.Popen[bytes]) -> bool:
+    """The daemon lists the job's ranks."""
+    mine = [j for j in json.loads(daemon.get("/ranks")).get("jobs", []) if j.get("agent_pid") == job.pid]
+    return bool(mine and mine[0].get("ranks"))
+
+
+def gpu_view(daemon: Daemon, workdir: Path, tag: str, nproc: int) -> dict | None:
+    """Once every rank wrote what torch says of its GPU memory: that, and trainwatch's figure now."""
+    halfway = list(workdir.glob(f"steps-{tag}.json.gpu*.json"))
+    if len(halfway) != nproc:
+        return None
+    metrics = daemon.get("/metrics").splitlines()
+    return {
+        "torch": [json.loads(p.read_text()) for p in halfway],
+        "metrics": [line for line in metrics if line.startswith("trainwatch_rank_gpu_memory_bytes")],
+    }
+
+
+def print_gpu_view(view: dict) -> None:
+    for t in sorted(view["torch"], key=lambda t: t["rank"]):
+        print(
+            f"  torch: rank {t['rank']} pid {t['pid']} cuda:{t['device']}: "
+            f"allocated {t['allocated_bytes']}, reserved {t['reserved_bytes']}"
+        )
+    for line in view["metrics"]:
+        print("  trainwatch: " + line)
+
+
+def finished(workdir: Path, job: subprocess.Popen[bytes], tag: str) -> dict:
+    """The run's step times, or exit with the end of its log when it failed."""
+    if job.wait() != 0:
+        raise SystemExit(f"the training run failed:\n{(workdir / f'torchrun-{tag}.log').read_text()[-3000:]}")
+    return dict(json.loads((workdir / f"steps-{tag}.json").read_text()))
+
+
+def run_once(workdir: Path, nproc: int, steps: int, interval: float | None, tag: str) -> dict:
+    daemon = Daemon(workdir, interval) if interval else None
+    cpu0 = daemon.cpu_seconds() if daemon else 0.0
+    job = launch(workdir, nproc, steps, tag)
+    seen, view = False, None
     t0 = time.monotonic()
     while job.poll() is None:
         time.sleep(0.5)
-        if daemon is None:
-            continue
-        ranks = json.loads(daemon.get("/ranks"))
-        mine = [j for j in ranks.get("jobs", []) if j.get("agent_pid") == job.pid]
-        seen = seen or bool(mine and mine[0].get("ranks"))
-        halfway = list(workdir.glob(f"steps-{tag}.json.gpu*.json"))
-        if gpu_view is None and len(halfway) == nproc:
-            gpu_view = {
-                "torch": [json.loads(p.read_text()) for p in halfway],
-                "metrics": [
-                    line
-                    for line in daemon.get("/metrics").splitlines()
-                    if line.startswith("trainwatch_rank_gpu_memory_bytes")
-                ],
-            }
+        if daemon is not None:
+            seen = seen or sees(daemon, job)
+            view = view or gpu_view(daemon, workdir, tag, nproc)
     wall = time.monotonic() - t0
-    if job.returncode != 0:
-        raise SystemExit(f"the training run failed:\n{(workdir / f'torchrun-{tag}.log').read_text()[-3000:]}")
-    result = json.loads(out.read_text())
+    result = finished(workdir, job, tag)
     times = result["step_seconds"]
     row = {
         "tag": tag,
@@ -145,22 +183,99 @@ def run_once(workdir: Path, nproc: int, steps: int, interval: float | None, tag:
     if daemon:
         row["daemon_cpu_s"] = daemon.cpu_seconds() - cpu0
         row["daemon_saw_job"] = seen
-        row["gpu_view"] = gpu_view
+        row["gpu_view"] = view
         daemon.stop()
     return row
 
 
+def ci95(values: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% interval (Student t; normal beyond 10 values)."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, 0.0
+    return mean, T95.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
+
+
+def alternate(workdir: Path, nproc: int, steps: int, interval: float, phase: float) -> dict:
+    """One training run watched by a daemon that is paused and resumed every ``phase`` s."""
+    tag = f"alt-{interval}"
+    daemon = Daemon(workdir, interval)
+    cpu0 = daemon.cpu_seconds()  # its start-up (imports) is not the job's cost
+    job = launch(workdir, nproc, steps, tag)
+    switches: list[tuple[float, bool]] = [(time.time(), True)]  # (when, daemon running)
+    seen, view = False, None
+    next_switch = time.monotonic() + phase
+    while job.poll() is None:
+        time.sleep(0.05)
+        running = switches[-1][1]
+        if running:
+            seen = seen or sees(daemon, job)
+            view = view or gpu_view(daemon, workdir, tag, nproc)
+        if time.monotonic() >= next_switch:
+            os.kill(daemon.proc.pid, signal.SIGSTOP if running else signal.SIGCONT)
+            switches.append((time.time(), not running))
+            next_switch += phase
+    os.kill(daemon.proc.pid, signal.SIGCONT)
+    cpu = daemon.cpu_seconds() - cpu0
+    daemon.stop()
+    result = finished(workdir, job, tag)
+    # each timed step to the stretch it started in; steps near or across a switch dropped
+    stretches: dict[int, list[float]] = {}
+    times = [t for t, _ in switches] + [math.inf]
+    for d, end in zip(result["step_seconds"], result["step_end"], strict=True):
+        start = end - d
+        k = bisect.bisect_right(times, start) - 1
+        if k < 0 or start - times[k] < 0.3 or end > times[k + 1]:
+            continue
+        stretches.setdefault(k, []).append(d)
+    medians = {k: statistics.median(ds) for k, ds in stretches.items() if len(ds) >= 10}
+    # non-overlapping neighbours (0, 1), (2, 3)...: each stretch in one pair only
+    pairs = []
+    for k in range(0, len(switches) - 1, 2):
+        if k in medians and k + 1 in medians:
+            on, off = (k, k + 1) if switches[k][1] else (k + 1, k)
+            pairs.append(100 * (medians[on] / medians[off] - 1))
+    mean, half = ci95(pairs)
+    on_steps = [d for k, ds in stretches.items() if switches[k][1] for d in ds]
+    off_steps = [d for k, ds in stretches.items() if not switches[k][1] for d in ds]
+    return {
+        "interval": interval,
+        "phase_s": phase,
+        "switches": len(switches) - 1,
+        "pairs": len(pairs),
+        "overhead_pct_mean": mean,
+        "overhead_pct_ci95": [mean - half, mean + half],
+        "overhead_pct": pairs,
+        "median_step_on_s": statistics.median(on_steps),
+        "median_step_off_s": statistics.median(off_steps),
+        "steps_on": len(on_steps),
+        "steps_off": len(off_steps),
+        "daemon_cpu_s": cpu,
+        "daemon_saw_job": seen,
+        "gpu_view": view,
+        "cuda": result["cuda"],
+        "world_size": result["world_size"],
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mode", choices=("alternate", "runs"), default="alternate")
     ap.add_argument("--nproc", type=int, default=0, help="ranks (default: one per GPU, 2 without)")
-    ap.add_argument("--steps", type=int, default=400)
-    ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument(
+        "--steps", type=int, default=0, help="timed steps a run (default 2000 alternate, 400 runs)"
+    )
+    ap.add_argument("--reps", type=int, default=4, help="--mode runs: repetitions")
+    ap.add_argument("--phase", type=float, default=3.0, help="--mode alternate: seconds between switches")
     ap.add_argument("--out", default=None, help="directory for the JSON results (default: a temp dir)")
     args = ap.parse_args()
     gpus = gpu_count()
     nproc = args.nproc or gpus or 2
     workdir = Path(args.out or tempfile.mkdtemp(prefix="tw-steps-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    if args.mode == "alternate":
+        return main_alternate(workdir, nproc, args.steps or 2000, args.phase)
+    args.steps = args.steps or 400
     conditions: list[tuple[str, float | None]] = [("none", None), ("1hz", 1.0), ("10hz", 0.1)]
     rows = []
     for rep in range(args.reps):
@@ -210,16 +325,37 @@ def main() -> int:
         )
     for r in rows:
         if r.get("gpu_view") and r["rep"] == 0:
-            print(f"\nGPU memory per rank halfway through ({r['condition']}): torch, then trainwatch")
-            for t in sorted(r["gpu_view"]["torch"], key=lambda t: t["rank"]):
-                print(
-                    f"  rank {t['rank']} pid {t['pid']} cuda:{t['device']}: "
-                    f"allocated {t['allocated_bytes']}, reserved {t['reserved_bytes']}"
-                )
-            for line in r["gpu_view"]["metrics"]:
-                print("  " + line)
+            print(f"\nGPU memory per rank halfway through ({r['condition']}):")
+            print_gpu_view(r["gpu_view"])
     (workdir / "step_overhead.json").write_text(json.dumps({"rows": rows, "summary": summary}, indent=1))
     print(f"\nwritten: {workdir / 'step_overhead.json'}")
+    return 0
+
+
+def main_alternate(workdir: Path, nproc: int, steps: int, phase: float) -> int:
+    results = []
+    for interval in (1.0, 0.1):
+        r = alternate(workdir, nproc, steps, interval, phase)
+        results.append(r)
+        lo, hi = r["overhead_pct_ci95"]
+        print(
+            f"daemon every {interval:g} s: step {r['median_step_off_s'] * 1e3:.3f} ms paused, "
+            f"{r['median_step_on_s'] * 1e3:.3f} ms at work; overhead {r['overhead_pct_mean']:+.2f}% "
+            f"[{lo:+.2f}%, {hi:+.2f}%] over {r['pairs']} paired stretches; "
+            f"daemon CPU {r['daemon_cpu_s']:.2f} s, saw the job: {r['daemon_saw_job']}",
+            flush=True,
+        )
+        if r["gpu_view"]:
+            print_gpu_view(r["gpu_view"])
+    world = results[0]["world_size"]
+    print(
+        f"\n{world} ranks, {'CUDA' if results[0]['cuda'] else 'CPU'}, {steps} timed steps a run, "
+        f"switching every {phase:g} s"
+    )
+    (workdir / "step_overhead.json").write_text(
+        json.dumps({"mode": "alternate", "results": results}, indent=1)
+    )
+    print(f"written: {workdir / 'step_overhead.json'}")
     return 0
 
 

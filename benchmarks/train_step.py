@@ -1,7 +1,7 @@
 """A real training loop for the step-time overhead benchmark (benchmarks/step_overhead.py):
 a small transformer encoder trained with AdamW, bf16 autocast on CUDA (one rank per GPU,
 DDP over NCCL) or float32 on CPU (gloo). Run under torchrun; rank 0 writes each timed
-step's wall time to --out as JSON, and every rank writes what torch says of its GPU memory
+step's duration and end (wall clock) to --out as JSON, and every rank writes what torch says of its GPU memory
 halfway through to --out.gpu<RANK>.json (for comparison with trainwatch's per-rank figure).
 """
 
@@ -44,6 +44,7 @@ def main() -> None:
     opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
     x = torch.randn(batch, seq, d_model, device=device)
     times: list[float] = []
+    ends: list[float] = []  # wall time at the end of each timed step
     for step in range(args.warmup + args.steps):
         if cuda:
             torch.cuda.synchronize()
@@ -57,6 +58,7 @@ def main() -> None:
             torch.cuda.synchronize()
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
+            ends.append(time.time())
         if cuda and step == args.warmup + args.steps // 2:
             with open(f"{args.out}.gpu{rank}.json", "w") as f:
                 json.dump(
@@ -72,7 +74,10 @@ def main() -> None:
                 )
     if rank == 0:
         with open(args.out, "w") as f:
-            json.dump({"step_seconds": times, "world_size": dist.get_world_size(), "cuda": cuda}, f)
+            json.dump(
+                {"step_seconds": times, "step_end": ends, "world_size": dist.get_world_size(), "cuda": cuda},
+                f,
+            )
     dist.destroy_process_group()
 
 
