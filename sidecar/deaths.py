@@ -884,11 +884,9 @@ class DeathWatch:
                 inc.counted[r.pid] = killer
                 self.deaths_total[(inc.gen.job, killer)] = self.deaths_total.get((inc.gen.job, killer), 0) + 1
                 when = self._wall(r.died_ns) or died_at
-                self.death_times = dict(
-                    [*self.death_times.items(), ((inc.gen.job, r.label, inc.gen.restart), (killer, when))][
-                        -DEATH_TIMES:
-                    ]
-                )
+                key = (inc.gen.job, r.label, inc.gen.restart)
+                # a new dict, swapped whole: the scrape reads it without the lock
+                self.death_times = remember(self.death_times, key, (killer, when), DEATH_TIMES)
         if first:
             log.warning(
                 "job %s: postmortem %s: %s (%s)", inc.gen.job, inc.doc_id, verdict.summary, verdict.confidence
@@ -1010,6 +1008,21 @@ class DeathWatch:
             ),
         }
         return doc
+
+
+def remember(
+    times: dict[tuple[str, str, int], tuple[str, float]],
+    key: tuple[str, str, int],
+    value: tuple[str, float],
+    cap: int,
+) -> dict[tuple[str, str, int], tuple[str, float]]:
+    """``times`` with ``key`` set to ``value`` as the newest entry, the oldest dropped past
+    ``cap``. A new dict: the caller swaps it in."""
+    out = {k: v for k, v in times.items() if k != key}
+    out[key] = value
+    for old in list(out)[: max(0, len(out) - cap)]:
+        del out[old]
+    return out
 
 
 def _exit_text(code: int | None) -> str:

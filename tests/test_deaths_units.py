@@ -711,3 +711,15 @@ def test_a_gpu_nvml_reports_lost_is_a_gpu_error(tmp_path):
     assert any("Xid 79 and NVML's GPU_IS_LOST" in a for a in doc["advice"])
     doc = run(1)  # the rank was on GPU 1, which is fine: the lost GPU 0 is not its cause
     assert doc["killer"]["kind"] == "abort", doc["killer"]
+
+
+def test_death_times_keep_the_newest_and_a_key_once():
+    from sidecar.deaths import remember
+
+    times: dict = {}
+    for i in range(5):
+        times = remember(times, ("j", str(i), 0), ("cgroup_oom", float(i)), cap=3)
+    assert list(times) == [("j", "2", 0), ("j", "3", 0), ("j", "4", 0)]
+    again = remember(times, ("j", "2", 0), ("agent_teardown", 9.0), cap=3)
+    assert list(again) == [("j", "3", 0), ("j", "4", 0), ("j", "2", 0)]
+    assert again[("j", "2", 0)] == ("agent_teardown", 9.0) and times[("j", "2", 0)] == ("cgroup_oom", 2.0)
