@@ -85,6 +85,9 @@ class Daemon:
                 self.base = f"http://{m[1]}:{m[2]}"
                 return
             time.sleep(0.1)
+        self.proc.kill()  # leave nothing running behind a failed benchmark
+        self.proc.wait()
+        self._log.close()
         raise SystemExit(f"the daemon did not start:\n{self.log_path.read_text()}")
 
     def get(self, path: str) -> str:
