@@ -106,7 +106,12 @@ class Daemon:
 
 def launch(workdir: Path, nproc: int, steps: int, tag: str) -> subprocess.Popen[bytes]:
     """torchrun of train_step.py; its output in DIR/torchrun-TAG.log."""
-    env = dict(os.environ, OMP_NUM_THREADS="4", NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1")
+    # ranks x threads within the cores: an oversubscribed OpenMP pool turns any other
+    # runnable thread (the daemon's included) into a straggler at every barrier
+    threads = max(1, min(4, (os.cpu_count() or 1) // nproc))
+    env = dict(
+        os.environ, OMP_NUM_THREADS=str(threads), NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1"
+    )
     torchrun = str(Path(sys.executable).parent / "torchrun")
     with open(workdir / f"torchrun-{tag}.log", "w") as log:
         return subprocess.Popen(
@@ -171,6 +176,9 @@ def run_once(workdir: Path, nproc: int, steps: int, interval: float | None, tag:
             seen = seen or sees(daemon, job)
             view = view or gpu_view(daemon, workdir, tag, nproc)
     wall = time.monotonic() - t0
+    cpu = daemon.cpu_seconds() - cpu0 if daemon else 0.0
+    if daemon:
+        daemon.stop()  # before finished(), which exits when the run failed
     result = finished(workdir, job, tag)
     times = result["step_seconds"]
     row = {
@@ -184,10 +192,9 @@ def run_once(workdir: Path, nproc: int, steps: int, interval: float | None, tag:
         "cuda": result["cuda"],
     }
     if daemon:
-        row["daemon_cpu_s"] = daemon.cpu_seconds() - cpu0
+        row["daemon_cpu_s"] = cpu
         row["daemon_saw_job"] = seen
         row["gpu_view"] = view
-        daemon.stop()
     return row
 
 
