@@ -23,6 +23,17 @@ WORKLOAD = REPO / "tests" / "workloads" / "rank.py"
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 
+# The signal tracepoint can name a kill's sender: root and tracefs mounted.
+TRACEFS_READY = os.geteuid() == 0 and os.path.isdir("/sys/kernel/tracing/events/signal/signal_generate")
+
+
+def free_port() -> int:
+    """A loopback port free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -189,13 +200,10 @@ class TorchrunJob:
         if rdzv_id is None:
             rendezvous = ["--standalone"]
         else:
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                port = sock.getsockname()[1]
             rendezvous = [
                 "--nnodes=1",
                 "--rdzv-backend=c10d",
-                f"--rdzv-endpoint=127.0.0.1:{port}",
+                f"--rdzv-endpoint=127.0.0.1:{free_port()}",
                 f"--rdzv-id={rdzv_id}",
             ]
         cmd = [

@@ -7,7 +7,6 @@ rank's killer and its sender."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -21,7 +20,7 @@ import yaml
 
 from sidecar import dashboard
 from sidecar.metrics import METRICS
-from tests.e2e import REPO, DaemonProc, TorchrunJob, job_postmortem
+from tests.e2e import REPO, TRACEFS_READY, DaemonProc, TorchrunJob, job_postmortem
 from tests.prom import DEPLOY, PROMTOOL
 
 DASHBOARD = REPO / "dashboards" / "trainwatch.json"
@@ -210,9 +209,6 @@ def test_the_systemd_unit_verifies(tmp_path):
     unit.write_text(text)
     r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and not r.stderr.strip(), r.stderr
-
-
-TRACEFS_READY = os.geteuid() == 0 and os.path.isdir("/sys/kernel/tracing/events/signal/signal_generate")
 
 
 @pytest.mark.slow

@@ -16,12 +16,11 @@ import pytest
 
 from sidecar.demo import join_cgroup, memory_cgroup, memory_hierarchy
 from tests.browser import CHROMIUM, screenshot
-from tests.e2e import DaemonProc, TorchrunJob, job_postmortem
+from tests.e2e import TRACEFS_READY, DaemonProc, TorchrunJob, job_postmortem
 
 GIB = 1 << 30
 
 pytestmark = [pytest.mark.slow]
-TRACEFS_READY = os.geteuid() == 0 and os.path.isdir("/sys/kernel/tracing/events/signal/signal_generate")
 
 
 @pytest.mark.root

@@ -16,11 +16,10 @@ from pathlib import Path
 import pytest
 
 from sidecar.demo import join_cgroup, memory_cgroup, memory_hierarchy
-from tests.e2e import REPO, TORCHRUN, WORKLOAD
+from tests.e2e import REPO, TORCHRUN, TRACEFS_READY, WORKLOAD
 
 pytestmark = [pytest.mark.slow]
 GIB = 1 << 30
-TRACEFS_READY = os.geteuid() == 0 and os.path.isdir("/sys/kernel/tracing/events/signal/signal_generate")
 
 
 def _run(
