@@ -13,9 +13,9 @@ import pytest
 
 from sidecar.diagnose import LogInput, diagnose, render_diagnosis
 from sidecar.parse.logs import kernel_lines
+from tests.paths import PUBLIC_CASES as CASES
 
 HERE = Path(__file__).resolve().parent
-CASES = HERE.parents[1] / "shared" / "fixtures" / "public-logs" / "cases.jsonl"
 STORY = HERE / "fixtures" / "diagnose" / "opening-story"
 REPO = HERE.parent
 CONFIDENT = ("certain", "likely")
@@ -39,7 +39,6 @@ def _cases() -> list[dict[str, Any]]:
     return [json.loads(line) for line in CASES.read_text().splitlines() if line.strip()]
 
 
-@pytest.mark.skipif(not CASES.exists(), reason="shared fixtures not beside the checkout")
 def test_public_cases_accuracy_and_no_confident_wrong_answer():
     rows = []
     for case in _cases():
@@ -55,7 +54,6 @@ def test_public_cases_accuracy_and_no_confident_wrong_answer():
     assert len(right) >= 15, rows
 
 
-@pytest.mark.skipif(not CASES.exists(), reason="shared fixtures not beside the checkout")
 @pytest.mark.parametrize(
     ("case_id", "kind", "confidence", "words"),
     [

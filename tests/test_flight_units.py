@@ -14,18 +14,11 @@ from sidecar.autopsy import Evidence, RankState, autopsy
 from sidecar.parse.flight import load_dump, summarise
 from sidecar.parse.ranks import Finding
 from sidecar.probes.proc import ProcReader, parse_rank_env
+from tests.paths import FR_DUMP as DUMP
 
-DUMP = (
-    Path(__file__).resolve().parents[2]
-    / "shared"
-    / "fixtures"
-    / "device-captures"
-    / "fr-dump-nccl-timeout-rank0.pickle"
-)
 S = 10**9
 
 
-@pytest.mark.skipif(not DUMP.exists(), reason="shared fixtures not beside the checkout")
 def test_the_real_dump_of_a_one_rank_nccl_timeout():
     d = load_dump(str(DUMP), 0)
     assert d.version == "2.10"

@@ -11,10 +11,10 @@ import pytest
 
 from sidecar.autopsy import Evidence, KernelOom, RankState, autopsy
 from sidecar.parse.ranks import Finding, parse_rank_output
+from tests.paths import CAPTURES, PUBLIC_CASES
 
 HERE = Path(__file__).resolve().parent
 GLOO = HERE / "fixtures" / "rank-output" / "gloo-timeout-torch2.13.log"
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 S = 10**9
 
 
@@ -31,9 +31,8 @@ def test_gloo_timeout_captured_here():
     assert timeout.get("timeout_ms") == "5000" and timeout.get("op") == "recv"
 
 
-@pytest.mark.skipif(not FIXTURES.exists(), reason="shared fixtures not beside the checkout")
 def test_nccl_watchdog_captured_on_the_h200():
-    capture = json.loads((FIXTURES / "device-captures" / "torchrun-D.json").read_text())
+    capture = json.loads((CAPTURES / "torchrun-D.json").read_text())
     text = "\n".join(re.sub(r"^\d+\.\d+ ", "", line) for line in capture["agent_output"])
     found = parse_rank_output(text)
     timeout = next(f for f in found if f.kind == "nccl_timeout")
@@ -50,12 +49,8 @@ def test_nccl_watchdog_captured_on_the_h200():
     assert (progress.get("last_enqueued"), progress.get("last_completed")) == ("2", "1")
 
 
-@pytest.mark.skipif(not FIXTURES.exists(), reason="shared fixtures not beside the checkout")
 def test_public_rank_stderr_of_every_generation():
-    cases = {
-        c["id"]: c
-        for c in map(json.loads, (FIXTURES / "public-logs" / "cases.jsonl").read_text().splitlines())
-    }
+    cases = {c["id"]: c for c in map(json.loads, PUBLIC_CASES.read_text().splitlines())}
 
     def found(case_id: str) -> list[Finding]:
         text = "\n".join(e["text"] for e in cases[case_id]["evidence"] if e["kind"] == "rank_stderr")
@@ -258,19 +253,8 @@ def test_shm_full_is_named_and_a_self_raised_fault_is_certain():
 def test_an_nvrm_xid_names_a_gpu_error():
     from sidecar.parse.kernel import parse_xid_line
 
-    cases = (
-        {
-            c["id"]: c
-            for c in map(json.loads, (FIXTURES / "public-logs" / "cases.jsonl").read_text().splitlines())
-        }
-        if FIXTURES.exists()
-        else {}
-    )
-    text = (
-        cases["nvidia-docker-1553-xid79-fallen-off-bus"]["evidence"][0]["text"]
-        if cases
-        else "[1084456.074562] NVRM: Xid (PCI:0000:09:00): 79, pid=0, GPU has fallen off the bus."
-    )
+    cases = {c["id"]: c for c in map(json.loads, PUBLIC_CASES.read_text().splitlines())}
+    text = cases["nvidia-docker-1553-xid79-fallen-off-bus"]["evidence"][0]["text"]
     xids = [x for x in map(parse_xid_line, text.splitlines()) if x is not None]
     assert [(x.bus, x.xid, x.pid, x.detail) for x in xids] == [
         ("0000:09:00", 79, None, "GPU has fallen off the bus.")

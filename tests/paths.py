@@ -1,0 +1,12 @@
+"""Where the tests' fixtures live: all inside the repository, so a clone with nothing beside
+it runs every test (tests/fixtures/*/README.md give each fixture's provenance)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures"
+PUBLIC_CASES = FIXTURES / "public-logs" / "cases.jsonl"
+CAPTURES = FIXTURES / "device-captures"
+FR_DUMP = CAPTURES / "fr-dump-nccl-timeout-rank0.pickle"
