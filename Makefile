@@ -2,7 +2,7 @@
 #   make demo   set up, then run the demo (a real torchrun job dies; its postmortem is printed)
 #   make test   set up, then lint, type-check and run every test
 # and `make run`: set up, then run the daemon (trainwatch --attach-torchrun).
-.PHONY: setup demo run test lint bench dashboard
+.PHONY: setup demo run test lint bench bench-gpu readme dashboard
 
 setup:
 	@scripts/dev-setup
@@ -19,13 +19,26 @@ lint:
 	.venv/bin/mypy
 
 test: setup lint
+	@scripts/test-prep
 	.venv/bin/python -m pytest -q -ra $(PYTEST_ARGS)
 
+# Every figure in the README comes from benchmarks/results/*.json: `make bench` writes them
+# (about 25 minutes on 2 cores; as root for the real cgroup OOMs) and renders the README.
 bench: setup
-	.venv/bin/python benchmarks/overhead.py $(ARGS)
-	.venv/bin/python benchmarks/accuracy.py
-	.venv/bin/python benchmarks/deaths.py
 	.venv/bin/python benchmarks/diagnose_accuracy.py
+	.venv/bin/python benchmarks/deaths.py
+	.venv/bin/python benchmarks/overhead.py $(ARGS)
+	.venv/bin/python benchmarks/render.py
+
+# On a machine with an NVIDIA GPU, torch and the runtime dependencies (no .venv needed):
+# GPU memory per rank against torch and nvidia-smi, and a real training loop's step time.
+bench-gpu:
+	bash benchmarks/gpu_check.sh $${OUT:-/tmp/trainwatch-gpu-check}
+	python3 benchmarks/step_overhead.py --steps 5000 --phase 2
+	python3 benchmarks/render.py
+
+readme:
+	.venv/bin/python benchmarks/render.py
 
 dashboard: setup
 	.venv/bin/python -m sidecar.dashboard > dashboards/trainwatch.json

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,3 +28,60 @@ def proc_tree(tmp_path: Path) -> Path:
 
 def is_root() -> bool:
     return os.geteuid() == 0
+
+
+# -- what the suite left out ------------------------------------------------------------
+# tests/skips.py holds the table of preconditions; here every skip and every left-out check
+# is listed at the end, and under TRAINWATCH_STRICT_SKIPS=1 one whose key is not allowed
+# (tests/allowed-skips.txt) fails the session.
+
+_SKIPPED: list[tuple[str, str]] = []  # (test id, reason)
+_KEY = re.compile(r"^(?:Skipped: )?\[([a-z0-9-]+)\]")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and isinstance(report.longrepr, tuple):
+        _SKIPPED.append((report.nodeid, str(report.longrepr[2])))
+
+
+def _unexpected() -> tuple[list[str], list[str]]:
+    from tests import skips
+
+    allowed = skips.allowed()
+    lines, bad = [], []
+    for nodeid, why in _SKIPPED:
+        m = _KEY.match(why)
+        key = m.group(1) if m else None
+        line = f"skipped  {nodeid}: {why.removeprefix('Skipped: ')}"
+        lines.append(line)
+        if key not in allowed:
+            bad.append(line)
+    for key, nodeid, what in skips.LEFT_OUT:
+        line = f"left out  {nodeid}: [{key}] {what}"
+        lines.append(line)
+        if key not in allowed:
+            bad.append(line)
+    return lines, bad
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    lines, bad = _unexpected()
+    if not lines:
+        terminalreporter.write_line("trainwatch: nothing was skipped or left out", green=True)
+        return
+    strict = os.environ.get("TRAINWATCH_STRICT_SKIPS") == "1"
+    terminalreporter.section("what this machine left out", sep="=", yellow=True, bold=True)
+    for line in lines:
+        terminalreporter.write_line(line)
+    if bad:
+        terminalreporter.write_line(
+            f"{len(bad)} of these are not allowed by tests/allowed-skips.txt"
+            + (": this run FAILS (TRAINWATCH_STRICT_SKIPS=1)" if strict else " (a CI run would fail)"),
+            red=True,
+            bold=True,
+        )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if os.environ.get("TRAINWATCH_STRICT_SKIPS") == "1" and _unexpected()[1] and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import kubernetes_validate
@@ -20,8 +18,9 @@ import yaml
 
 from sidecar import dashboard
 from sidecar.metrics import METRICS
-from tests.e2e import REPO, TRACEFS_READY, DaemonProc, TorchrunJob, job_postmortem
+from tests.e2e import REPO, DaemonProc, TorchrunJob, job_postmortem
 from tests.prom import DEPLOY, PROMTOOL
+from tests.skips import requires
 
 DASHBOARD = REPO / "dashboards" / "trainwatch.json"
 KUBE = REPO / "deploy" / "kubernetes"
@@ -98,7 +97,7 @@ def test_a_panel_on_a_metric_that_does_not_exist_fails_the_build(monkeypatch):
         dashboard.build()
 
 
-@pytest.mark.skipif(PROMTOOL is None, reason="needs promtool (Debian's prometheus; make setup installs it)")
+@requires("promtool")
 @pytest.mark.parametrize(
     "args",
     [
@@ -200,7 +199,7 @@ def _unit_capabilities() -> list[str]:
     return line.split("=", 1)[1].split()
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
+@requires("systemd-analyze")
 def test_the_systemd_unit_verifies(tmp_path):
     # verify checks that ExecStart exists: point it at this checkout's trainwatch
     exe = Path(sys.executable).parent / "trainwatch"
@@ -213,7 +212,7 @@ def test_the_systemd_unit_verifies(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.root
-@pytest.mark.skipif(not (TRACEFS_READY and shutil.which("setpriv")), reason="needs root, tracefs and setpriv")
+@requires("tracefs", "setpriv")
 def test_the_units_capabilities_are_enough_to_name_a_killer(tmp_path):
     """The daemon as the unit runs it: uid 0 with only the unit's capabilities. A rank
     killed from outside is still discovered, its exit caught and its sender named."""
@@ -231,7 +230,7 @@ def test_the_units_capabilities_are_enough_to_name_a_killer(tmp_path):
             eff
         )  # ptrace, dac_read, syslog, net_admin
         pids = job.ready()
-        time.sleep(1.5)
+        daemon.wait_sampled(job, pids)
         killer = subprocess.run(
             ["sh", "-c", f"kill -9 {pids[1][0]}; echo $$"], capture_output=True, text=True
         )

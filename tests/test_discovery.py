@@ -3,7 +3,6 @@ simulate what happens next (a worker between fork and exec, pid reuse, a restart
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from tests import cgtrees
 from tests.cgtrees import MIB, MOUNTINFO_HYBRID
 from tests.conftest import AGENT, KTHREADD, RANK0, RANK0_WORKERS, RANK1, RANK1_WORKERS, RUN_ID, SHELL
 from tests.fakes import GIB, scenario
+from tests.skips import met, skip
 
 CAPTURED_CGROUP = "/process_api/4cc2bd1f19415a34a23bde4655541313"
 
@@ -245,8 +245,8 @@ def test_agent_gone_detaches_the_job(proc_tree, tmp_path):
 
 
 def test_unreadable_environment_is_reported_once_and_ranks_inferred(proc_tree, tmp_path, caplog):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to make a file unreadable for a child")
+    if not met("root"):
+        skip("root", "to make a file unreadable for a child")
     d = Discovery(ProcReader(str(proc_tree)))
 
     def denied(pid: int) -> dict[str, str]:

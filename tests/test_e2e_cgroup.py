@@ -11,6 +11,7 @@ import pytest
 
 from sidecar.demo import join_cgroup, memory_cgroup, memory_hierarchy
 from tests.e2e import DaemonProc, TorchrunJob, value, wait_for
+from tests.skips import requires
 
 GIB = 1 << 30
 
@@ -19,7 +20,7 @@ HIERARCHY = memory_hierarchy()
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.root,
-    pytest.mark.skipif(HIERARCHY is None, reason="needs root and a writable memory cgroup hierarchy"),
+    requires("memcg"),
 ]
 
 

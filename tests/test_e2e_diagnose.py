@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from sidecar.demo import join_cgroup, memory_cgroup, memory_hierarchy
+from sidecar.demo import join_cgroup, memory_cgroup
 from tests.e2e import REPO, TorchrunJob
+from tests.skips import requires
 
 GIB = 1 << 30
 pytestmark = [pytest.mark.slow]
@@ -37,7 +38,7 @@ def _dmesg(*flags: str) -> str:
 
 
 @pytest.mark.root
-@pytest.mark.skipif(memory_hierarchy() is None, reason="needs root and a writable memory cgroup hierarchy")
+@requires("memcg")
 def test_a_real_cgroup_oom_diagnosed_from_the_torchrun_log_and_dmesg(tmp_path):
     with memory_cgroup(int(1.5 * GIB), "trainwatch-diag") as (_version, parent, child):
         with TorchrunJob(

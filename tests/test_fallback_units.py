@@ -20,7 +20,7 @@ import pytest
 
 from sidecar.autopsy import Evidence, RankState, UserspaceKill, autopsy
 from sidecar.cli import parse_args
-from sidecar.demo import memory_cgroup, memory_hierarchy
+from sidecar.demo import memory_cgroup
 from sidecar.errors import ConfigError
 from sidecar.parse.oomd import parse_userspace_oom_line
 from sidecar.parse.torchrun import (
@@ -37,16 +37,15 @@ from sidecar.probes.cgroup import CgroupReader
 from sidecar.probes.outputs import read_output, regular_outputs
 from sidecar.watch.exits import ExitEvent
 from sidecar.watch.pidfds import PidfdWatcher, pidfd_exit_status
+from tests.paths import CAPTURES
+from tests.paths import PUBLIC_CASES as PUBLIC
+from tests.skips import requires
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
-CAPTURES = FIXTURES / "device-captures"
-PUBLIC = FIXTURES / "public-logs" / "cases.jsonl"
 S = 10**9
 
 # -- the agent's lines -------------------------------------------------------------
 
 
-@pytest.mark.skipif(not CAPTURES.exists(), reason="shared fixtures not beside the checkout")
 def test_agent_output_of_torch_2_11_gives_every_ranks_exit_code():
     """Capture A (H200, torch 2.11): rank 2 SIGKILLed itself; rank 0 ignored SIGTERM and was
     SIGKILLed 30 s later; rank 1 died of SIGTERM; rank 3 exited 143 from a handler."""
@@ -75,7 +74,6 @@ def test_agent_output_of_torch_2_11_gives_every_ranks_exit_code():
     assert "failed (exitcode: -9) local_rank: 2 (pid: 578)" in codes[578][1]
 
 
-@pytest.mark.skipif(not PUBLIC.exists(), reason="shared fixtures not beside the checkout")
 def test_agent_lines_of_older_torch_and_glued_tables():
     cases = {c["id"]: c for c in map(json.loads, PUBLIC.read_text().splitlines())}
 
@@ -287,8 +285,7 @@ def test_regular_outputs_and_reading_what_was_written_since(tmp_path):
             text=True,
         )
     try:
-        time.sleep(0.3)
-        found = regular_outputs("/proc", p.pid)
+        found = regular_outputs("/proc", p.pid)  # Popen returned: the child's fds are in place
         assert len(found) == 1 and found[0].path == str(log)  # one file for stdout and stderr
         assert found[0].offset == log.stat().st_size
         assert p.stdin is not None
@@ -318,7 +315,7 @@ def test_regular_outputs_and_reading_what_was_written_since(tmp_path):
 
 
 @pytest.mark.root
-@pytest.mark.skipif(memory_hierarchy() is None, reason="needs root and a writable memory cgroup hierarchy")
+@requires("memcg")
 def test_oomd_marks_on_a_real_cgroup_and_its_ancestors():
     reader = CgroupReader.for_host()
     with memory_cgroup(1 << 30, "trainwatch-xattr") as (version, parent, child):

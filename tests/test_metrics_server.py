@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 
@@ -13,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sidecar.daemon import Daemon
 from sidecar.server import create_app
 from tests.conftest import RANK0
+from tests.skips import requires
 from tests.test_discovery import _sampler
 
 
@@ -82,9 +82,7 @@ def test_openmetrics_on_request(daemon):
     assert r.text.rstrip().endswith("# EOF")
 
 
-@pytest.mark.skipif(
-    shutil.which("promtool") is None, reason="promtool (Debian package prometheus) not installed"
-)
+@requires("promtool")
 def test_promtool_accepts_the_exposition(daemon):
     with TestClient(create_app(daemon, manage_daemon=False)) as client:
         text = client.get("/metrics").text

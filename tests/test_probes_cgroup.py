@@ -15,6 +15,7 @@ from sidecar.probes.cgroup import (
 from tests import cgtrees
 from tests.cgtrees import MIB, MOUNTINFO_HYBRID, MOUNTINFO_V1_CONTAINER, MOUNTINFO_V2
 from tests.conftest import PROC_TORCHRUN, RANK0
+from tests.skips import skip
 
 
 def test_mountinfo_of_this_hybrid_machine():
@@ -144,7 +145,7 @@ def test_this_machine_v1(tmp_path):
     with open("/proc/self/cgroup", "rb") as f:
         ref = reader.resolve(f.read())
     if ref is None:
-        pytest.skip("no memory cgroup on this machine")
+        skip("memcg", "no memory cgroup holds this process")
     s = reader.sample(ref)
     assert s.usage_bytes is None or s.usage_bytes > 0
 

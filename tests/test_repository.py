@@ -1,0 +1,63 @@
+"""The repository keeps its promises about itself: the README's figures are the results
+files' (benchmarks/render.py), nothing reads beside the clone, and a skip the allow-list
+does not name fails a strict run."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.e2e import REPO
+
+
+def test_the_readme_figures_are_rendered_from_the_results_files():
+    r = subprocess.run(
+        [sys.executable, "benchmarks/render.py", "--check"], cwd=REPO, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+
+
+def test_nothing_reads_beside_the_clone():
+    offenders = []
+    for folder in ("sidecar", "tests", "benchmarks", "scripts", ".ci"):
+        for path in (REPO / folder).rglob("*"):
+            if path.is_file() and path.suffix in ("", ".py", ".sh") and path.name != Path(__file__).name:
+                text = path.read_text(errors="replace")
+                if re.search(r"\.\./shared|parents\[2\] / \"shared\"", text):
+                    offenders.append(str(path.relative_to(REPO)))
+    assert not offenders, offenders
+
+
+def _strict_run(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
+    probe = tmp_path / "test_probe.py"
+    probe.write_text("from tests.skips import left_out, skip\nimport pytest\n\n" + body)
+    env = dict(os.environ, TRAINWATCH_STRICT_SKIPS="1")
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest", str(probe)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_a_skip_the_allow_list_does_not_name_fails_a_strict_run(tmp_path):
+    r = _strict_run(tmp_path, "def test_x():\n    skip('chromium')\n")
+    assert r.returncode == 1, r.stdout
+    assert "left out" in r.stdout or "skipped" in r.stdout
+    assert "not allowed by tests/allowed-skips.txt" in r.stdout, r.stdout
+
+
+def test_a_check_left_out_inside_a_passing_test_fails_a_strict_run(tmp_path):
+    r = _strict_run(tmp_path, "def test_x():\n    left_out('tracefs', 'the sender')\n")
+    assert r.returncode == 1 and "left out" in r.stdout, r.stdout
+
+
+def test_an_allowed_skip_passes_a_strict_run(tmp_path):
+    r = _strict_run(tmp_path, "def test_x():\n    skip('gpu')\n\ndef test_y():\n    pass\n")
+    assert r.returncode == 0, r.stdout
+    assert "[gpu]" in r.stdout
