@@ -110,6 +110,32 @@ class DaemonProc:
     def ranks(self) -> dict[str, Any]:
         return json.loads(self.get("/ranks")[1])
 
+    def wait_sampled(
+        self, job: TorchrunJob, pids: dict[int, list[int]], timeout: float = 30
+    ) -> dict[str, Any]:
+        """The job's entry in ``/ranks`` once every rank of ``pids`` (rank -> [rank pid,
+        worker pids...], as ``TorchrunJob.ready`` gives) is attached and sampled with its
+        whole tree: what "the daemon has seen the ranks" means before a test kills one."""
+        want = {rank_pids[0]: len(rank_pids) for rank_pids in pids.values()}
+
+        def seen() -> dict[str, Any] | None:
+            for entry in self.ranks()["jobs"]:
+                if entry["agent_pid"] != job.agent_pid:
+                    continue
+                got = {r["pid"]: r["tree_processes"] for r in entry["ranks"] if r["rss_bytes"]}
+                return entry if all(got.get(pid, 0) >= n for pid, n in want.items()) else None
+            return None
+
+        return dict(wait_for(seen, timeout, f"the daemon to sample every rank of {job.dir.name}"))
+
+    def samples_total(self) -> float:
+        return value(self.metrics(), "trainwatch_samples_total") or 0.0
+
+    def wait_rounds(self, rounds: int, timeout: float = 30) -> None:
+        """Wait until the sampler has finished ``rounds`` more rounds than now."""
+        start = self.samples_total()
+        wait_for(lambda: self.samples_total() >= start + rounds, timeout, f"{rounds} sampling rounds")
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)

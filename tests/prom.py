@@ -85,6 +85,16 @@ class PrometheusServer:
         data = self.api("query", query=expr, time=f"{at:.3f}")
         return list(data["result"]) if data["resultType"] == "vector" else [data["result"]]
 
+    def firing(self, alertname: str, **labels: str) -> list[dict[str, Any]]:
+        """The firing alerts of that name whose labels include ``labels``."""
+        return [
+            a
+            for a in self.api("alerts")["alerts"]
+            if a["state"] == "firing"
+            and a["labels"]["alertname"] == alertname
+            and all(a["labels"].get(k) == v for k, v in labels.items())
+        ]
+
     def target_health(self) -> list[str]:
         return [t["health"] for t in self.api("targets")["activeTargets"]]
 

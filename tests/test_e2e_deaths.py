@@ -8,15 +8,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from sidecar.demo import join_cgroup, memory_cgroup, memory_hierarchy
-from tests.browser import CHROMIUM, screenshot
-from tests.e2e import TRACEFS_READY, DaemonProc, TorchrunJob, job_postmortem
+from tests.browser import screenshot
+from tests.e2e import DaemonProc, TorchrunJob, job_postmortem
+from tests.skips import left_out, met, requires
 
 GIB = 1 << 30
 
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.slow]
 
 
 @pytest.mark.root
-@pytest.mark.skipif(memory_hierarchy() is None, reason="needs root and a writable memory cgroup hierarchy")
+@requires("memcg")
 def test_the_opening_story_every_rank_loads_its_own_copy(tmp_path):
     """DEVELOPERS.md's opening story, scaled to this machine: four ranks each load the same
     2 GiB 'model' into host memory, in shards, inside a 6 GiB cgroup limit. The kernel
@@ -64,7 +64,7 @@ def test_the_opening_story_every_rank_loads_its_own_copy(tmp_path):
 
 
 @pytest.mark.root
-@pytest.mark.skipif(memory_hierarchy() is None, reason="needs root and a writable memory cgroup hierarchy")
+@requires("memcg")
 def test_cgroup_oom_is_named_with_certainty(tmp_path):
     with memory_cgroup(int(1.5 * GIB), "trainwatch-oom") as (_version, parent, child):
         wrap = join_cgroup(child)
@@ -150,7 +150,9 @@ def test_cgroup_oom_is_named_with_certainty(tmp_path):
                 f"/postmortems/{doc['id']}", {"Accept": "text/html,application/xhtml+xml,*/*;q=0.8"}
             )
             assert status == 200 and page.startswith("<!doctype html>") and "<svg" in page
-            if CHROMIUM:
+            if not met("chromium"):
+                left_out("chromium", "the HTML postmortem rendered in a real browser")
+            else:
                 png, chromium_log = screenshot(page, tmp_path, "postmortem-cgroup-oom")
                 assert png.exists() and png.stat().st_size > 20_000, chromium_log
                 assert "Refused to" not in chromium_log and "Uncaught" not in chromium_log, chromium_log
@@ -165,13 +167,16 @@ def test_kill_9_from_outside_is_an_external_signal_not_an_oom(tmp_path):
     ):
         pids = job.ready()
         other_pids = other.ready()
-        time.sleep(1.5)  # the daemon has sampled the ranks
+        daemon.wait_sampled(job, pids)
+        daemon.wait_sampled(other, other_pids)
         killer_proc = subprocess.run(
             ["sh", "-c", f"kill -9 {pids[1][0]}; echo $$"], capture_output=True, text=True
         )
         doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
         job.proc.wait(60)
-        if TRACEFS_READY:  # the tracepoint names the sender: first-hand, so certain
+        if not met("tracefs"):
+            left_out("tracefs", "the sender named by the signal tracepoint, certain")
+        else:  # the tracepoint names the sender: first-hand, so certain
             assert doc["killer"]["confidence"] == "certain", doc["killer"]
             assert f"pid {killer_proc.stdout.strip()} (sh)" in doc["killer"]["summary"], doc["killer"]
             assert any(e["source"] == "tracepoint" for e in doc["killer"]["evidence"])
@@ -205,7 +210,7 @@ def test_the_agents_sigkill_after_an_ignored_sigterm_is_teardown(tmp_path):
         TorchrunJob(tmp_path, "stubborn", hold_mb=50, workers=0, ignore_sigterm_rank=0) as job,
     ):
         pids = job.ready()
-        time.sleep(1.5)
+        daemon.wait_sampled(job, pids)
         os.kill(pids[1][0], signal.SIGKILL)
         job.proc.wait(90)
         doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
@@ -215,14 +220,8 @@ def test_the_agents_sigkill_after_an_ignored_sigterm_is_teardown(tmp_path):
         assert daemon.stop() == 0
 
 
-GLOBAL_OOM = os.environ.get("TRAINWATCH_E2E_GLOBAL_OOM") == "1"
-
-
 @pytest.mark.root
-@pytest.mark.skipif(
-    not (GLOBAL_OOM and os.geteuid() == 0),
-    reason="a real global OOM: set TRAINWATCH_E2E_GLOBAL_OOM=1 on a disposable machine (.ci/run does)",
-)
+@requires("global-oom")
 def test_global_oom_is_kernel_oom(tmp_path):
     """The whole machine runs out of memory; the growing rank has oom_score_adj=1000, so
     the kernel's OOM killer takes it and nothing else."""
@@ -271,7 +270,7 @@ def test_demo_ends_with_a_postmortem(tmp_path):
     assert Path(html).read_text().startswith("<!doctype html>")
 
 
-@pytest.mark.skipif(not TRACEFS_READY, reason="naming the sender needs root and tracefs mounted")
+@requires("tracefs")
 def test_a_userspace_oom_daemon_is_named_by_the_tracepoint(tmp_path):
     """A stand-in for earlyoom (a process whose comm is earlyoom) SIGKILLs a rank."""
     daemon_script = tmp_path / "earlyoom"
@@ -279,7 +278,7 @@ def test_a_userspace_oom_daemon_is_named_by_the_tracepoint(tmp_path):
     daemon_script.chmod(0o755)
     with DaemonProc(tmp_path) as daemon, TorchrunJob(tmp_path, "eo", hold_mb=50, workers=0) as job:
         pids = job.ready()
-        time.sleep(1.5)
+        daemon.wait_sampled(job, pids)
         subprocess.run([str(daemon_script), str(pids[1][0])], check=True)
         doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
         job.proc.wait(60)

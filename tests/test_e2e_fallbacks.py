@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from sidecar.demo import join_cgroup, memory_cgroup, memory_hierarchy
+from sidecar.demo import join_cgroup, memory_cgroup
 from tests.e2e import REPO, DaemonProc, TorchrunJob, job_postmortem, wait_for
+from tests.skips import requires
 
 pytestmark = [pytest.mark.slow]
 GIB = 1 << 30
@@ -32,7 +33,7 @@ def test_without_the_connector_pidfds_tell_the_exit(tmp_path):
         TorchrunJob(tmp_path, "pidfd", hold_mb=50, workers=0) as job,
     ):
         pids = job.ready()
-        time.sleep(1.0)
+        daemon.wait_sampled(job, pids)
         os.kill(pids[1][0], 9)
         doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
         job.proc.wait(60)
@@ -59,7 +60,7 @@ def test_with_neither_connector_nor_pidfd_the_agents_log_gives_the_codes(tmp_pat
         TorchrunJob(tmp_path, "agentlog", hold_mb=50, workers=0) as job,
     ):
         pids = job.ready()
-        time.sleep(4.5)  # two rounds: the ranks are known
+        daemon.wait_sampled(job, pids)
         os.kill(pids[1][0], 9)
         job.proc.wait(60)
 
@@ -86,12 +87,21 @@ def test_a_clean_end_without_exit_statuses_writes_no_postmortem(tmp_path):
         TorchrunJob(tmp_path, "clean", hold_mb=50, workers=0) as job,
     ):
         pids = job.ready()
-        time.sleep(1.5)
+        daemon.wait_sampled(job, pids)
         assert job.stop() == 0
         # Either a rank's clean exit was seen as a zombie (status 0: nothing to judge) or it
         # vanished with its status unknown and the agent's clean exit and log cleared it.
-        time.sleep(3 + 2)
-        log = daemon.log()
+        # Wait for the daemon to let go of the agent, and for its decision on any death it saw.
+
+        def decided() -> str | None:
+            log = daemon.log()
+            if f"agent pid {job.agent_pid} exited, detached" not in log:
+                return None
+            opened = any(f"(pid {p[0]}) died" in log for p in pids.values())
+            written = re.search(r"job \S+: postmortem \S+: ", log)
+            return log if not opened or "clean end: no postmortem" in log or written else None
+
+        log = wait_for(decided, 30, "the daemon to detach the agent and decide on the ranks' ends")
         opened = any(f"(pid {p[0]}) died" in log for p in pids.values())
         assert not opened or "clean end: no postmortem" in log, log[-3000:]
         for entry in json.loads(daemon.get("/postmortems")[1]):
@@ -173,8 +183,7 @@ def _mem_available() -> int:
     raise AssertionError("no MemAvailable")
 
 
-@pytest.mark.skipif(not EARLYOOM.exists(), reason="earlyoom's binary is unpacked by scripts/dev-setup")
-@pytest.mark.skipif(_mem_available() < 6 * GIB, reason="needs 6 GiB of free memory to let earlyoom act")
+@requires("earlyoom", "free-memory")
 def test_a_real_earlyoom_is_named_by_its_own_log(tmp_path):
     """A real earlyoom, told to act 1.5 GiB below the memory available now, SIGTERMs the
     growing rank (oom_score_adj=1000: its first choice). The tracepoint is off, so the
@@ -235,8 +244,7 @@ def _cgroup_wide_kill(tmp: Path, name: str, mark: Callable[[Path], str]) -> tupl
             DaemonProc(tmp, "--disable", "tracepoint") as daemon,
             TorchrunJob(tmp, name, wrap=join_cgroup(child), hold_mb=50, workers=0) as job,
         ):
-            job.ready()
-            time.sleep(1.5)
+            daemon.wait_sampled(job, job.ready())
             subprocess.run([str(stand_in)], check=True)
             doc = job_postmortem(daemon, victim_rank=None, want_fates=2, job=job)
             killer = doc["killer"]
@@ -246,9 +254,7 @@ def _cgroup_wide_kill(tmp: Path, name: str, mark: Callable[[Path], str]) -> tupl
         return doc, "/" + str(child.relative_to(parent.parent))
 
 
-CGROUPS_AS_ROOT = pytest.mark.skipif(
-    memory_hierarchy() is None, reason="needs root and a writable memory cgroup hierarchy"
-)
+CGROUPS_AS_ROOT = requires("memcg")
 
 
 @pytest.mark.root
@@ -269,7 +275,7 @@ def test_systemd_oomd_is_named_by_its_cgroup_xattrs(tmp_path):
 
 @pytest.mark.root
 @CGROUPS_AS_ROOT
-@pytest.mark.skipif(not os.access("/dev/kmsg", os.W_OK), reason="writing the oomd line needs /dev/kmsg")
+@requires("kmsg-write")
 def test_oomd_is_named_by_its_kernel_log_line(tmp_path):
     """Meta's oomd writes "oomd kill: <pressures> <cgroup> ..." into the kernel log, then
     kills the cgroup."""

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from sidecar.dashboard import VARIABLES, all_queries
-from sidecar.demo import join_cgroup, memory_cgroup, memory_hierarchy
+from sidecar.demo import join_cgroup, memory_cgroup
 from tests.e2e import DaemonProc, TorchrunJob, job_postmortem, wait_for
-from tests.prom import PROMETHEUS, PrometheusServer
+from tests.prom import PrometheusServer
+from tests.skips import left_out, requires
 
 GIB = 1 << 30
 pytestmark = [pytest.mark.slow]
@@ -44,8 +45,7 @@ def label_values(prom: PrometheusServer, definition: str, start: float, end: flo
 
 
 @pytest.mark.root
-@pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus (make setup installs it)")
-@pytest.mark.skipif(memory_hierarchy() is None, reason="needs root and a writable memory cgroup hierarchy")
+@requires("prometheus", "memcg")
 def test_every_panel_returns_series_and_the_killed_rank_alerts(tmp_path: Path) -> None:
     with (
         memory_cgroup(int(1.5 * GIB), "trainwatch-prom") as (_version, _parent, child),
@@ -84,11 +84,14 @@ def test_every_panel_returns_series_and_the_killed_rank_alerts(tmp_path: Path) -
             assert alert["labels"]["killer"] == "cgroup_oom" and alert["labels"]["rank"] == "1", alert
             assert alert["labels"]["instance"] == instance and alert["labels"]["severity"] == "critical"
             assert "cgroup_oom" in alert["annotations"]["summary"]
-            firing = {
-                a["labels"]["alertname"] for a in prom.api("alerts")["alerts"] if a["state"] == "firing"
-            }
-            # the kill shows in the OOM counters too (v1 memory.oom_control, /proc/vmstat)
-            assert {"TrainwatchCgroupOomKills", "TrainwatchHostOomKills"} <= firing, firing
+            # The kill shows in the OOM counters too (v1 memory.oom_control, /proc/vmstat).
+            # Those rules live in another group, which Prometheus evaluates at its own phase
+            # (a hash of the group's name and file): wait for each alert, do not read once.
+            limited = doc["memory"]["cgroup"]["path"]
+            for name in ("TrainwatchCgroupOomKills", "TrainwatchHostOomKills"):
+                got = wait_for(lambda n=name: prom.firing(n, instance=instance), 30, f"{name} to fire", 0.5)
+                if name == "TrainwatchCgroupOomKills":
+                    assert any(a["labels"]["cgroup"].startswith(limited) for a in got), got
 
             end = time.time() + 1
             range_s = int(end - start) + 5
@@ -108,7 +111,7 @@ def test_every_panel_returns_series_and_the_killed_rank_alerts(tmp_path: Path) -
                     result = prom.query(expr, end) if target.instant else prom.query_range(expr, start, end)
                     line = f"{title!r} rank={rank}: {len(result)} series  <- {expr}"
                     if not result and needs == "gpu" and not has_gpu:
-                        report.append(f"no GPU here (valid query, no series): {line}")
+                        left_out("gpu", f"GPU panel with series (the query is valid): {line}")
                     elif not result:
                         empty.append(line)
                     else:
@@ -155,7 +158,15 @@ def test_one_job_on_two_nodes_meets_in_prometheus(tmp_path: Path) -> None:
                 )
                 os.kill(pids_a[1][0], signal.SIGKILL)
                 doc_a = job_postmortem(node_a, victim_rank=1, want_fates=2, job=job_a)
-                time.sleep(2)
+                wait_for(
+                    lambda: prom.query(
+                        f'trainwatch_rank_death_timestamp_seconds{{instance="{inst_a}", job="{run_id}"}}',
+                        time.time(),
+                    ),
+                    30,
+                    "node A's death in prometheus before node B's",
+                    0.5,
+                )
                 os.kill(pids_b[0][0], signal.SIGKILL)
                 doc_b = job_postmortem(node_b, victim_rank=0, want_fates=2, job=job_b)
                 assert doc_a["job"]["key"] == doc_b["job"]["key"] == run_id
@@ -178,9 +189,9 @@ def test_one_job_on_two_nodes_meets_in_prometheus(tmp_path: Path) -> None:
                 died_a = datetime.fromisoformat(doc_a["victim"]["died_at"]).timestamp()
                 died_b = datetime.fromisoformat(doc_b["victim"]["died_at"]).timestamp()
                 assert died_a < died_b
-                assert abs(float(first["value"][1]) / 1000 - died_a) < 1, (first, died_a)
+                assert abs(float(first["value"][1]) / 1000 - died_a) < 0.01, (first, died_a)
                 (rule,) = prom.query(f'trainwatch:job_first_death_timestamp_seconds{{job="{run_id}"}}', end)
-                assert abs(float(rule["value"][1]) - died_a) < 1
+                assert abs(float(rule["value"][1]) - died_a) < 0.01, (rule, died_a)
                 (table,) = [t for title, t, _ in all_queries() if title == "Rank deaths"]
                 rows = prom.query(grafana(table.expr, values, int(end - start) + 5), end)
                 by_node = {tuple(r["metric"][k] for k in ("instance", "rank", "killer")) for r in rows}

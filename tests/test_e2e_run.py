@@ -10,13 +10,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from sidecar.demo import join_cgroup, memory_cgroup, memory_hierarchy
-from tests.e2e import REPO, TORCHRUN, TRACEFS_READY, WORKLOAD
+from sidecar.demo import join_cgroup, memory_cgroup
+from tests.e2e import REPO, TORCHRUN, WORKLOAD, wait_for
+from tests.skips import left_out, met, requires, skip
 
 pytestmark = [pytest.mark.slow]
 GIB = 1 << 30
@@ -93,7 +93,7 @@ def test_a_python_exception_is_named_by_its_own_line(tmp_path):
 
 
 @pytest.mark.root
-@pytest.mark.skipif(memory_hierarchy() is None, reason="needs root and a writable memory cgroup hierarchy")
+@requires("memcg")
 def test_an_oom_stays_the_root_cause_when_its_peer_then_fails(tmp_path):
     """Rank 1 is killed by a cgroup limit; rank 0's all_reduce then fails (the peer closed
     its connection, or the timeout): the OOM is the root cause, the cascade is told."""
@@ -137,7 +137,8 @@ def test_exit_status_and_usage():
 
 def test_a_signal_sent_to_trainwatch_reaches_the_command(tmp_path):
     marker = tmp_path / "got"
-    script = f"trap 'echo TERM > {marker}; exit 5' TERM; while :; do sleep 0.1; done"
+    ready = tmp_path / "ready"
+    script = f"trap 'echo TERM > {marker}; exit 5' TERM; touch {ready}; while :; do sleep 0.1; done"
     proc = subprocess.Popen(
         [sys.executable, "-m", "sidecar", "run", "--port", "0", "--", "sh", "-c", script],
         stdout=subprocess.PIPE,
@@ -145,7 +146,9 @@ def test_a_signal_sent_to_trainwatch_reaches_the_command(tmp_path):
         cwd=REPO,
     )
     try:
-        time.sleep(2)
+        # trainwatch blocks the signals it forwards before it starts the command, so once
+        # the command has set its trap a SIGTERM to trainwatch must reach it
+        wait_for(ready.exists, 30, "the command to set its trap")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 5
         assert marker.read_text() == "TERM\n"
@@ -161,14 +164,16 @@ def test_a_real_segfault(tmp_path):
     doc = _postmortem(tmp_path)
     assert doc["killer"]["kind"] == "segfault" and doc["victim"]["rank"] == 1, doc["killer"]
     assert doc["victim"]["signal"] == "SIGSEGV" and doc["victim"]["exit_code"] == -11
-    if TRACEFS_READY:  # the tracepoint shows the kernel raised it for the rank's own fault
+    if not met("tracefs"):
+        left_out("tracefs", "the kernel raising the SIGSEGV for the rank's own fault, certain")
+    else:  # the tracepoint shows the kernel raised it for the rank's own fault
         assert doc["killer"]["confidence"] == "certain", doc["killer"]
         assert any("the rank itself raised SIGSEGV" in e["detail"] for e in doc["killer"]["evidence"])
     assert _fates(doc)[0] in ("same_cause", "terminated_by_agent"), doc["ranks"]
 
 
 @pytest.mark.root
-@pytest.mark.skipif(os.geteuid() != 0, reason="a private /dev/shm needs root (unshare -m, mount)")
+@requires("root")  # a private /dev/shm: unshare -m, mount
 def test_a_dataloader_worker_writing_past_a_small_dev_shm_is_a_bus_error(tmp_path):
     """The job runs in a private mount namespace whose /dev/shm is a 1 MiB tmpfs; rank 1's
     DataLoader workers write their batches through shared memory and die of SIGBUS."""
@@ -244,5 +249,5 @@ def test_a_stall_is_seen_before_the_timeout_with_each_ranks_stack(tmp_path):
     doc = _postmortem(tmp_path)
     assert doc["killer"]["kind"] == "collective_timeout", doc["killer"]
     if not spy:  # the device machine has none; scripts/dev-setup installs it here
-        pytest.skip("py-spy is not installed: the stall was seen, the stacks were not checked")
+        skip("py-spy", "the stall was seen, the stacks were not checked")
     assert set(doc["stacks"]["ranks"]) == {"0", "1"} and "all_reduce" in doc["stacks"]["ranks"]["0"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
-import time
 
 import pytest
 
@@ -51,7 +50,8 @@ def test_two_concurrent_jobs_rss_trees_and_cleanup(tmp_path):
 
         m, key_a, key_b = wait_for(both_attached, 30, "both jobs with two ranks each")
         assert key_a != key_b
-        time.sleep(0.5)  # one more round so the tree sums include settled workers
+        daemon.wait_sampled(job_a, pids_a)  # the tree sums include every settled worker
+        daemon.wait_sampled(job_b, pids_b)
         m = daemon.metrics()
         for key, pids in ((key_a, pids_a), (key_b, pids_b)):
             info = ranks_of(m, key)
@@ -114,7 +114,7 @@ def test_only_the_named_agent_with_pid(tmp_path):
                 30,
                 "job a attached",
             )
-            time.sleep(1.0)
+            daemon.wait_rounds(5)  # rounds enough to have found job b, were it watched
             m = daemon.metrics()
             assert list(job_keys(m)) == [str(job_a.agent_pid)]
             assert daemon.stop(signal.SIGINT) == 0
@@ -161,10 +161,7 @@ def test_daemon_started_after_the_job_and_health(tmp_path):
             assert status == 200 and '"ok"' in body
             assert value(m, "trainwatch_probe_success", probe="gpu") in (0.0, 1.0)
             assert value(m, "trainwatch_probe_success", probe="proc") == 1.0
-            samples_before = value(m, "trainwatch_samples_total")
-            time.sleep(1.0)
-            # 0.1 s interval: about ten rounds a second
-            assert value(daemon.metrics(), "trainwatch_samples_total") - samples_before >= 5
+            daemon.wait_rounds(5)  # the sampler goes on (its schedule: test_daemon_loop, fake clock)
             om_status, om = daemon.get("/metrics", {"Accept": "application/openmetrics-text; version=1.0.0"})
             assert om_status == 200 and om.rstrip().endswith("# EOF")
             text = daemon.get("/metrics")[1]

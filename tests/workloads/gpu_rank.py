@@ -34,8 +34,13 @@ def main() -> int:
     with open(os.path.join(out, f"torch_rank{rank}.json.tmp"), "w") as f:
         json.dump(report, f)
     os.rename(os.path.join(out, f"torch_rank{rank}.json.tmp"), os.path.join(out, f"torch_rank{rank}.json"))
-    while not os.path.exists(os.path.join(out, "stop")):
-        dist.barrier()
+    while True:
+        # every rank leaves in the same round: one that left alone would fail its peers'
+        # next collective
+        flag = torch.tensor([1.0 if os.path.exists(os.path.join(out, "stop")) else 0.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() > 0:
+            break
         time.sleep(0.5)
     del held
     dist.destroy_process_group()

@@ -151,24 +151,27 @@ def main() -> int:
             f.write(" ".join(str(x) for x in [os.getpid(), *[p.pid for p in procs]]))
         os.rename(path + ".tmp", path)
     start = time.monotonic()
-    t = torch.ones(4)
     grown: list[bytearray] = []
     model: list[bytearray] = []
     if rank == args.grow_rank and restart == 0:
         with open("/proc/self/oom_score_adj", "w") as f:  # be the OOM killer's choice
             f.write("1000")
-    while time.monotonic() - start < args.duration:
-        if args.stop_file and os.path.exists(args.stop_file):
-            break
-        if restart == 0 and rank == args.fail_rank and time.monotonic() - start > args.fail_after:
+    while True:
+        elapsed = time.monotonic() - start
+        # Whether this rank would stop: the stop file, or its --duration. Ranks in collectives
+        # agree on it through the all_reduce below, so all of them leave in the same round: a
+        # rank that left on its own while a peer waited in all_reduce would fail that peer.
+        stop = bool(args.stop_file and os.path.exists(args.stop_file)) or elapsed >= args.duration
+        if restart == 0 and rank == args.fail_rank and elapsed > args.fail_after:
             print(f"rank {rank}: failing on purpose", file=sys.stderr, flush=True)
             os._exit(1)
-        elapsed = time.monotonic() - start
         if len(model) * 64 < args.load_mb and restart == 0:
             model.append(hold(64))  # every rank its own full copy
             time.sleep(0.1)
             continue
         if rank == args.hang_rank and restart == 0 and elapsed > args.hang_after:
+            if stop:
+                break
             time.sleep(0.2)  # alive, but never in a collective again: its peers time out
             continue
         if rank == args.segfault_rank and restart == 0 and elapsed > args.raise_after:
@@ -179,12 +182,20 @@ def main() -> int:
             load_batches(args.loader_mb)  # through /dev/shm: a small one ends in SIGBUS
         if rank == args.raise_rank and restart == 0 and elapsed > args.raise_after:
             raise ValueError(f"rank {rank}: a bad batch on purpose (shape mismatch)")
-        if rank == args.grow_rank and restart == 0 and time.monotonic() - start > args.grow_after:
+        if rank == args.grow_rank and restart == 0 and elapsed > args.grow_after:
+            if stop:
+                break
             grown.append(hold(args.grow_mb))  # until a memory limit stops it
             time.sleep(0.02)
             continue
-        if rank != args.ignore_sigterm_rank:  # that one only waits (a peer's death must not fail it)
-            dist.all_reduce(t)
+        if rank == args.ignore_sigterm_rank:  # that one only waits (a peer's death must not fail it)
+            if stop:
+                break
+        else:
+            flag = torch.tensor([1.0 if stop else 0.0])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() > 0:
+                break
         time.sleep(0.2)
     del buf, on_gpu
     for p in procs:
