@@ -1,42 +1,75 @@
 """How often `trainwatch diagnose` names the killer of the public-log cases, and whether it
 is ever confidently wrong.
 
-    python benchmarks/diagnose_accuracy.py [CASES.jsonl]
+    python benchmarks/diagnose_accuracy.py [CASES.jsonl] [--name NAME]
 
-Reads ../shared/fixtures/public-logs/cases.jsonl (one real incident a line, from public
-issue threads, with the cause the thread supports) and prints, per case, the truth, the
-answer and its confidence, then the accuracy and the count of wrong answers given as
-`certain` or `likely` (the target is zero). A case about a rank the torchrun agent tore
-down is answered by that rank's fate.
+Reads tests/fixtures/public-logs/cases.jsonl (one real incident a line, from public issue
+threads, with the cause the thread supports and the thread's URL) and prints, per case, the
+truth, the answer and its confidence, then the accuracy and the count of wrong answers
+given as `certain` or `likely` (the target is zero). A case about a rank the torchrun agent
+tore down is answered by that rank's fate. Results, with the per-case table:
+``benchmarks/results/NAME.json`` (default ``diagnose``).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import results
 from tests.test_diagnose_units import CASES, CONFIDENT, score
 
 
 def main() -> int:
-    path = Path(sys.argv[1]) if len(sys.argv) > 1 else CASES
+    ap = argparse.ArgumentParser()
+    ap.add_argument("cases", nargs="?", default=str(CASES))
+    ap.add_argument("--name", default="diagnose", help="results file name (benchmarks/results/NAME.json)")
+    args = ap.parse_args()
+    path = Path(args.cases)
     cases = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    right = wrong_confident = 0
+    rows = []
     for case in cases:
         kind, confidence, _ = score(case)
         ok = kind == case["ground_truth"]
-        right += ok
-        wrong_confident += (not ok) and confidence in CONFIDENT
+        rows.append(
+            {
+                "id": case["id"],
+                "source": case["source"],
+                "truth": case["ground_truth"],
+                "label_confidence": case["confidence"],
+                "answer": kind,
+                "confidence": confidence,
+                "right": ok,
+                "confident_wrong": (not ok) and confidence in CONFIDENT,
+            }
+        )
         print(
             f"{'ok  ' if ok else 'MISS'} {case['id']:<48} truth {case['ground_truth']:<18} "
             f"answer {kind} ({confidence})"
         )
+    right = sum(r["right"] for r in rows)
+    wrong_confident = sum(r["confident_wrong"] for r in rows)
     print(
-        f"\naccuracy: {right}/{len(cases)} ({100 * right / len(cases):.0f} %); "
+        f"\naccuracy: {right}/{len(rows)} ({100 * right / len(rows):.0f} %); "
         f"confidently wrong (certain or likely): {wrong_confident}"
+    )
+    try:
+        shown = str(path.resolve().relative_to(results.REPO))
+    except ValueError:
+        shown = str(path)
+    results.write(
+        args.name,
+        {
+            "cases_file": shown,
+            "cases": len(rows),
+            "right": right,
+            "confident_wrong": wrong_confident,
+            "rows": rows,
+        },
     )
     return 0
 

@@ -19,15 +19,20 @@ rm -f "$out/stop"
 "$torchrun_bin" --standalone --nproc-per-node=2 tests/workloads/gpu_rank.py "$out" > "$out/torchrun.log" 2>&1 &
 job=$!
 for _ in $(seq 300); do [ -f "$out/torch_rank0.json" ] && [ -f "$out/torch_rank1.json" ] && break; sleep 0.2; done
-sleep 3
-curl -s "$base/metrics" > "$out/metrics.txt"
+# until the daemon has sampled both ranks' GPU memory (NVML is read every round)
+for _ in $(seq 120); do
+  curl -s "$base/metrics" > "$out/metrics.txt"
+  [ "$(grep -c '^trainwatch_rank_gpu_memory_bytes{' "$out/metrics.txt")" -ge 2 ] && break
+  sleep 0.5
+done
 curl -s "$base/ranks" > "$out/ranks.json"
-nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits > "$out/nvidia-smi.csv" 2>&1
-nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader,nounits >> "$out/nvidia-smi.csv" 2>&1
+nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits > "$out/nvidia-smi-apps.csv" 2>&1
+nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader,nounits > "$out/nvidia-smi-gpu.csv" 2>&1
 touch "$out/stop"
 wait "$job"; echo "torchrun exit $?" >> "$out/torchrun.log"
 sleep 2
 curl -s "$base/metrics" > "$out/metrics-after.txt"
 kill -TERM "$daemon"; wait "$daemon"; echo "daemon exit $?" >> "$out/daemon.log"
 grep -E 'gpu_memory|rank_info' "$out/metrics.txt"
-cat "$out"/torch_rank*.json; echo; cat "$out/nvidia-smi.csv"; tail -3 "$out/daemon.log"
+cat "$out"/torch_rank*.json; echo; cat "$out/nvidia-smi-apps.csv" "$out/nvidia-smi-gpu.csv"; tail -3 "$out/daemon.log"
+"$py" benchmarks/gpu_summary.py "$out"

@@ -1,26 +1,30 @@
-"""trainwatch's overhead, measured on real processes in torchrun-shaped trees.
+"""What the whole trainwatch daemon costs, beside prometheus-process-exporter on the same processes.
 
-    python benchmarks/overhead.py [--quick] [--soak-seconds S] [--json OUT]
+    python benchmarks/overhead.py [--quick] [--window-1hz S] [--window-10hz S] [--soak-seconds S]
 
-For 16 to 512 watched processes (agents x 8 ranks x (1 rank + 7 workers)):
+For torchrun-shaped trees of real processes (``benchmarks/fake_job.py``: agents x ranks x
+(1 rank + workers), from 3 to 520 processes) it starts, side by side in the same run:
 
-* trainwatch's sampler, in this process: CPU time per watched process per sampling round
-  (discovery of all of /proc included), and wall time per round;
-* ``GET /metrics`` latency (p50/p99 over 200 requests) of a real daemon watching them;
-* prometheus-process-exporter (Debian package), configured per process (a group per
-  PID, its defaults otherwise) and scraped: its CPU time per process per scrape;
-* the baselines: a naive psutil loop and reading statm+stat from Python (the floor).
+* the real daemon (``python -m sidecar --attach-torchrun``) at 1 Hz and then at 10 Hz,
+  scraped over HTTP once every 15 s as Prometheus would;
+* Debian's ``prometheus-process-exporter`` (its defaults, one group per process of the
+  tree) scraped at the same rate, 1 Hz and 10 Hz, so that one of its scrapes is one
+  sampling round;
 
-Then a real daemon at 1 Hz watching 8 ranks x 8 workers: CPU share of one core over 60 s,
-and its RSS after 3600 sampling rounds (an hour at 1 Hz, run at 10 Hz with the same ring
-size: --interval 0.1 --history 60). Figures are printed as a table; nothing is asserted.
+and reads both processes' utime+stime (all threads, ``/proc/PID/stat``) over the window:
+CPU per watched process per round, and share of one core. Also per tree: ``GET /metrics``
+latency (p50/p99 of 200 requests) and, labelled as such, the sampler alone in this
+process (``Sampler.sample()``: what the daemon's rounds cost without HTTP, threads, or the
+death watchers). Then the idle daemon (no job) and its RSS over a soak at 10 Hz.
+
+Results: ``benchmarks/results/overhead.json`` (machine, kernel, commit); the README's
+tables are rendered from it (``python benchmarks/render.py``). Nothing is asserted.
 """
 
 from __future__ import annotations
 
 import argparse
 import http.client
-import json
 import os
 import re
 import shutil
@@ -31,15 +35,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks import results  # noqa: E402
 from sidecar.daemon import Sampler  # noqa: E402
 from sidecar.probes.gpu import GpuProbe  # noqa: E402
 from sidecar.settings import Settings  # noqa: E402
-from tests.e2e import DaemonProc  # noqa: E402
+from tests.e2e import DaemonProc, free_port  # noqa: E402
 
 MARK = "trainwatch-bench"
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -137,39 +143,6 @@ def sampler_cost(watched: int, rounds: int) -> tuple[float, float, float, int]:
     return median, best, wall * 1e3, seen
 
 
-def naive_psutil(pids: list[int], rounds: int) -> tuple[float, float]:
-    import psutil
-
-    def work() -> None:
-        for _ in range(rounds):
-            for pid in pids:
-                try:
-                    p = psutil.Process(pid)
-                    p.memory_info()
-                    p.cpu_times()
-                    p.num_threads()
-                    p.ppid()
-                except psutil.Error:
-                    pass
-
-    return _per_process(work, rounds * len(pids))
-
-
-def floor_statm_stat(pids: list[int], rounds: int) -> tuple[float, float]:
-    def work() -> None:
-        for _ in range(rounds):
-            for pid in pids:
-                try:
-                    for name in ("statm", "stat"):
-                        fd = os.open(f"/proc/{pid}/{name}", os.O_RDONLY)
-                        os.read(fd, 4096)
-                        os.close(fd)
-                except OSError:
-                    pass
-
-    return _per_process(work, rounds * len(pids))
-
-
 class Daemon(DaemonProc):
     """The real daemon (tests/e2e.py starts it) plus a kept-alive HTTP connection."""
 
@@ -206,11 +179,109 @@ class Daemon(DaemonProc):
         self.stop()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
+    def samples_total(self) -> float:
+        m = re.search(r"^trainwatch_samples_total (\S+)$", self.scrape(), re.M)
+        return float(m.group(1)) if m else 0.0
 
-def metrics_latency(ranks: int, n: int = 200) -> tuple[float, float, int]:
+
+class ProcessExporter:
+    """Debian's prometheus-process-exporter, one group per process of the benchmark's
+    trees (matched by the mark in their command lines), its other options at their defaults."""
+
+    def __init__(self, binary: str) -> None:
+        self.tmp = tempfile.mkdtemp()
+        cfg = Path(self.tmp) / "config.yml"
+        cfg.write_text(
+            'process_names:\n  - name: "{{.Comm}}-{{.PID}}"\n    cmdline:\n    - \'' + MARK + "'\n"
+        )
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [binary, "-config.path", str(cfg), "-web.listen-address", f"127.0.0.1:{self.port}"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+                self.scrape()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
+    def scrape(self) -> str:
+        self.conn.request("GET", "/metrics")
+        return self.conn.getresponse().read().decode()
+
+    def close(self) -> None:
+        self.conn.close()
+        self.proc.terminate()
+        self.proc.wait(10)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def side_by_side(
+    watched: int, ranks: int, interval: float, window: float, exporter: str | None
+) -> dict[str, Any]:
+    """The daemon at ``interval`` (scraped every 15 s) and process-exporter scraped every
+    ``interval``, both over the same ``window`` on the same processes."""
+    d = Daemon(interval)
+    pe = ProcessExporter(exporter) if exporter else None
+    try:
+        d.wait_ranks(ranks)
+        d.wait_rounds(3)  # every worker found and settled
+        if pe:
+            pe.scrape()
+        rounds0, cpu_d0 = d.samples_total(), cpu_seconds(d.proc.pid)
+        cpu_p0 = cpu_seconds(pe.proc.pid) if pe else 0.0
+        t0 = time.monotonic()
+        next_scrape, next_pe, pe_scrapes = t0 + 15, t0 + interval, 0
+        while True:
+            now = time.monotonic()
+            if now >= t0 + window:
+                break
+            if pe and now >= next_pe:
+                pe.scrape()
+                pe_scrapes += 1
+                next_pe = max(next_pe + interval, time.monotonic())  # late scrapes are not made up
+            if now >= next_scrape:
+                d.scrape()
+                next_scrape += 15
+            time.sleep(
+                max(0.0, min(next_pe if pe else t0 + window, next_scrape, t0 + window) - time.monotonic())
+            )
+        elapsed = time.monotonic() - t0
+        cpu_d = cpu_seconds(d.proc.pid) - cpu_d0
+        cpu_p = (cpu_seconds(pe.proc.pid) - cpu_p0) if pe else None
+        rounds = d.samples_total() - rounds0
+        return {
+            "interval_seconds": interval,
+            "window_seconds": round(elapsed, 1),
+            "trainwatch_rounds": int(rounds),
+            "trainwatch_cpu_seconds": round(cpu_d, 3),
+            "trainwatch_us_per_process_round": cpu_d / rounds / watched * 1e6 if rounds else None,
+            "trainwatch_core_percent": cpu_d / elapsed * 100,
+            "trainwatch_rss_bytes": rss_bytes(d.proc.pid),
+            "exporter_scrapes": pe_scrapes if pe else None,
+            "exporter_cpu_seconds": None if cpu_p is None else round(cpu_p, 3),
+            "exporter_us_per_process_scrape": cpu_p / pe_scrapes / watched * 1e6
+            if pe and pe_scrapes
+            else None,
+            "exporter_core_percent": None if cpu_p is None else cpu_p / elapsed * 100,
+        }
+    finally:
+        if pe:
+            pe.close()
+        d.close()
+
+
+def metrics_latency(ranks: int, n: int = 200) -> dict[str, float]:
     d = Daemon(1.0)
     try:
         d.wait_ranks(ranks)
+        d.wait_rounds(2)
         times = []
         size = 0
         for _ in range(n):
@@ -218,182 +289,131 @@ def metrics_latency(ranks: int, n: int = 200) -> tuple[float, float, int]:
             size = len(d.scrape())
             times.append(time.perf_counter() - t0)
         times.sort()
-        return statistics.median(times) * 1e3, times[int(0.99 * (n - 1))] * 1e3, size
+        return {
+            "metrics_p50_ms": statistics.median(times) * 1e3,
+            "metrics_p99_ms": times[int(0.99 * (n - 1))] * 1e3,
+            "metrics_bytes": size,
+        }
     finally:
         d.close()
 
 
-def process_exporter(watched: int, scrapes: int) -> float | None:
-    binary = shutil.which("prometheus-process-exporter")
-    if binary is None:
-        return None
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = Path(tmp) / "config.yml"
-        cfg.write_text(
-            'process_names:\n  - name: "{{.Comm}}-{{.PID}}"\n    cmdline:\n    - \'' + MARK + "'\n"
-        )
-        port = 19256
-        proc = subprocess.Popen(
-            [binary, "-config.path", str(cfg), "-web.listen-address", f"127.0.0.1:{port}"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-                    conn.request("GET", "/metrics")
-                    conn.getresponse().read()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        return None
-                    time.sleep(0.1)
-            for _ in range(2):
-                conn.request("GET", "/metrics")
-                conn.getresponse().read()
-            cpu0 = cpu_seconds(proc.pid)
-            for _ in range(scrapes):
-                conn.request("GET", "/metrics")
-                conn.getresponse().read()
-            cpu = cpu_seconds(proc.pid) - cpu0
-            conn.close()
-            return cpu / scrapes / watched * 1e6
-        finally:
-            proc.terminate()
-            proc.wait(10)
-
-
-def daemon_at_1hz(seconds: float) -> tuple[float, float]:
-    tree = Tree(1, 8, 8)
+def idle(seconds: float) -> dict[str, float]:
+    """The daemon at 1 Hz with no job on the machine, scraped every 15 s."""
+    d = Daemon(1.0)
     try:
-        d = Daemon(1.0)
-        try:
-            d.wait_ranks(8)
-            cpu0, t0 = cpu_seconds(d.proc.pid), time.monotonic()
-            while time.monotonic() - t0 < seconds:
-                d.scrape()
-                time.sleep(15 if seconds >= 60 else seconds / 4)
-            share = (cpu_seconds(d.proc.pid) - cpu0) / (time.monotonic() - t0)
-            return share * 100, rss_bytes(d.proc.pid) / (1 << 20)
-        finally:
-            d.close()
+        d.wait_rounds(2)
+        cpu0, t0 = cpu_seconds(d.proc.pid), time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            time.sleep(min(15.0, seconds - (time.monotonic() - t0)))
+            d.scrape()
+        elapsed = time.monotonic() - t0
+        return {
+            "seconds": round(elapsed, 1),
+            "core_percent": (cpu_seconds(d.proc.pid) - cpu0) / elapsed * 100,
+        }
     finally:
-        tree.close()
+        d.close()
 
 
-def soak_rss(seconds: float) -> tuple[float, float, int]:
+def soak_rss(seconds: float) -> dict[str, float]:
+    """RSS of a daemon at 10 Hz with ``--history 60`` (the same 600-entry ring as an hour at
+    1 Hz with the default history) watching 8 ranks x 8 workers."""
     tree = Tree(1, 8, 8)
     try:
         d = Daemon(0.1, "--history", "60")
         try:
             d.wait_ranks(8)
             start = rss_bytes(d.proc.pid)
+            rounds0 = d.samples_total()
             t0 = time.monotonic()
             while time.monotonic() - t0 < seconds:
-                d.scrape()  # a scrape every 15 rounds, as Prometheus at 15 s against 1 Hz
                 time.sleep(1.5)
-            text = d.scrape()
-            m = re.search(r"^trainwatch_samples_total (\S+)$", text, re.M)
-            rounds = int(float(m.group(1))) if m else 0
-            return start / (1 << 20), rss_bytes(d.proc.pid) / (1 << 20), rounds
+                d.scrape()  # a scrape every 15 rounds, as Prometheus at 15 s against 1 Hz
+            return {
+                "rounds": int(d.samples_total() - rounds0),
+                "rss_start_bytes": start,
+                "rss_end_bytes": rss_bytes(d.proc.pid),
+            }
         finally:
             d.close()
     finally:
         tree.close()
 
 
+SHAPES = [(1, 2, 0), (1, 4, 4), (1, 8, 8), (2, 8, 7), (4, 8, 7), (8, 8, 7)]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="fewer rounds and shapes, a short soak")
+    ap.add_argument("--quick", action="store_true", help="two shapes, short windows (a smoke run)")
+    ap.add_argument("--window-1hz", type=float, default=60.0, help="seconds measured at 1 Hz")
+    ap.add_argument("--window-10hz", type=float, default=30.0, help="seconds measured at 10 Hz")
+    ap.add_argument("--idle-seconds", type=float, default=60.0)
     ap.add_argument("--soak-seconds", type=float, default=360.0, help="soak length (360 s = 3600 rounds)")
-    ap.add_argument("--json", help="also write the figures here")
-    ap.add_argument(
-        "--only", choices=["table", "daemon"], help="run only the per-size table or only the daemon runs"
-    )
+    ap.add_argument("--name", default="overhead", help="results file name (benchmarks/results/NAME.json)")
     args = ap.parse_args()
-    shapes = [(1, 2, 7), (1, 8, 7), (2, 8, 7), (4, 8, 7), (8, 8, 7)]
+    shapes = SHAPES
     if args.quick:
-        shapes = [(1, 2, 7), (2, 8, 7)]
-        args.soak_seconds = min(args.soak_seconds, 30)
-    rounds = 20 if args.quick else 50
+        shapes = [(1, 2, 0), (1, 4, 4)]
+        args.window_1hz, args.window_10hz, args.idle_seconds = 15.0, 8.0, 10.0
+        args.soak_seconds = min(args.soak_seconds, 20)
+    exporter = shutil.which("prometheus-process-exporter")
+    if exporter is None:
+        print("prometheus-process-exporter not found: its columns stay empty (scripts/dev-setup installs it)")
     rows = []
-    print(
-        f"machine: {os.cpu_count()} cores, {os.uname().release}; python {sys.version.split()[0]}", flush=True
-    )
     for agents, ranks, workers in shapes:
         tree = Tree(agents, ranks, workers)
         try:
-            watched = tree.expected
-            pids = bench_pids()
-            tw_us, tw_best, tw_ms, seen = sampler_cost(watched, rounds)
-            p50, p99, size = metrics_latency(agents * ranks)
-            pe_us = process_exporter(watched, 10 if args.quick else 20)
-            ps_us, ps_best = naive_psutil(pids, rounds)
-            fl_us, fl_best = floor_statm_stat(pids, rounds)
+            watched = tree.expected + agents
+            row: dict[str, Any] = {"agents": agents, "ranks": agents * ranks, "workers_per_rank": workers}
+            row["processes"] = watched
+            for interval, window in ((1.0, args.window_1hz), (0.1, args.window_10hz)):
+                row[f"{1 / interval:g}hz"] = side_by_side(watched, agents * ranks, interval, window, exporter)
+            row.update(metrics_latency(agents * ranks))
+            median, best, wall_ms, _seen = sampler_cost(watched, 20 if args.quick else 50)
+            row["sampler_only_us_per_process_round"] = median
+            row["sampler_only_us_per_process_round_min"] = best
+            row["sampler_only_round_ms"] = wall_ms
         finally:
             tree.close()
-        row = {
-            "processes": watched,
-            "seen": seen,
-            "trainwatch_us_per_process": tw_us,
-            "trainwatch_us_per_process_min": tw_best,
-            "round_ms": tw_ms,
-            "metrics_p50_ms": p50,
-            "metrics_p99_ms": p99,
-            "metrics_bytes": size,
-            "process_exporter_us_per_process": pe_us,
-            "psutil_us_per_process": ps_us,
-            "psutil_us_per_process_min": ps_best,
-            "statm_stat_floor_us_per_process": fl_us,
-            "statm_stat_floor_us_per_process_min": fl_best,
-        }
         rows.append(row)
-        print(json.dumps(row), flush=True)
-    if args.only == "table":
-        cpu_pct, rss_1h, soak_start, soak_end, soak_rounds = float("nan"), float("nan"), 0.0, 0.0, 0
-    else:
-        cpu_pct, rss_1h = daemon_at_1hz(10 if args.quick else 60)
-        soak_start, soak_end, soak_rounds = soak_rss(args.soak_seconds)
-    print()
-    print(
-        "| watched processes | trainwatch CPU/process/round, median (min) | round wall time | "
-        "/metrics p50 / p99 | process-exporter CPU/process/scrape | naive psutil, median (min) | "
-        "statm+stat floor, median (min) |"
-    )
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for r in rows:
-        pe = (
-            "n/a"
-            if r["process_exporter_us_per_process"] is None
-            else f"{r['process_exporter_us_per_process']:.0f} µs"
-        )
         print(
-            f"| {r['processes']} | {r['trainwatch_us_per_process']:.1f} ({r['trainwatch_us_per_process_min']:.1f}) µs"
-            f" | {r['round_ms']:.1f} ms | {r['metrics_p50_ms']:.2f} / {r['metrics_p99_ms']:.2f} ms | {pe} | "
-            f"{r['psutil_us_per_process']:.1f} ({r['psutil_us_per_process_min']:.1f}) µs | "
-            f"{r['statm_stat_floor_us_per_process']:.1f} ({r['statm_stat_floor_us_per_process_min']:.1f}) µs |"
-        )
-    print()
-    print(
-        f"daemon at 1 Hz, 8 ranks x 8 workers (72 processes): {cpu_pct:.2f}% of one core, RSS {rss_1h:.1f} MiB"
-    )
-    print(
-        f"daemon RSS over {soak_rounds} rounds (10 Hz, ring of 600 as at 1 Hz/600 s): "
-        f"{soak_start:.1f} MiB -> {soak_end:.1f} MiB"
-    )
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps(
-                {
-                    "rows": rows,
-                    "daemon_1hz_cpu_percent": cpu_pct,
-                    "soak": [soak_start, soak_end, soak_rounds],
-                },
-                indent=1,
+            f"{watched:4d} processes: "
+            + "; ".join(
+                f"{k}: trainwatch {row[k]['trainwatch_us_per_process_round']:.1f} µs "
+                f"({row[k]['trainwatch_core_percent']:.2f}% core), exporter "
+                + (
+                    "n/a"
+                    if row[k]["exporter_us_per_process_scrape"] is None
+                    else f"{row[k]['exporter_us_per_process_scrape']:.1f} µs "
+                    f"({row[k]['exporter_core_percent']:.2f}% core)"
+                )
+                for k in ("1hz", "10hz")
             )
+            + f"; /metrics p99 {row['metrics_p99_ms']:.2f} ms",
+            flush=True,
         )
+    idle_row = idle(args.idle_seconds)
+    print(f"idle daemon: {idle_row['core_percent']:.3f}% of one core", flush=True)
+    soak = soak_rss(args.soak_seconds)
+    print(f"soak: {soak}", flush=True)
+    exporter_version = None
+    if exporter:
+        out = subprocess.run([exporter, "-version"], capture_output=True, text=True)
+        exporter_version = (
+            (out.stdout + out.stderr).strip().splitlines()[0] if (out.stdout + out.stderr) else None
+        )
+    results.write(
+        args.name,
+        {
+            "quick": args.quick,
+            "exporter": exporter_version,
+            "rows": rows,
+            "idle": idle_row,
+            "soak": soak,
+        },
+    )
     return 0
 
 

@@ -46,6 +46,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks import results as bench_results  # noqa: E402
+
 T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
 
 
@@ -386,6 +390,34 @@ def main_alternate(workdir: Path, nproc: int, steps: int, phase: float) -> int:
         json.dumps({"mode": "alternate", "results": results}, indent=1)
     )
     print(f"written: {workdir / 'step_overhead.json'}")
+    keep = (
+        "pairs",
+        "overhead_pct_mean",
+        "overhead_pct_ci95",
+        "overhead_pct_median",
+        "overhead_pct_median_ci95",
+        "median_step_on_s",
+        "median_step_off_s",
+        "daemon_cpu_s",
+        "daemon_saw_job",
+        "cuda",
+        "world_size",
+    )
+    rows = []
+    for interval, r in zip((1.0, 0.1), results, strict=True):
+        row = {k: r.get(k) for k in keep}
+        row["interval_seconds"] = interval
+        row["gpu_view"] = r.get("gpu_view")
+        rows.append(row)
+    device = None
+    if results[0]["cuda"]:
+        import torch
+
+        device = torch.cuda.get_device_name(0)
+    bench_results.write(
+        "steps",
+        {"mode": "alternate", "steps": steps, "phase_seconds": phase, "device": device, "rows": rows},
+    )
     return 0
 
 

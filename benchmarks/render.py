@@ -1,0 +1,280 @@
+"""Render the README's measured figures from the results files, so they cannot drift.
+
+    python benchmarks/render.py          # rewrite the generated parts of README.md
+    python benchmarks/render.py --check  # exit 1 if README.md differs from its rendering
+
+Each generated part of the README sits between ``<!-- generated: NAME -->`` and
+``<!-- end generated: NAME -->``; NAME picks the renderer below and the renderer reads
+``benchmarks/results/*.json`` (written by ``make bench`` and, for the GPU figures,
+``make bench-gpu`` on a machine with an NVIDIA GPU). The test suite runs the check.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+README = REPO / "README.md"
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+def _load(name: str) -> dict[str, Any] | None:
+    path = RESULTS / f"{name}.json"
+    return dict(json.loads(path.read_text())) if path.exists() else None
+
+
+def _provenance(doc: dict[str, Any]) -> str:
+    m = doc["machine"]
+    return (
+        f"{m['cpu']}, {m['cores']} cores, {m['memory_bytes'] / GIB:.0f} GiB, Linux {m['kernel']}, "
+        f"Python {m['python']}; {doc['date'][:10]}, commit `{doc['commit']}`"
+    )
+
+
+def _missing(name: str, how: str) -> str:
+    return f"No results yet (`benchmarks/results/{name}.json`): {how}.\n"
+
+
+def _us(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.1f} µs"
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2f} %"
+
+
+def overhead() -> str:
+    doc = _load("overhead")
+    if doc is None:
+        return _missing("overhead", "run `make bench`")
+    r = doc["results"]
+    out = [
+        f"`benchmarks/overhead.py` ({_provenance(doc)}; process-exporter: {r['exporter'] or 'absent'}"
+        + (", quick run" if r["quick"] else "")
+        + "). The whole daemon process (utime+stime of all its threads, HTTP scrapes every 15 s"
+        " included) per watched process per sampling round, and its share of one core; beside it,"
+        " `prometheus-process-exporter` on the same processes, scraped at the same rate (one"
+        " scrape is one round), in the same run:",
+        "",
+        "| processes (agents × ranks × (1 + workers)) | trainwatch, 1 Hz | process-exporter, 1 Hz "
+        "| trainwatch, 10 Hz | process-exporter, 10 Hz | `/metrics` p50 / p99 | sampler alone, median (min) |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in r["rows"]:
+        cells = [
+            f"{row['processes']} ({row['agents']} × {row['ranks'] // row['agents']} × (1 + {row['workers_per_rank']}))"
+        ]
+        for rate in ("1hz", "10hz"):
+            m = row[rate]
+            cells.append(
+                f"{_us(m['trainwatch_us_per_process_round'])} ({_pct(m['trainwatch_core_percent'])})"
+            )
+            cells.append(f"{_us(m['exporter_us_per_process_scrape'])} ({_pct(m['exporter_core_percent'])})")
+        cells.append(f"{row['metrics_p50_ms']:.2f} / {row['metrics_p99_ms']:.2f} ms")
+        cells.append(
+            f"{_us(row['sampler_only_us_per_process_round'])} ({_us(row['sampler_only_us_per_process_round_min'])})"
+        )
+        out.append("| " + " | ".join(cells) + " |")
+    idle, soak = r["idle"], r["soak"]
+    out += [
+        "",
+        "In brackets: the share of one core. The last column is `Sampler.sample()` alone in the"
+        " benchmark's process (no HTTP, no threads, no death watchers): what one sampling round"
+        " costs, not what the daemon costs.",
+        "",
+        f"- The daemon with no job to watch, at 1 Hz: **{idle['core_percent']:.2f} % of one core**"
+        f" over {idle['seconds']:.0f} s.",
+        f"- Its RSS over {soak['rounds']} rounds at 10 Hz with `--history 60` (the same 600-entry ring"
+        f" as an hour at 1 Hz with the default history), 8 ranks × 8 workers watched:"
+        f" **{soak['rss_start_bytes'] / MIB:.1f} MiB -> {soak['rss_end_bytes'] / MIB:.1f} MiB**.",
+    ]
+    return "\n".join(out) + "\n"
+
+
+def deaths() -> str:
+    doc = _load("deaths")
+    if doc is None:
+        return _missing("deaths", "run `make bench`")
+    r = doc["results"]
+    limit = (
+        f"a {r['cgroup_limit_bytes'] / GIB:g} GiB memory cgroup limit (cgroup_oom)"
+        if r["cgroup_limit_bytes"]
+        else "no memory cgroup (killed from outside)"
+    )
+    kinds = sorted({d["killer"] for d in r["per_death"]})
+    out = [
+        f"`benchmarks/deaths.py` ({_provenance(doc)}): {r['deaths']} real deaths of a rank growing"
+        f" {r['grow_mib_per_20ms']} MiB every 20 ms against {limit}, sampled every"
+        f" {r['interval_seconds']:g} s (10 Hz near the limit); verdicts: {', '.join(kinds)}"
+        + (f"; sources turned off: {', '.join(r['disabled'])}" if r["disabled"] else "")
+        + ".",
+        "",
+        f"- Death to postmortem: p50 **{r['latency_p50_ms']:.0f} ms**, p95 **{r['latency_p95_ms']:.0f} ms**,"
+        f" max {r['latency_max_ms']:.0f} ms (the autopsy waits 0.25 s for the kernel's records).",
+    ]
+    if r["victim_rss_error_mean"] is not None:
+        out.append(
+            "- The victim's last sampled RSS against the kernel's OOM record at the kill (anon + file +"
+            f" shmem RSS): mean {100 * r['victim_rss_error_mean']:+.1f} %, worst"
+            f" {100 * r['victim_rss_error_worst']:+.1f} %."
+        )
+    if r["tree_rss_to_charge_mean"] is not None:
+        mean = r["tree_rss_to_charge_mean"]
+        agree = (
+            f"here they agree within {100 * abs(mean - 1):.1f} % on average"
+            if abs(mean - 1) < 0.05
+            else f"here the tree RSS is {100 * (mean - 1):+.0f} % off the charge on average"
+        )
+        out.append(
+            "- The ranks' tree RSS summed, against the cgroup's charge read in the same round:"
+            f" {mean:.3f} of it on average ({r['tree_rss_to_charge_min']:.3f} to"
+            f" {r['tree_rss_to_charge_max']:.3f}). RSS counts the pages that processes share (the torch"
+            " libraries every rank maps, forked workers' pages) once per process; the charge counts each"
+            f" page once and adds the agent, page cache and kernel memory; {agree}. The charge is what"
+            " the kernel enforces; the tree RSS says which rank holds what."
+        )
+    return "\n".join(out) + "\n"
+
+
+def diagnose() -> str:
+    doc = _load("diagnose")
+    if doc is None:
+        return _missing("diagnose", "run `make bench`")
+    r = doc["results"]
+    misses = [row for row in r["rows"] if not row["right"]]
+    out = [
+        f"On the {r['cases']} real incidents of `{r['cases_file']}` (public issue threads, each with its"
+        f" URL; `python benchmarks/diagnose_accuracy.py`, {doc['date'][:10]}, commit `{doc['commit']}`):"
+        f" **{r['right']} right**, **{r['confident_wrong']} wrong answers given as `certain` or"
+        f" `likely`**"
+        + (
+            f"; the {len(misses)} misses are "
+            + ", ".join(f"`{m['answer']}`/{m['confidence']}" for m in misses)
+            + " where the logs alone do not decide."
+            if misses
+            else "."
+        ),
+        "",
+        "<details><summary>Every case</summary>",
+        "",
+        "| case | the thread supports | trainwatch diagnose | |",
+        "| --- | --- | --- | --- |",
+    ]
+    for row in r["rows"]:
+        mark = "right" if row["right"] else ("**confidently wrong**" if row["confident_wrong"] else "miss")
+        out.append(
+            f"| [{row['id']}]({row['source']}) | {row['truth']} ({row['label_confidence']}) |"
+            f" {row['answer']} ({row['confidence']}) | {mark} |"
+        )
+    out += ["", "</details>"]
+    return "\n".join(out) + "\n"
+
+
+def gpu() -> str:
+    doc = _load("gpu")
+    if doc is None:
+        return _missing("gpu", "run `make bench-gpu` on a machine with an NVIDIA GPU")
+    r = doc["results"]
+    out = [
+        f"On {r['device']} (`benchmarks/gpu_check.sh`, {_provenance(doc)}): two ranks of a real"
+        " `torchrun` job each hold a known amount of CUDA memory; torch's own figures, trainwatch's"
+        " `trainwatch_rank_gpu_memory_bytes` and `nvidia-smi --query-compute-apps`:",
+        "",
+        "| rank | torch `memory_allocated` | torch `memory_reserved` | trainwatch | nvidia-smi | trainwatch - reserved |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in r["rows"]:
+        tw, smi = row["trainwatch_bytes"], row["nvidia_smi_bytes"]
+        diff = "n/a" if tw is None else f"{(tw - row['torch_reserved_bytes']) / MIB:.0f} MiB"
+        out.append(
+            f"| {row['rank']} | {row['torch_allocated_bytes']:,} | {row['torch_reserved_bytes']:,} |"
+            f" {'n/a' if tw is None else f'{tw:,}'} | {'n/a' if smi is None else f'{smi:,}'} | {diff} |"
+        )
+    out += [
+        "",
+        "nvidia-smi prints MiB, so its column is that figure times 1 MiB; the difference to torch's"
+        " reserved memory is each process's CUDA context and runtime.",
+    ]
+    return "\n".join(out) + "\n"
+
+
+def steps() -> str:
+    doc = _load("steps")
+    if doc is None:
+        return _missing("steps", "run `make bench-gpu` on a machine with an NVIDIA GPU")
+    r = doc["results"]
+    rows = r["rows"]
+    world = rows[0]["world_size"]
+    out = [
+        f"A real training loop (`benchmarks/step_overhead.py`: a bf16 transformer, DDP over"
+        f" {'NCCL' if rows[0]['cuda'] else 'gloo'}, {world} rank{'s' if world > 1 else ''} on"
+        f" {r['device'] or 'CPU'}; {_provenance(doc)}), the daemon paused and resumed every"
+        f" {r['phase_seconds']:g} s within one run so that each stretch is compared with its"
+        " neighbour (separate runs differ by more than the effect on these machines):",
+        "",
+        "| daemon | pairs | median step paused / at work | step-time overhead, median of pairs [95 %] | daemon CPU |",
+        "| --- | ---: | --- | --- | ---: |",
+    ]
+    for row in rows:
+        lo, hi = row["overhead_pct_median_ci95"]
+        out.append(
+            f"| every {row['interval_seconds']:g} s | {row['pairs']} |"
+            f" {row['median_step_off_s'] * 1e3:.2f} / {row['median_step_on_s'] * 1e3:.2f} ms |"
+            f" {row['overhead_pct_median']:+.2f} % [{lo:+.2f} %, {hi:+.2f} %] | {row['daemon_cpu_s']:.2f} s |"
+        )
+    return "\n".join(out) + "\n"
+
+
+RENDERERS: dict[str, Callable[[], str]] = {
+    "overhead": overhead,
+    "deaths": deaths,
+    "diagnose": diagnose,
+    "gpu": gpu,
+    "steps": steps,
+}
+BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated: \2 -->)", re.S)
+
+
+def render(text: str) -> str:
+    seen: set[str] = set()
+
+    def one(m: re.Match[str]) -> str:
+        seen.add(m.group(2))
+        return m.group(1) + RENDERERS[m.group(2)]() + m.group(4)
+
+    out = BLOCK.sub(one, text)
+    missing = set(RENDERERS) - seen
+    if missing:
+        raise SystemExit(f"README.md has no generated block for: {', '.join(sorted(missing))}")
+    return out
+
+
+def main() -> int:
+    text = README.read_text()
+    new = render(text)
+    if "--check" in sys.argv[1:]:
+        if new != text:
+            diff = difflib.unified_diff(
+                text.splitlines(), new.splitlines(), "README.md", "rendered", lineterm=""
+            )
+            print("\n".join(diff))
+            print(
+                "README.md differs from benchmarks/results/: run `python benchmarks/render.py`",
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+    README.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
