@@ -23,10 +23,6 @@ WORKLOAD = REPO / "tests" / "workloads" / "rank.py"
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 
-# The signal tracepoint can name a kill's sender: root and tracefs mounted.
-TRACEFS_READY = os.geteuid() == 0 and os.path.isdir("/sys/kernel/tracing/events/signal/signal_generate")
-
-
 def free_port() -> int:
     """A loopback port free right now."""
     with socket.socket() as s:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,14 +78,17 @@ REQUIREMENTS = {
         lambda: "needs Debian's prometheus (scripts/dev-setup installs it)",
     ),
     "chromium": (
-        lambda: shutil.which("chromium") is not None,
+        lambda: bool(shutil.which("chromium") or shutil.which("chromium-browser")),
         lambda: "needs chromium (scripts/dev-setup installs it)",
     ),
     "earlyoom": (
         lambda: (Path(__file__).resolve().parents[1] / ".cache/earlyoom/usr/bin/earlyoom").exists(),
         lambda: "needs earlyoom's binary (scripts/dev-setup unpacks it into .cache/earlyoom)",
     ),
-    "py-spy": (lambda: shutil.which("py-spy") is not None, lambda: "needs py-spy (a test extra)"),
+    "py-spy": (
+        lambda: bool(shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))),
+        lambda: "needs py-spy (a test extra)",
+    ),
     "systemd-analyze": (
         lambda: shutil.which("systemd-analyze") is not None,
         lambda: "needs systemd-analyze",
