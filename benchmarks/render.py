@@ -68,6 +68,7 @@ def overhead() -> str:
         "| trainwatch, 10 Hz | process-exporter, 10 Hz | `/metrics` p50 / p99 | sampler alone, median (min) |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+    lagged = False
     for row in r["rows"]:
         cells = [
             f"{row['processes']} ({row['agents']} × {row['ranks'] // row['agents']} × (1 + {row['workers_per_rank']}))"
@@ -77,13 +78,25 @@ def overhead() -> str:
             cells.append(
                 f"{_us(m['trainwatch_us_per_process_round'])} ({_pct(m['trainwatch_core_percent'])})"
             )
-            cells.append(f"{_us(m['exporter_us_per_process_scrape'])} ({_pct(m['exporter_core_percent'])})")
+            wanted = m["window_seconds"] / m["interval_seconds"]
+            behind = m["exporter_scrapes"] is not None and m["exporter_scrapes"] < 0.9 * wanted
+            lagged |= behind
+            cells.append(
+                f"{_us(m['exporter_us_per_process_scrape'])} ({_pct(m['exporter_core_percent'])})"
+                + (f" † {m['exporter_scrapes'] / m['window_seconds']:.1f}/s" if behind else "")
+            )
         cells.append(f"{row['metrics_p50_ms']:.2f} / {row['metrics_p99_ms']:.2f} ms")
         cells.append(
             f"{_us(row['sampler_only_us_per_process_round'])} ({_us(row['sampler_only_us_per_process_round_min'])})"
         )
         out.append("| " + " | ".join(cells) + " |")
     idle, soak = r["idle"], r["soak"]
+    if lagged:
+        out += [
+            "",
+            "† process-exporter could not keep up: each scrape took longer than the interval, so it"
+            " was scraped back to back, at the rate shown; its cost per scrape is still per scrape.",
+        ]
     out += [
         "",
         "In brackets: the share of one core. The last column is `Sampler.sample()` alone in the"
