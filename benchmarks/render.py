@@ -105,8 +105,8 @@ def overhead() -> str:
         "",
         f"- The daemon with no job to watch, at 1 Hz: **{idle['core_percent']:.2f} % of one core**"
         f" over {idle['seconds']:.0f} s.",
-        f"- Its RSS over {soak['rounds']} rounds at 10 Hz with `--history 60` (the same 600-entry ring"
-        f" as an hour at 1 Hz with the default history), 8 ranks × 8 workers watched:"
+        f"- Its RSS over {soak['rounds']} rounds at 10 Hz with `--history 60` (600 points of history a"
+        f" job, as the default 600 s at 1 Hz), 8 ranks × 8 workers watched:"
         f" **{soak['rss_start_bytes'] / MIB:.1f} MiB -> {soak['rss_end_bytes'] / MIB:.1f} MiB**.",
     ]
     return "\n".join(out) + "\n"

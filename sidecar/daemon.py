@@ -36,7 +36,7 @@ from sidecar.probes.cgroup import CgroupReader, MemoryCgroupRef
 from sidecar.probes.gpu import GpuProbe
 from sidecar.probes.host import HostReader
 from sidecar.probes.proc import ProcReader
-from sidecar.settings import Settings
+from sidecar.settings import PRESSURE_INTERVAL_SECONDS, Settings
 from sidecar.stalls import StallTracker
 from sidecar.timeline import Timeline
 from sidecar.watch.exits import ExitEvent, ProcConnector
@@ -54,9 +54,8 @@ CGROUP_RECHECK_SECONDS = 10.0
 # the other ranks down within a second, before a 5 s scrape sees the new count).
 CGROUP_LINGER_SECONDS = 120.0
 # Near a memory limit the last sample before an OOM kill should be close to the kill:
-# the sampler runs this often while a rank's cgroup is at >= PRESSURE_SHARE of its
-# limit or the host has less than 1 - PRESSURE_SHARE of its memory available.
-PRESSURE_INTERVAL_SECONDS = 0.1
+# the sampler runs every PRESSURE_INTERVAL_SECONDS (settings.py) while a rank's cgroup is at
+# >= PRESSURE_SHARE of its limit or the host has less than 1 - PRESSURE_SHARE available.
 PRESSURE_SHARE = 0.9
 
 

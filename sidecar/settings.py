@@ -10,6 +10,7 @@ __all__ = [
     "DEFAULT_INTERVAL_SECONDS",
     "DEFAULT_PORT",
     "EVIDENCE_SOURCES",
+    "PRESSURE_INTERVAL_SECONDS",
     "Settings",
     "default_postmortem_dir",
 ]
@@ -17,6 +18,8 @@ __all__ = [
 DEFAULT_INTERVAL_SECONDS = 1.0
 DEFAULT_PORT = 9864
 DEFAULT_HISTORY_SECONDS = 600.0
+# The sampler's interval while a rank is near a memory limit (the run-up to an OOM kill).
+PRESSURE_INTERVAL_SECONDS = 0.1
 
 # What --disable can turn off: where exits and evidence come from (doctor says which work).
 EVIDENCE_SOURCES = {

@@ -1,5 +1,10 @@
-"""Bounded memory history per job: a ring of ``TimelinePoint`` whose length is fixed by
-``--history`` divided by ``--interval``, so the daemon's memory does not grow with time.
+"""Bounded memory history per job, kept in **time**: every point of the last
+``history_seconds``, whatever the sampling rate. Under memory pressure the sampler runs at
+10 Hz; a ring sized ``history / interval`` would then hold a tenth of the history, and the
+curve before an OOM (the moment it matters most) would be cut to a minute. So the ring is
+thinned instead of cut: the newest ``FULL_RATE_SECONDS`` keep every point, older points
+keep one per ``interval`` (the base rate), and points older than the history go. Memory stays
+bounded: at most ``history / interval + FULL_RATE_SECONDS / PRESSURE_INTERVAL_SECONDS`` points a job.
 """
 
 from __future__ import annotations
@@ -9,8 +14,15 @@ import threading
 from collections import deque
 
 from sidecar.model import JobSample, Snapshot, TimelinePoint
+from sidecar.settings import PRESSURE_INTERVAL_SECONDS
 
-__all__ = ["Timeline", "point_for"]
+__all__ = ["FULL_RATE_SECONDS", "Timeline", "point_for"]
+
+# The newest stretch kept at whatever rate it was sampled (the 10 Hz run-up to a kill).
+FULL_RATE_SECONDS = 60.0
+# Thinning keeps a point at least this fraction of an interval after the last one kept: the
+# sampler's rounds are not exactly one interval apart.
+THIN_TOLERANCE = 0.95
 
 
 def point_for(job: JobSample, snapshot: Snapshot) -> TimelinePoint:
@@ -43,11 +55,18 @@ def point_for(job: JobSample, snapshot: Snapshot) -> TimelinePoint:
 
 
 class Timeline:
-    """Per-job rings. Written by the sampler thread, read by HTTP handlers; a lock keeps
-    a reader from seeing a ring while it is being appended to."""
+    """Per-job rings. Written by the sampler thread, read by HTTP handlers and the death
+    watch; a lock keeps a reader from seeing a ring while it is being changed."""
 
     def __init__(self, history_seconds: float, interval_seconds: float) -> None:
-        self.capacity = max(2, math.ceil(history_seconds / interval_seconds))
+        self.history_seconds = history_seconds
+        self.interval_seconds = interval_seconds
+        self.full_rate_seconds = min(FULL_RATE_SECONDS, history_seconds)
+        # the most points a ring can hold once thinned: the base rate over the history, plus
+        # the full-rate stretch at the fastest rate
+        self.capacity = max(
+            2, math.ceil(history_seconds / (THIN_TOLERANCE * interval_seconds)) + 1
+        ) + math.ceil(self.full_rate_seconds / min(interval_seconds, PRESSURE_INTERVAL_SECONDS))
         self._rings: dict[str, deque[TimelinePoint]] = {}
         self._lock = threading.Lock()
 
@@ -57,13 +76,29 @@ class Timeline:
             for job in snapshot.jobs:
                 ring = self._rings.get(job.key)
                 if ring is None:
-                    ring = self._rings[job.key] = deque(maxlen=self.capacity)
+                    ring = self._rings[job.key] = deque()
                 ring.append(point_for(job, snapshot))
+                self._trim(ring)
             # The history of a job that ended is kept until its key is reused or the
             # number of kept histories exceeds a bound (postmortems read it after death).
             stale = [k for k in self._rings if k not in live]
             for key in stale[: max(0, len(self._rings) - len(live) - 16)]:
                 del self._rings[key]
+
+    def _trim(self, ring: deque[TimelinePoint]) -> None:
+        newest = ring[-1].at
+        while ring and ring[0].at < newest - self.history_seconds:
+            ring.popleft()
+        if len(ring) <= self.capacity:
+            return
+        # Thin what is older than the full-rate stretch to one point per base interval.
+        edge = newest - self.full_rate_seconds
+        kept: list[TimelinePoint] = []
+        for p in ring:
+            if p.at >= edge or not kept or p.at - kept[-1].at >= THIN_TOLERANCE * self.interval_seconds:
+                kept.append(p)
+        ring.clear()
+        ring.extend(kept[-self.capacity :])
 
     def window(self, job: str, since: float | None = None) -> list[TimelinePoint]:
         with self._lock:

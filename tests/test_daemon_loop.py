@@ -1,8 +1,9 @@
 """The sampler loop: fixed deadlines, overruns counted, a round that raises does not kill
-the thread, and the history ring is bounded by --history / --interval."""
+the thread, and the history is kept in time (--history), bounded whatever the rate."""
 
 from __future__ import annotations
 
+import itertools
 import time
 
 from sidecar.daemon import Daemon
@@ -12,9 +13,9 @@ from sidecar.timeline import Timeline
 from tests.test_discovery import _sampler
 
 
-def _snapshot(i: int, jobs: tuple[JobSample, ...]) -> Snapshot:
+def _snapshot(i: int, jobs: tuple[JobSample, ...], at: float | None = None) -> Snapshot:
     return Snapshot(
-        taken_at=1000.0 + i,
+        taken_at=1000.0 + i if at is None else at,
         monotonic=float(i),
         jobs=jobs,
         host=None,
@@ -57,15 +58,31 @@ def _job(key: str, rss: int) -> JobSample:
     )
 
 
-def test_timeline_is_bounded_by_history_over_interval():
-    tl = Timeline(history_seconds=10, interval_seconds=0.5)
-    assert tl.capacity == 20
+def test_timeline_keeps_its_history_in_time():
+    tl = Timeline(history_seconds=10, interval_seconds=1)
     for i in range(500):
         tl.record(_snapshot(i, (_job("a", i),)))
     window = tl.window("a")
-    assert len(window) == 20 and window[-1].rss_bytes == {"0": 499} and window[0].rss_bytes == {"0": 480}
-    assert window[-1].tree_rss_bytes == {"0": 998}
+    assert [p.at for p in window] == [1000.0 + i for i in range(489, 500)]  # the last 10 s, ends included
+    assert window[-1].rss_bytes == {"0": 499} and window[-1].tree_rss_bytes == {"0": 998}
     assert [p.at for p in tl.window("a", since=1000.0 + 495)] == [1495.0, 1496.0, 1497.0, 1498.0, 1499.0]
+
+
+def test_timeline_keeps_its_history_when_the_sampler_speeds_up():
+    """300 s at 1 Hz, then 120 s at 10 Hz (memory pressure): a ring sized history/interval
+    kept about the last 60 s; kept in time, the 5-minute window before the end spans 5
+    minutes, its last minute at the full 10 Hz, and the ring stays bounded."""
+    tl = Timeline(history_seconds=600, interval_seconds=1)
+    times = [float(s) for s in range(300)] + [300 + k / 10 for k in range(1200)]
+    for i, at in enumerate(times):
+        tl.record(_snapshot(i, (_job("a", i),), at=at))
+        assert len(tl.window("a")) <= tl.capacity
+    end = times[-1]
+    window = tl.window("a", since=end - 300)
+    assert window[0].at - (end - 300) < 1.0 and window[-1].at == end  # the whole 300 s
+    assert sum(1 for p in window if p.at >= end - 59.95) == 600  # the last minute at 10 Hz
+    gaps = [b.at - a.at for a, b in itertools.pairwise(window)]
+    assert max(gaps) <= 1.0 + 1e-9  # older points thinned to the base rate, none dropped beyond it
 
 
 def test_timeline_keeps_ended_jobs_for_a_while_but_not_forever():

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -712,3 +713,37 @@ def test_death_times_keep_the_newest_and_a_key_once():
     again = remember(times, ("j", "2", 0), ("agent_teardown", 9.0), cap=3)
     assert list(again) == [("j", "3", 0), ("j", "4", 0), ("j", "2", 0)]
     assert again[("j", "2", 0)] == ("agent_teardown", 9.0) and times[("j", "2", 0)] == ("cgroup_oom", 2.0)
+
+
+def test_the_postmortem_curve_spans_its_window_after_the_sampler_sped_up(tmp_path):
+    """300 s at 1 Hz, then 120 s at 10 Hz before the death: the postmortem's memory curve
+    still covers the 5 minutes before it (a ring sized history/interval kept one minute)."""
+    from sidecar.deaths import TIMELINE_WINDOW_S, DeathWatch
+    from sidecar.timeline import Timeline
+    from tests.test_daemon_loop import _job, _snapshot
+
+    store = PostmortemStore(str(tmp_path))
+    timeline = Timeline(600, 1)
+    now = time.time()
+    offsets = [float(s) for s in range(300)] + [300 + k / 10 for k in range(1200)]
+    start = now - offsets[-1] - 0.5
+    snaps = [_snapshot(i, (_job("a", 100 + i),), at=start + off) for i, off in enumerate(offsets)]
+    for s in snaps:
+        timeline.record(s)
+    watch = DeathWatch(store, timeline, hostname="h")
+    watch.start()
+    try:
+        watch.observe(snaps[-1])
+        watch.on_exit(ExitEvent(10, 9, 9, time.monotonic_ns()))
+        deadline = time.monotonic() + 5
+        while store.newest() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        watch.stop()
+    doc = store.newest()
+    assert doc is not None
+    died = datetime.fromisoformat(doc["victim"]["died_at"]).timestamp()
+    first = datetime.fromisoformat(doc["timeline"][0]["at"]).timestamp()
+    last = datetime.fromisoformat(doc["timeline"][-1]["at"]).timestamp()
+    assert first - (died - TIMELINE_WINDOW_S) < 1.5, (first, died)  # the whole window, not a minute
+    assert died - last < 1.0
