@@ -120,7 +120,8 @@ def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def run_command(argv: Sequence[str], environ: dict[str, str] | None = None) -> int:
-    from sidecar import cli
+    from sidecar.options import parse_args
+    from sidecar.service import Service, configure_logging
 
     env = dict(os.environ if environ is None else environ)
     before = list(argv)[: list(argv).index("--")] if "--" in argv else list(argv)
@@ -131,8 +132,8 @@ def run_command(argv: Sequence[str], environ: dict[str, str] | None = None) -> i
     if "--log-level" not in " ".join(options) and not env.get("TRAINWATCH_LOG_LEVEL"):
         options = [*options, "--log-level", "WARNING"]  # the terminal belongs to the job
     explicit_port = any(a.startswith("--port") for a in options) or bool(env.get("TRAINWATCH_PORT"))
-    settings = cli.parse_args(["--attach-torchrun", *options], env)
-    cli._configure_logging(settings.log_level)
+    settings = parse_args(["--attach-torchrun", *options], env)
+    configure_logging(settings.log_level)
     # Block the forwarded signals before any thread exists, so that one thread waits for
     # them (sigwaitinfo tells a terminal's Ctrl-C from a kill); the child unblocks them.
     signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
@@ -183,7 +184,7 @@ def run_command(argv: Sequence[str], environ: dict[str, str] | None = None) -> i
                 os.kill(child.pid, info.si_signo)
 
     threading.Thread(target=forward, name="trainwatch-signals", daemon=True).start()
-    service: cli.Service | None = cli.Service(
+    service: Service | None = Service(
         _with_job(settings, child.pid, explicit_port), job_output=lambda _agent_pid: keeper.text()
     )
     try:
@@ -220,7 +221,7 @@ def _with_job(settings: Settings, pid: int, explicit_port: bool) -> Settings:
 
 def _report(service: object, agent_pid: int) -> None:
     """One line per postmortem of this job on stderr, after the job's own output."""
-    from sidecar.cli import Service
+    from sidecar.service import Service
 
     assert isinstance(service, Service)
     docs = [d for d in service.daemon.store.documents() if d.get("job", {}).get("agent_pid") == agent_pid]

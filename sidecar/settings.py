@@ -1,4 +1,4 @@
-"""The daemon's settings: what ``cli.parse_args`` produces and everything else consumes."""
+"""The daemon's settings: what ``options.parse_args`` produces and everything else consumes."""
 
 from __future__ import annotations
 
