@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import signal as _signal
 from dataclasses import dataclass, field
+from typing import Any
 
 from sidecar.parse.flight import FlightVerdict
 from sidecar.parse.kernel import GPU_FAULT_XIDS, XidRecord
@@ -28,12 +29,15 @@ from sidecar.parse.ranks import Finding
 __all__ = [
     "Evidence",
     "EvidenceItem",
+    "Facts",
     "KernelOom",
     "RankState",
     "SignalSent",
     "UserspaceKill",
     "Verdict",
     "autopsy",
+    "rank_label",
+    "rank_name",
     "signal_name",
 ]
 
@@ -49,6 +53,26 @@ def signal_name(number: int | None) -> str | None:
         return _signal.Signals(number).name
     except ValueError:
         return f"SIG{number}"
+
+
+def rank_label(label: str, from_logs: bool = False) -> str:
+    """``rank 3``; from logs, a label the launcher never gave ("local1": the agent's local
+    rank) is said as what it is: ``local rank 1``."""
+    if from_logs and label.startswith("local") and label[5:].isdigit():
+        return f"local rank {label[5:]}"
+    return f"rank {label}"
+
+
+def rank_name(label: str, pid: int, from_logs: bool = False) -> str:
+    """``rank 3 (pid 4390)``; from logs, only what they told: ``the process`` (neither rank
+    nor pid), ``the process (pid 4390)`` (a pid only), ``rank 3`` (no pid)."""
+    if not from_logs:
+        return f"rank {label} (pid {pid})"
+    if label == "?" and not pid:
+        return "the process"
+    if label == f"pid{pid}":
+        return f"the process (pid {pid})"
+    return rank_label(label, True) + (f" (pid {pid})" if pid else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +217,9 @@ class Evidence:
     # GPUs NVML reports lost (NVML_ERROR_GPU_IS_LOST: off the bus): (monotonic ns first seen
     # lost, index, name)
     lost_gpus: tuple[tuple[int, int, str | None], ...] = ()
+    # The ranks' labels and pids come from logs (trainwatch diagnose): a rank is named by what
+    # the logs told ("the process (pid 4242)", "local rank 1"), never by an invented label or pid.
+    from_logs: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +227,18 @@ class EvidenceItem:
     source: str
     at_ns: int | None
     detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What the verdict found, as data: advice and the document are chosen from these and
+    the kind, never from the summary's words."""
+
+    backend: str | None = None  # the collective's backend: "nccl" or "gloo"
+    # every rank reached the collective (the flight recorder shows it, or the job is a world
+    # of one): the collective itself, or GPU work ahead of it, did not finish
+    all_entered: bool = False
+    shm_exhausted: bool = False  # the failure is /dev/shm running out (a bus error, no space)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +250,7 @@ class Verdict:
     evidence: tuple[EvidenceItem, ...]
     fates: dict[str, str]
     oom: KernelOom | None = None
+    facts: Facts = Facts()
 
 
 def _oom_for(rank: RankState, kernel: tuple[KernelOom, ...]) -> KernelOom | None:
@@ -240,12 +280,13 @@ def autopsy(ev: Evidence) -> Verdict | None:
         EvidenceItem(
             _EXIT_SOURCES.get(victim.exit_source or "", "exit" if ev.exits_first_hand else "proc"),
             victim.died_ns,
-            f"rank {victim.label} (pid {victim.pid}) {_describe_exit(victim)}"
+            f"{rank_name(victim.label, victim.pid, ev.from_logs)} {_describe_exit(victim)}"
             + (" (from the agent's log)" if victim.exit_source == "agent-log" else ""),
         )
     ]
     oom = _oom_for(victim, ev.kernel)
-    kind, confidence, summary = _victim_verdict(victim, oom, ev, items)
+    facts: dict[str, Any] = {}
+    kind, confidence, summary = _victim_verdict(victim, oom, ev, items, facts)
 
     fates: dict[str, str] = {}
     for r in ev.ranks:
@@ -264,8 +305,11 @@ def autopsy(ev: Evidence) -> Verdict | None:
     # the cascade, in order: what the other ranks said as they died
     for r in sorted((r for r in dead if r is not victim), key=lambda r: r.died_ns or 0):
         for f in _own(r, ev, *WAITING, "exception")[:2]:
-            items.append(EvidenceItem("output", f.at_ns or r.died_ns, f"then rank {r.label}: {f.line}"))
-    return Verdict(victim, kind, confidence, summary, tuple(items), fates, oom)
+            said = f"then {rank_label(r.label, ev.from_logs)}: {f.line}"
+            items.append(EvidenceItem("output", f.at_ns or r.died_ns, said))
+    if summary.startswith("the process"):  # a rank named from logs by its pid alone
+        summary = "T" + summary[1:]
+    return Verdict(victim, kind, confidence, summary, tuple(items), fates, oom, Facts(**facts))
 
 
 WAITING = ("nccl_timeout", "gloo_timeout", "peer_closed", "nccl_aborted")
@@ -372,9 +416,14 @@ def _counter_moved(ev: Evidence, victim: RankState) -> tuple[bool, bool, str | N
 
 
 def _victim_verdict(
-    victim: RankState, oom: KernelOom | None, ev: Evidence, items: list[EvidenceItem]
+    victim: RankState,
+    oom: KernelOom | None,
+    ev: Evidence,
+    items: list[EvidenceItem],
+    facts: dict[str, Any],
 ) -> tuple[str, str, str]:
-    who = f"rank {victim.label} (pid {victim.pid})"
+    """(kind, confidence, summary); what the verdict found as data goes into ``facts``."""
+    who = rank_name(victim.label, victim.pid, ev.from_logs)
     if oom is not None:
         for line in oom.lines:
             items.append(EvidenceItem("kmsg", oom.at_ns, line))
@@ -506,13 +555,16 @@ def _victim_verdict(
             "likely" if ev.kernel_log_readable and not ev.oom_daemons else "possible",
             f"{who} was killed by a SIGKILL from outside: {why}. The sender is unknown.",
         )
-    told = _from_output(victim, ev, items)
+    told_facts: dict[str, Any] = {}
+    told = _from_output(victim, ev, items, told_facts)
     if told is not None and told[0] != "python_exception":
+        facts.update(told_facts)
         return told
     gpu = _gpu_fault(victim, ev, items)
     if gpu is not None:
         return gpu
     if told is not None:
+        facts.update(told_facts)
         return told
     sig = victim.signal
     sure = "certain" if fault else "likely"
@@ -554,7 +606,7 @@ def _gpu_fault(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> tu
     any one when the rank's GPUs are not known (possible)."""
     if victim.died_ns is None:
         return None
-    who = f"rank {victim.label} (pid {victim.pid})"
+    who = rank_name(victim.label, victim.pid, ev.from_logs)
     near = [(ns, x) for ns, x in ev.xids if abs(ns - victim.died_ns) <= 120 * 10**9]
     named = [(ns, x) for ns, x in near if x.pid is not None and x.pid in (victim.pid, *victim.ns_pids)]
     faults = named or [(ns, x) for ns, x in near if x.xid in GPU_FAULT_XIDS]
@@ -594,10 +646,13 @@ def _cited(f: Finding) -> EvidenceItem:
     return EvidenceItem("output", f.at_ns, f.line)
 
 
-def _from_output(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> tuple[str, str, str] | None:
+def _from_output(
+    victim: RankState, ev: Evidence, items: list[EvidenceItem], facts: dict[str, Any]
+) -> tuple[str, str, str] | None:
     """The verdict the victim's own output gives: its watchdog's or its backend's timeout,
-    a CUDA OOM, a shared-memory bus error, an exception. First-hand, so certain."""
-    who = f"rank {victim.label} (pid {victim.pid})"
+    a CUDA OOM, a shared-memory bus error, an exception. First-hand, so certain. What it
+    found as data goes into ``facts`` (see ``Facts``)."""
+    who = rank_name(victim.label, victim.pid, ev.from_logs)
     mine = _own(victim, ev)
     confidence = "certain"
     if not mine and victim.returncode != 0:  # an error status, or one nobody could tell
@@ -626,6 +681,7 @@ def _from_output(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> 
         exc = next((f for f in mine if f.kind == "exception" and f.get("collective")), None)
         first = nccl[0] if nccl else gloo[0]
         backend = "NCCL" if nccl else "gloo"
+        facts["backend"] = "nccl" if nccl else "gloo"
         op = (nccl[0].get("op") or "").lower() if nccl else (exc.get("collective") if exc else None)
         seq = first.get("seq")
         what = (op or "a collective") + (f" (SeqNum {seq})" if seq else "")
@@ -653,18 +709,25 @@ def _from_output(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> 
                     EvidenceItem(
                         "output",
                         None,
-                        f"rank {r.label} (pid {r.pid}) was alive and reported no timeout: it never joined",
+                        f"{rank_name(r.label, r.pid, ev.from_logs)} was alive and reported no timeout: "
+                        "it never joined",
                     )
                 )
         if fr is not None and fr.laggards:
             never = f"; rank {', '.join(map(str, fr.laggards))} never entered it (flight recorder)"
         elif missing:
-            never = f"; rank {', '.join(r.label for r in missing)} never arrived"
+            never = (
+                f"; {rank_label(missing[0].label, ev.from_logs)}"
+                + "".join(f", {r.label}" for r in missing[1:])
+                + " never arrived"
+            )
         elif len(ev.ranks) == 1 and ev.world_size == 1:
+            facts["all_entered"] = True
             never = (
                 "; it is the whole world, so its own work held the collective up (a GPU kernel ahead of it)"
             )
         elif fr is not None and ev.world_size is not None and len(fr.dumped) == ev.world_size:
+            facts["all_entered"] = True
             never = (
                 "; every rank entered it (flight recorder), so the collective itself did not finish "
                 "(the network, NCCL, or GPU work queued ahead of it)"
@@ -678,6 +741,7 @@ def _from_output(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> 
         )
     stuck = cite("nccl_heartbeat")
     if stuck:
+        facts["backend"] = "nccl"
         return (
             "collective_timeout",
             "likely",
@@ -709,6 +773,7 @@ def _from_output(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> 
     if ev.shm is not None:
         size = f" ({ev.shm[1] / 2**20:.1f} MiB used of {ev.shm[0] / 2**20:.1f} MiB)"
     if shm:
+        facts["shm_exhausted"] = True
         return (
             "bus_error",
             confidence,
@@ -716,6 +781,7 @@ def _from_output(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> 
         )
     full = cite("shm_full")
     if full:
+        facts["shm_exhausted"] = True
         return (
             "python_exception",
             confidence,

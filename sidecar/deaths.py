@@ -1042,8 +1042,11 @@ def advice(
     host_total: int | None,
     output_read: bool = True,
     flight_enabled: bool | None = None,
+    *,
+    live: bool = True,
 ) -> list[str]:
-    """What to change, from the verdict and the numbers."""
+    """What to change, from the verdict's kind and facts and the numbers. ``live`` False:
+    for ``trainwatch diagnose``, which leaves out what only the daemon's setup could change."""
     out: list[str] = []
     rss = [r["rss_bytes"] for r in ranks if r.get("rss_bytes")]
     trees = [
@@ -1084,8 +1087,8 @@ def advice(
             "(Slurm time limit, Kubernetes eviction or preemption), an operator, a watchdog."
         )
     if v.kind == "collective_timeout":
-        nccl = "NCCL" in v.summary
-        if "whole world" in v.summary or "every rank entered" in v.summary:
+        nccl = v.facts.backend == "nccl"
+        if v.facts.all_entered:
             out.append(
                 "Every rank reached the collective and it still did not finish: look at the GPU work queued "
                 "before it (a kernel that runs far longer than a step, or hangs), the network between the "
@@ -1129,7 +1132,7 @@ def advice(
             "checkpointing, bf16, or sharding (FSDP/ZeRO); PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
             "helps when free memory is fragmented."
         )
-    if v.kind == "bus_error" or (v.kind == "python_exception" and "/dev/shm" in v.summary):
+    if v.kind == "bus_error" or (v.kind == "python_exception" and v.facts.shm_exhausted):
         out.append(
             "DataLoader workers pass batches through /dev/shm: give the container more "
             "(docker --shm-size=16g, "
@@ -1145,6 +1148,11 @@ def advice(
             "entrypoint with torch.distributed.elastic.multiprocessing.errors.record also writes each "
             "rank's exception to its TORCHELASTIC_ERROR_FILE, which trainwatch reads."
         )
-    if v.kind == "unknown":
+    if v.kind == "unknown" and live:
         out.append("Run trainwatch as root in the host's PID and network namespaces so exits are captured.")
+    if v.kind == "kernel_oom" and not host_total and not live:
+        out.append(
+            "The whole machine ran out of memory: reduce host memory per rank or run fewer ranks "
+            "per node; a memory limit on the job turns this into a contained failure."
+        )
     return out

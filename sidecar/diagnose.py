@@ -41,6 +41,7 @@ from sidecar.autopsy import (
     UserspaceKill,
     Verdict,
     autopsy,
+    rank_name,
     signal_name,
 )
 from sidecar.deaths import advice
@@ -476,6 +477,7 @@ def _decide(g: _Gathered, now: float) -> _Outcome:
         output=findings,
         output_read=g.output_read,
         xids=xids,
+        from_logs=True,
     )
     v = autopsy(ev)
     if v is not None:  # the daemon's own measurements (counters, /proc) are not in logs
@@ -492,8 +494,7 @@ def _decide(g: _Gathered, now: float) -> _Outcome:
 
 
 def _who(v: Verdict) -> str:
-    r = v.victim
-    return _plain(f"rank {r.label} (pid {r.pid})").replace("The process", "the process")
+    return rank_name(v.victim.label, v.victim.pid, from_logs=True)
 
 
 def _logs_rules(v: Verdict, g: _Gathered, k: _Kernel, kernel_given: bool, collect: list[str]) -> Verdict:
@@ -627,7 +628,7 @@ def _logs_rules(v: Verdict, g: _Gathered, k: _Kernel, kernel_given: bool, collec
             f"the victim{tail}.",
             items,
         )
-    if v.kind == "bus_error" and not any("Bus error" in i.detail and i.source == "proc" for i in items):
+    if v.kind == "bus_error" and v.facts.shm_exhausted:
         # the DataLoader's message guesses /dev/shm; only the daemon can measure it
         collect.append(
             "The size and use of /dev/shm where the job ran: `df -h /dev/shm` (in Docker, --shm-size)."
@@ -742,19 +743,9 @@ def _with(
     return Verdict(v.victim, kind, confidence, summary, tuple(items), fates, v.oom)
 
 
-_NAMES = (
-    (re.compile(r"\brank \? \(pid 0\)"), "the process"),
-    (re.compile(r"\brank pid(\d+) \(pid \1\)"), r"the process (pid \1)"),
-    (re.compile(r"\brank local(\d+)"), r"local rank \1"),
-    (re.compile(r"\b(rank \S+) \(pid 0\)"), r"\1"),
-)
-
-
-def _plain(text: str) -> str:
-    """The autopsy's "rank L (pid P)" for what the logs knew: no invented pid or label."""
-    for rx, to in _NAMES:
-        text = rx.sub(to, text)
-    return text[:1].upper() + text[1:] if text.startswith("the process") else text
+def _sentence(text: str) -> str:
+    """A summary that starts with a rank named by its pid alone starts a sentence."""
+    return "T" + text[1:] if text.startswith("the process") else text
 
 
 def _gib(n: int) -> str:
@@ -819,9 +810,9 @@ def diagnose(inputs: list[LogInput], now: float | None = None) -> dict[str, Any]
         killer = {
             "kind": v.kind,
             "confidence": v.confidence,
-            "summary": _plain(v.summary),
+            "summary": _sentence(v.summary),
             "evidence": [
-                {"source": e.source, "at": iso(kernel_at.get(e.detail)), "detail": _plain(e.detail)}
+                {"source": e.source, "at": iso(kernel_at.get(e.detail)), "detail": e.detail}
                 for e in (*v.evidence[1:], *out.notes)  # the first item is the synthetic exit line
             ],
         }
@@ -838,17 +829,7 @@ def diagnose(inputs: list[LogInput], now: float | None = None) -> dict[str, Any]
             "died_at": iso(vr.at) if vr else None,
         }
         # what only the daemon could change is left out: "collect" says what logs need
-        tips = [
-            t
-            for t in advice(v, ranks_doc, None, host_total, True, None)
-            if not t.startswith("Run trainwatch as root")
-        ]
-        if v.kind == "kernel_oom" and not host_total:
-            tips.append(
-                "The whole machine ran out of memory: reduce host memory per rank or run fewer ranks "
-                "per node; "
-                "a memory limit on the job turns this into a contained failure."
-            )
+        tips = advice(v, ranks_doc, None, host_total, True, None, live=False)
     collect = list(dict.fromkeys([*out.collect, *([COLLECT_DAEMON] if out.collect else [])]))
     died = None
     if v is not None and by_label.get(v.victim.label) is not None:
