@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -28,6 +29,27 @@ def proc_tree(tmp_path: Path) -> Path:
 
 def is_root() -> bool:
     return os.geteuid() == 0
+
+
+@pytest.fixture(autouse=True)
+def _keep_postmortems(request: pytest.FixtureRequest) -> Any:
+    """With TRAINWATCH_KEEP_POSTMORTEMS=DIR, every postmortem a test's daemon or `run`
+    wrote under its tmp_path is copied to DIR/<test>/ after the test: the material
+    scripts/compare-postmortems compares between two versions of the code."""
+    yield
+    dest = os.environ.get("TRAINWATCH_KEEP_POSTMORTEMS")
+    tmp = request.node.funcargs.get("tmp_path") if hasattr(request.node, "funcargs") else None
+    if not dest or tmp is None:
+        return
+    folder = Path(dest) / re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.nodeid)
+    for path in Path(tmp).rglob("*.json"):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and doc.get("schema") == "trainwatch.postmortem/v1":
+            folder.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, folder / path.name)
 
 
 # -- what the suite left out ------------------------------------------------------------
