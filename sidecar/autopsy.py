@@ -22,6 +22,7 @@ import signal as _signal
 from dataclasses import dataclass, field
 from typing import Any
 
+from sidecar.model import Confidence, Fate, Kind
 from sidecar.parse.flight import FlightVerdict
 from sidecar.parse.kernel import GPU_FAULT_XIDS, XidRecord
 from sidecar.parse.ranks import Finding
@@ -244,11 +245,11 @@ class Facts:
 @dataclass(frozen=True, slots=True)
 class Verdict:
     victim: RankState
-    kind: str
-    confidence: str
+    kind: Kind
+    confidence: Confidence
     summary: str
     evidence: tuple[EvidenceItem, ...]
-    fates: dict[str, str]
+    fates: dict[str, Fate]
     oom: KernelOom | None = None
     facts: Facts = Facts()
 
@@ -288,20 +289,20 @@ def autopsy(ev: Evidence) -> Verdict | None:
     facts: dict[str, Any] = {}
     kind, confidence, summary = _victim_verdict(victim, oom, ev, items, facts)
 
-    fates: dict[str, str] = {}
+    fates: dict[str, Fate] = {}
     for r in ev.ranks:
         if r is victim:
-            fates[r.label] = "root_cause"
+            fates[r.label] = Fate.ROOT_CAUSE
         elif not r.dead:
-            fates[r.label] = "running"
+            fates[r.label] = Fate.RUNNING
         elif r.returncode == 0:
-            fates[r.label] = "exited_cleanly"
+            fates[r.label] = Fate.EXITED_CLEANLY
         elif _same_cause(r, kind, ev):
-            fates[r.label] = "same_cause"
+            fates[r.label] = Fate.SAME_CAUSE
         elif r.pid in ev.agent_teardown or _ended_by_agent(r, victim):
-            fates[r.label] = "terminated_by_agent"
+            fates[r.label] = Fate.TERMINATED_BY_AGENT
         else:
-            fates[r.label] = "unknown"
+            fates[r.label] = Fate.UNKNOWN
     # the cascade, in order: what the other ranks said as they died
     for r in sorted((r for r in dead if r is not victim), key=lambda r: r.died_ns or 0):
         for f in _own(r, ev, *WAITING, "exception")[:2]:
@@ -334,9 +335,9 @@ def _entered(rank: RankState, ev: Evidence, seq: str | None) -> bool:
 def _same_cause(rank: RankState, kind: str, ev: Evidence) -> bool:
     """Killed by the same OOM as the victim (a kernel record or a userspace daemon's), or
     a rank that timed out waiting for the collective the victim's death (or hang) broke."""
-    if kind in ("kernel_oom", "cgroup_oom") and _oom_for(rank, ev.kernel) is not None:
+    if kind in (Kind.KERNEL_OOM, Kind.CGROUP_OOM) and _oom_for(rank, ev.kernel) is not None:
         return True
-    if kind == "userspace_oom" and _userspace_for(rank, ev) is not None:
+    if kind == Kind.USERSPACE_OOM and _userspace_for(rank, ev) is not None:
         return True
     # it died of its own timeout (an exception, the watchdog's abort); a rank the agent
     # signalled while it waited was ended by the agent
@@ -421,7 +422,7 @@ def _victim_verdict(
     ev: Evidence,
     items: list[EvidenceItem],
     facts: dict[str, Any],
-) -> tuple[str, str, str]:
+) -> tuple[Kind, Confidence, str]:
     """(kind, confidence, summary); what the verdict found as data goes into ``facts``."""
     who = rank_name(victim.label, victim.pid, ev.from_logs)
     if oom is not None:
@@ -431,14 +432,14 @@ def _victim_verdict(
         if is_global and oom.oom_memcg is None:
             rss = f" holding {oom.rss_bytes / 2**30:.1f} GiB" if oom.rss_bytes else ""
             return (
-                "kernel_oom",
-                "certain",
+                Kind.KERNEL_OOM,
+                Confidence.CERTAIN,
                 f"The kernel's OOM killer killed {who}{rss}: the whole machine ran out of memory.",
             )
         limit_cgroup = oom.oom_memcg or victim.cgroup_limited_by or victim.cgroup or "its cgroup"
         return (
-            "cgroup_oom",
-            "certain",
+            Kind.CGROUP_OOM,
+            Confidence.CERTAIN,
             f"{who} was killed by the kernel because memory cgroup {limit_cgroup} reached its limit.",
         )
     sent = _sender(victim, ev.signals)
@@ -466,21 +467,21 @@ def _victim_verdict(
         )
         if any(sent.sender_comm.startswith(d) for d in USERSPACE_OOM_DAEMONS):
             return (
-                "userspace_oom",
-                "certain",
+                Kind.USERSPACE_OOM,
+                Confidence.CERTAIN,
                 f"{who} was killed by the userspace OOM daemon {sent.sender_comm} (pid {sent.sender_pid}), "
                 f"which sent {name}.",
             )
         if ev.agent_pid is not None and sent.sender_pid == ev.agent_pid:
             return (
-                "agent_teardown",
-                "certain",
+                Kind.AGENT_TEARDOWN,
+                Confidence.CERTAIN,
                 f"{who} was sent {name} by the torchrun agent (pid {sent.sender_pid}) "
                 "before any other rank died.",
             )
         return (
-            "external_signal",
-            "certain",
+            Kind.EXTERNAL_SIGNAL,
+            Confidence.CERTAIN,
             f"{who} was killed from outside: pid {sent.sender_pid} ({sent.sender_comm}) sent {name}.",
         )
     found = _userspace_for(victim, ev)
@@ -490,14 +491,14 @@ def _victim_verdict(
         did = f"sent {signal_name(rec.signal)}" if rec.signal else "killed it"
         if how == "pid":
             return (
-                "userspace_oom",
-                "certain",
+                Kind.USERSPACE_OOM,
+                Confidence.CERTAIN,
                 f"{who} was killed by the userspace OOM daemon {rec.daemon}, whose own record names "
                 f"the pid ({did}).",
             )
         return (
-            "userspace_oom",
-            "likely",
+            Kind.USERSPACE_OOM,
+            Confidence.LIKELY,
             f"{who} was killed with its cgroup {rec.cgroup} by the userspace OOM daemon {rec.daemon} "
             f"({rec.source} record); the record names the cgroup, not the pid.",
         )
@@ -526,13 +527,13 @@ def _victim_verdict(
             )
             if cgroup and path and path != "/":
                 return (
-                    "cgroup_oom",
-                    "likely",
+                    Kind.CGROUP_OOM,
+                    Confidence.LIKELY,
                     f"{who} was SIGKILLed as the OOM counter of memory cgroup {path} moved; {missing}.",
                 )
             return (
-                "kernel_oom",
-                "likely",
+                Kind.KERNEL_OOM,
+                Confidence.LIKELY,
                 f"{who} was SIGKILLed as the kernel's OOM counter moved; {missing}.",
             )
         why = "no kernel OOM record named it, no OOM counter moved"
@@ -551,13 +552,13 @@ def _victim_verdict(
             names = ", ".join(f"{c} (pid {p})" for c, p in ev.oom_daemons)
             why += f"; {names} runs here and may have sent it"
         return (
-            "external_signal",
-            "likely" if ev.kernel_log_readable and not ev.oom_daemons else "possible",
+            Kind.EXTERNAL_SIGNAL,
+            Confidence.LIKELY if ev.kernel_log_readable and not ev.oom_daemons else Confidence.POSSIBLE,
             f"{who} was killed by a SIGKILL from outside: {why}. The sender is unknown.",
         )
     told_facts: dict[str, Any] = {}
     told = _from_output(victim, ev, items, told_facts)
-    if told is not None and told[0] != "python_exception":
+    if told is not None and told[0] != Kind.PYTHON_EXCEPTION:
         facts.update(told_facts)
         return told
     gpu = _gpu_fault(victim, ev, items)
@@ -567,29 +568,33 @@ def _victim_verdict(
         facts.update(told_facts)
         return told
     sig = victim.signal
-    sure = "certain" if fault else "likely"
+    sure = Confidence.CERTAIN if fault else Confidence.LIKELY
     if sig == _signal.SIGSEGV:
-        return "segfault", sure, f"{who} crashed with a segmentation fault (SIGSEGV)."
+        return Kind.SEGFAULT, sure, f"{who} crashed with a segmentation fault (SIGSEGV)."
     if sig == _signal.SIGBUS:
-        return "bus_error", sure, f"{who} crashed with SIGBUS (often /dev/shm exhausted)."
+        return Kind.BUS_ERROR, sure, f"{who} crashed with SIGBUS (often /dev/shm exhausted)."
     if sig == _signal.SIGABRT:
-        return "abort", "possible", f"{who} aborted (SIGABRT); no collective-timeout evidence was read."
+        return (
+            Kind.ABORT,
+            Confidence.POSSIBLE,
+            f"{who} aborted (SIGABRT); no collective-timeout evidence was read.",
+        )
     if sig is not None:
         return (
-            "external_signal",
-            "possible",
+            Kind.EXTERNAL_SIGNAL,
+            Confidence.POSSIBLE,
             f"{who} was killed by {signal_name(sig)} from outside; the sender is unknown.",
         )
     if victim.exit_code is None:
         return (
-            "unknown",
-            "possible",
+            Kind.UNKNOWN,
+            Confidence.POSSIBLE,
             f"{who} ended but its exit status could not be read (run trainwatch as root in the host's "
             "namespaces so the process connector reports exits).",
         )
     return (
-        "python_exception",
-        "possible",
+        Kind.PYTHON_EXCEPTION,
+        Confidence.POSSIBLE,
         f"{who} exited with status {victim.status}, as Python does after an uncaught exception; "
         + (
             "its output named no exception."
@@ -599,7 +604,9 @@ def _victim_verdict(
     )
 
 
-def _gpu_fault(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> tuple[str, str, str] | None:
+def _gpu_fault(
+    victim: RankState, ev: Evidence, items: list[EvidenceItem]
+) -> tuple[Kind, Confidence, str] | None:
     """An NVRM Xid near the death: naming the rank's pid (certain), or one of the Xids that
     mean the hardware failed (a GPU off the bus, uncorrectable ECC, GSP errors: likely).
     Else a GPU NVML reports lost by the time of the death: the rank's own (likely), or
@@ -615,8 +622,8 @@ def _gpu_fault(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> tu
         items.append(EvidenceItem("kmsg", ns, f"NVRM: Xid ({x.bus}): {x.xid}, {x.detail}"))
         what = x.detail.rstrip(".") or f"Xid {x.xid}"
         return (
-            "gpu_error",
-            "certain" if named else "likely",
+            Kind.GPU_ERROR,
+            Confidence.CERTAIN if named else Confidence.LIKELY,
             f"{who} died as the GPU at {x.bus} failed: Xid {x.xid} ({what})"
             + ("; the driver named this process." if named else "."),
         )
@@ -629,10 +636,14 @@ def _gpu_fault(victim: RankState, ev: Evidence, items: list[EvidenceItem]) -> tu
     gpu = f"GPU {index}" + (f" ({name})" if name else "")
     items.append(EvidenceItem("nvml", ns, f"{gpu}: NVML_ERROR_GPU_IS_LOST (the GPU fell off the bus)"))
     if mine:
-        return "gpu_error", "likely", f"{who} died as its {gpu} was lost: NVML reports it off the bus."
+        return (
+            Kind.GPU_ERROR,
+            Confidence.LIKELY,
+            f"{who} died as its {gpu} was lost: NVML reports it off the bus.",
+        )
     return (
-        "gpu_error",
-        "possible",
+        Kind.GPU_ERROR,
+        Confidence.POSSIBLE,
         f"{who} died while {gpu} was lost (NVML reports it off the bus); "
         "which GPU the rank used is not known.",
     )
@@ -648,13 +659,13 @@ def _cited(f: Finding) -> EvidenceItem:
 
 def _from_output(
     victim: RankState, ev: Evidence, items: list[EvidenceItem], facts: dict[str, Any]
-) -> tuple[str, str, str] | None:
+) -> tuple[Kind, Confidence, str] | None:
     """The verdict the victim's own output gives: its watchdog's or its backend's timeout,
     a CUDA OOM, a shared-memory bus error, an exception. First-hand, so certain. What it
     found as data goes into ``facts`` (see ``Facts``)."""
     who = rank_name(victim.label, victim.pid, ev.from_logs)
     mine = _own(victim, ev)
-    confidence = "certain"
+    confidence = Confidence.CERTAIN
     if not mine and victim.returncode != 0:  # an error status, or one nobody could tell
         # Lines with no rank prefix (a rank that never initialised torch.distributed does
         # not get one): they are the victim's only when it alone ended with an error.
@@ -664,7 +675,7 @@ def _from_output(
         )
         if alone and victim.signal is None:
             mine = [f for label, f in ev.output if label is None]
-            confidence = "likely" if len(ev.ranks) > 1 else "certain"
+            confidence = Confidence.LIKELY if len(ev.ranks) > 1 else Confidence.CERTAIN
     if not mine or victim.returncode == 0:
         return None
 
@@ -735,7 +746,7 @@ def _from_output(
         else:
             never = "; every rank here was waiting (the one that never arrived is elsewhere)"
         return (
-            "collective_timeout",
+            Kind.COLLECTIVE_TIMEOUT,
             confidence,
             f"{who}: the {backend} {what} did not complete within {waited:g} s{never}.",
         )
@@ -743,16 +754,16 @@ def _from_output(
     if stuck:
         facts["backend"] = "nccl"
         return (
-            "collective_timeout",
-            "likely",
+            Kind.COLLECTIVE_TIMEOUT,
+            Confidence.LIKELY,
             f"{who}: its NCCL watchdog got stuck (the heartbeat monitor gave up on it): a collective or a "
             "CUDA call it waits on hung, and the process was ended for it.",
         )
-    oom = cite("cuda_oom")
+    oom = cite(Kind.CUDA_OOM)
     if oom:
         f = oom[0]
         if f.get("requested_bytes") is None:  # "CUDA error: out of memory": no sizes in it
-            return "cuda_oom", confidence, f"{who} ran out of GPU memory (CUDA error: out of memory)."
+            return Kind.CUDA_OOM, confidence, f"{who} ran out of GPU memory (CUDA error: out of memory)."
         gib = int(f.get("requested_bytes") or 0) / 2**30
         gpu = f.get("gpu")
         extra = ""
@@ -762,7 +773,7 @@ def _from_output(
                 extra += f", {int(f.get('free_bytes') or 0) / 2**30:.2f} GiB free"
         on = f" on GPU {gpu}" if gpu is not None else ""
         return (
-            "cuda_oom",
+            Kind.CUDA_OOM,
             confidence,
             f"{who} ran out of GPU memory{on}: it tried to allocate {gib:.2f} GiB{extra}.",
         )
@@ -775,7 +786,7 @@ def _from_output(
     if shm:
         facts["shm_exhausted"] = True
         return (
-            "bus_error",
+            Kind.BUS_ERROR,
             confidence,
             f"{who} failed with a bus error in a DataLoader worker: /dev/shm (shared memory) ran out{size}.",
         )
@@ -783,7 +794,7 @@ def _from_output(
     if full:
         facts["shm_exhausted"] = True
         return (
-            "python_exception",
+            Kind.PYTHON_EXCEPTION,
             confidence,
             f"{who} could not get shared memory for a DataLoader batch: /dev/shm ran out{size} "
             "(No space left on device).",
@@ -792,5 +803,5 @@ def _from_output(
     if exc_found and victim.status not in (None, 0):
         f = exc_found[-1]
         items.append(_cited(f))
-        return "python_exception", confidence, f"{who} raised {f.line}"
+        return Kind.PYTHON_EXCEPTION, confidence, f"{who} raised {f.line}"
     return None

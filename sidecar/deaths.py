@@ -32,7 +32,7 @@ from sidecar.autopsy import (
     autopsy,
     signal_name,
 )
-from sidecar.model import RankSample, Snapshot
+from sidecar.model import Fate, Kind, RankSample, Snapshot
 from sidecar.parse.flight import FlightDump, FlightVerdict, load_dump, summarise
 from sidecar.parse.kernel import (
     KmsgRecord,
@@ -876,11 +876,12 @@ class DeathWatch:
                 fate = verdict.fates.get(r.label)
                 if not r.abnormal or r.pid in inc.counted:
                     continue
-                killer = {
-                    "root_cause": verdict.kind,
-                    "same_cause": verdict.kind,
-                    "terminated_by_agent": "agent_teardown",
-                }.get(fate or "", "unknown")
+                killers: dict[Fate, str] = {
+                    Fate.ROOT_CAUSE: verdict.kind,
+                    Fate.SAME_CAUSE: verdict.kind,
+                    Fate.TERMINATED_BY_AGENT: Kind.AGENT_TEARDOWN,
+                }
+                killer = killers.get(fate, Kind.UNKNOWN) if fate is not None else Kind.UNKNOWN
                 inc.counted[r.pid] = killer
                 self.deaths_total[(inc.gen.job, killer)] = self.deaths_total.get((inc.gen.job, killer), 0) + 1
                 when = self._wall(r.died_ns) or died_at
@@ -1053,7 +1054,7 @@ def advice(
         (r["rss_bytes"], r["tree_rss_bytes"]) for r in ranks if r.get("rss_bytes") and r.get("tree_rss_bytes")
     ]
     if (
-        v.kind in ("kernel_oom", "cgroup_oom")
+        v.kind in (Kind.KERNEL_OOM, Kind.CGROUP_OOM)
         and len(rss) > 1
         and max(rss) > 1 << 30
         and min(rss) > 0.75 * max(rss)
@@ -1063,14 +1064,14 @@ def advice(
             "process loads its own full copy. Load the weights once (low_cpu_mem_usage=True, meta-device or "
             "ZeRO-3 init), load them straight to the GPU, or stagger loading across ranks."
         )
-    if v.kind == "cgroup_oom" and cg is not None and cg.effective_limit_bytes:
+    if v.kind == Kind.CGROUP_OOM and cg is not None and cg.effective_limit_bytes:
         total = sum(r.get("tree_rss_bytes") or 0 for r in ranks)
         out.append(
             f"The limit of memory cgroup {cg.path} is {_gib(cg.effective_limit_bytes)}"
             + (f"; the job's processes held {_gib(total)} in RSS before the kill" if total else "")
             + ". Raise that limit (container or pod memory, Slurm --mem) or reduce host memory per rank."
         )
-    if v.kind == "kernel_oom" and host_total:
+    if v.kind == Kind.KERNEL_OOM and host_total:
         out.append(
             f"The machine has {_gib(host_total)} of RAM and no limit stopped the job first: reduce host "
             "memory per rank or run fewer ranks per node; a memory limit on the job turns this into a "
@@ -1081,12 +1082,12 @@ def advice(
             "The ranks' child processes (DataLoader workers) held much of the memory: lower num_workers, "
             "avoid copying the dataset into each worker, or use shared memory for it."
         )
-    if v.kind == "external_signal":
+    if v.kind == Kind.EXTERNAL_SIGNAL:
         out.append(
             "Nothing on this machine recorded an OOM. Look at who sends signals here: the scheduler "
             "(Slurm time limit, Kubernetes eviction or preemption), an operator, a watchdog."
         )
-    if v.kind == "collective_timeout":
+    if v.kind == Kind.COLLECTIVE_TIMEOUT:
         nccl = v.facts.backend == "nccl"
         if v.facts.all_entered:
             out.append(
@@ -1119,28 +1120,29 @@ def advice(
                 "mismatch between ranks' collectives visible."
             )
         out.append("Raise the timeout (init_process_group(timeout=...)) only when a step truly takes longer.")
-    if v.kind == "gpu_error":
+    if v.kind == Kind.GPU_ERROR:
         out.append(
             "The GPU failed, not the program: drain the node and have it checked (nvidia-smi -q, "
             "nvidia-bug-report.sh; Xid 79 and NVML's GPU_IS_LOST are a GPU off the bus, 48/94/95 "
             "uncorrectable memory errors); "
             "restart the job elsewhere from its last checkpoint."
         )
-    if v.kind == "cuda_oom":
+    if v.kind == Kind.CUDA_OOM:
         out.append(
             "Reduce GPU memory per step: a smaller micro-batch with gradient accumulation, activation "
             "checkpointing, bf16, or sharding (FSDP/ZeRO); PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
             "helps when free memory is fragmented."
         )
-    if v.kind == "bus_error" or (v.kind == "python_exception" and v.facts.shm_exhausted):
+    if v.kind == Kind.BUS_ERROR or (v.kind == Kind.PYTHON_EXCEPTION and v.facts.shm_exhausted):
         out.append(
             "DataLoader workers pass batches through /dev/shm: give the container more "
             "(docker --shm-size=16g, "
             "or a Kubernetes emptyDir with medium: Memory on /dev/shm), or use fewer workers."
         )
-    if v.kind == "python_exception":
+    if v.kind == Kind.PYTHON_EXCEPTION:
         out.append("The exception is the rank's own: fix it from the traceback in the rank's output.")
-    if not output_read and v.kind in ("python_exception", "abort", "segfault", "bus_error", "unknown"):
+    own_words = (Kind.PYTHON_EXCEPTION, Kind.ABORT, Kind.SEGFAULT, Kind.BUS_ERROR, Kind.UNKNOWN)
+    if not output_read and v.kind in own_words:
         out.append(
             "The ranks' output could not be read, so their own last words are missing here. Next time run "
             "the job under `trainwatch run -- torchrun ...`, or give torchrun --log-dir DIR --redirects 3 "
@@ -1148,9 +1150,9 @@ def advice(
             "entrypoint with torch.distributed.elastic.multiprocessing.errors.record also writes each "
             "rank's exception to its TORCHELASTIC_ERROR_FILE, which trainwatch reads."
         )
-    if v.kind == "unknown" and live:
+    if v.kind == Kind.UNKNOWN and live:
         out.append("Run trainwatch as root in the host's PID and network namespaces so exits are captured.")
-    if v.kind == "kernel_oom" and not host_total and not live:
+    if v.kind == Kind.KERNEL_OOM and not host_total and not live:
         out.append(
             "The whole machine ran out of memory: reduce host memory per rank or run fewer ranks "
             "per node; a memory limit on the job turns this into a contained failure."

@@ -45,6 +45,7 @@ from sidecar.autopsy import (
     signal_name,
 )
 from sidecar.deaths import advice
+from sidecar.model import Confidence, Fate, Kind
 from sidecar.parse.jobs import JobRecord, parse_job_line
 from sidecar.parse.kernel import (
     OomKill,
@@ -488,8 +489,8 @@ def _decide(g: _Gathered, now: float) -> _Outcome:
         return _Outcome(None, [COLLECT_KERNEL, COLLECT_RANK_LOGS, COLLECT_DAEMON], ranks, k, notes)
     v = _logs_rules(v, g, k, kernel_given, collect)
     guessed = next((r for r in ranks if r.label == v.victim.label and r.inferred_rank), None)
-    if guessed is not None and v.confidence == "certain":
-        v = replace(v, confidence="likely")
+    if guessed is not None and v.confidence == Confidence.CERTAIN:
+        v = replace(v, confidence=Confidence.LIKELY)
     return _Outcome(v, collect, ranks, k, notes)
 
 
@@ -501,8 +502,10 @@ def _logs_rules(v: Verdict, g: _Gathered, k: _Kernel, kernel_given: bool, collec
     """What logs can and cannot say, on top of the autopsy's verdict."""
     who = _who(v)
     items = list(v.evidence)
-    sigkill = v.victim.signal == _signal.SIGKILL or (v.victim.exit_code is None and v.kind == "unknown")
-    weak = v.kind in ("external_signal", "unknown") or (v.kind == "abort" and v.confidence == "possible")
+    sigkill = v.victim.signal == _signal.SIGKILL or (v.victim.exit_code is None and v.kind == Kind.UNKNOWN)
+    weak = v.kind in (Kind.EXTERNAL_SIGNAL, Kind.UNKNOWN) or (
+        v.kind == Kind.ABORT and v.confidence == Confidence.POSSIBLE
+    )
     signalled = next((rec for rec in g.agent if isinstance(rec, DeathSignal)), None)
     if signalled is not None and weak:
         name = signal_name(signalled.signal) or "a signal"
@@ -510,8 +513,8 @@ def _logs_rules(v: Verdict, g: _Gathered, k: _Kernel, kernel_given: bool, collec
         hint = " (the terminal or SSH session it ran in closed)" if signalled.signal == _signal.SIGHUP else ""
         return _with(
             v,
-            "external_signal",
-            "certain",
+            Kind.EXTERNAL_SIGNAL,
+            Confidence.CERTAIN,
             f"The torchrun agent itself received {name}{hint} and shut every rank down with it; no rank "
             "failed on its own.",
             items,
@@ -522,36 +525,36 @@ def _logs_rules(v: Verdict, g: _Gathered, k: _Kernel, kernel_given: bool, collec
         for what, kind, text in (
             (
                 "oom_cgroup",
-                "cgroup_oom",
+                Kind.CGROUP_OOM,
                 "{src} reports an out-of-memory kill{scope}: {who} was killed by that "
                 "memory limit (the record names the {unit}, not the pid).",
             ),
             (
                 "eviction",
-                "userspace_oom",
+                Kind.USERSPACE_OOM,
                 "Kubernetes evicted the pod because the node ran low on memory: "
                 "the kubelet ended {who} (a scheduler's memory policy, before the kernel's OOM killer).",
             ),
             (
                 "memory_monitor",
-                "userspace_oom",
+                Kind.USERSPACE_OOM,
                 "Ray's memory monitor killed {who}'s worker as the node "
                 "crossed its memory-usage threshold (RAY_memory_usage_threshold).",
             ),
             (
                 "time_limit",
-                "external_signal",
+                Kind.EXTERNAL_SIGNAL,
                 "Slurm ended the job at its time limit: {who} was killed with the rest of the step.",
             ),
             (
                 "preempted",
-                "external_signal",
+                Kind.EXTERNAL_SIGNAL,
                 "Slurm preempted the job: {who} was killed with the rest of it.",
             ),
-            ("node_failure", "external_signal", "Slurm cancelled the job after a node failure."),
+            ("node_failure", Kind.EXTERNAL_SIGNAL, "Slurm cancelled the job after a node failure."),
             (
                 "cancelled",
-                "external_signal",
+                Kind.EXTERNAL_SIGNAL,
                 "The scheduler cancelled the job{scope}: {who} was killed with it.",
             ),
         ):
@@ -566,7 +569,9 @@ def _logs_rules(v: Verdict, g: _Gathered, k: _Kernel, kernel_given: bool, collec
                 job.source, "cgroup"
             )
             scope = f" in {job.scope}" if job.scope else ""
-            return _with(v, kind, "likely", text.format(src=src, scope=scope, who=who, unit=unit), items)
+            return _with(
+                v, kind, Confidence.LIKELY, text.format(src=src, scope=scope, who=who, unit=unit), items
+            )
     death = _death_time(v, g)
     if (
         weak
@@ -581,8 +586,8 @@ def _logs_rules(v: Verdict, g: _Gathered, k: _Kernel, kernel_given: bool, collec
         memcg = oom.scope == "memcg" or oom.oom_memcg is not None
         return _with(
             v,
-            "cgroup_oom" if memcg else "kernel_oom",
-            "likely" if _near(k.oom_at.get(oom.pid), death) else "possible",
+            Kind.CGROUP_OOM if memcg else Kind.KERNEL_OOM,
+            Confidence.LIKELY if _near(k.oom_at.get(oom.pid), death) else Confidence.POSSIBLE,
             f"{who} was SIGKILLed and the kernel's OOM killer killed pid {oom.pid} ({oom.comm})"
             + (f" for the limit of memory cgroup {oom.oom_memcg}" if oom.oom_memcg else "")
             + "; the launcher's log gives no pid to tie that kill to the rank.",
@@ -594,8 +599,8 @@ def _logs_rules(v: Verdict, g: _Gathered, k: _Kernel, kernel_given: bool, collec
         items.append(EvidenceItem(u.daemon, None, u.detail))
         return _with(
             v,
-            "userspace_oom",
-            "likely",
+            Kind.USERSPACE_OOM,
+            Confidence.LIKELY,
             f"The userspace OOM daemon {u.daemon} killed "
             + (f"cgroup {u.cgroup}" if u.cgroup else f"pid {u.pid}")
             + f", and {who} died by it (its record names the "
@@ -621,29 +626,29 @@ def _logs_rules(v: Verdict, g: _Gathered, k: _Kernel, kernel_given: bool, collec
         )
         return _with(
             v,
-            "cgroup_oom" if memcg else "kernel_oom",
-            "likely",
+            Kind.CGROUP_OOM if memcg else Kind.KERNEL_OOM,
+            Confidence.LIKELY,
             ("A memory cgroup's limit" if memcg else "The machine running out of memory")
             + f" made the kernel's OOM killer act ({constraint}), but the record is cut off before it names "
             f"the victim{tail}.",
             items,
         )
-    if v.kind == "bus_error" and v.facts.shm_exhausted:
+    if v.kind == Kind.BUS_ERROR and v.facts.shm_exhausted:
         # the DataLoader's message guesses /dev/shm; only the daemon can measure it
         collect.append(
             "The size and use of /dev/shm where the job ran: `df -h /dev/shm` (in Docker, --shm-size)."
         )
         return _with(
             v,
-            "bus_error",
-            "possible",
+            Kind.BUS_ERROR,
+            Confidence.POSSIBLE,
             f"{who}: a DataLoader worker died of SIGBUS. Its message blames shared memory (/dev/shm), "
             "the usual "
             "cause, but these logs do not show /dev/shm's size or use (a memory-mapped file on a failing "
             "volume does the same).",
             items,
         )
-    if v.kind == "external_signal" and v.victim.signal == _signal.SIGKILL:
+    if v.kind == Kind.EXTERNAL_SIGNAL and v.victim.signal == _signal.SIGKILL:
         low = [j for j in g.jobs if j.what == "memory_usage" and j.value is not None and j.value < 60]
         if not kernel_given:
             collect += [COLLECT_KERNEL, COLLECT_CGROUP]
@@ -651,8 +656,8 @@ def _logs_rules(v: Verdict, g: _Gathered, k: _Kernel, kernel_given: bool, collec
                 items.append(EvidenceItem(low[-1].source, None, low[-1].line))
             return _with(
                 v,
-                "unknown",
-                "possible",
+                Kind.UNKNOWN,
+                Confidence.POSSIBLE,
                 f"{who} was killed by SIGKILL and these logs do not say by whom. Most often that is the "
                 "kernel's OOM killer (the machine or a container/cgroup limit out of memory), "
                 "else a scheduler "
@@ -672,14 +677,14 @@ def _logs_rules(v: Verdict, g: _Gathered, k: _Kernel, kernel_given: bool, collec
         collect.append(COLLECT_CGROUP)
         return _with(
             v,
-            "external_signal",
-            "possible",
+            Kind.EXTERNAL_SIGNAL,
+            Confidence.POSSIBLE,
             f"{who} was killed by SIGKILL, and the kernel log given has no OOM record naming it: if that log "
             "covers this node at the time of the death, the kill came from outside (a scheduler, a person, "
             "a container runtime enforcing its limit, a userspace OOM daemon).",
             items,
         )
-    if v.kind == "unknown":
+    if v.kind == Kind.UNKNOWN:
         collect += [COLLECT_KERNEL, COLLECT_RANK_LOGS]
         context = []
         ds = [j for j in g.jobs if j.source == "deepspeed" and j.what == "teardown"]
@@ -702,14 +707,14 @@ def _logs_rules(v: Verdict, g: _Gathered, k: _Kernel, kernel_given: bool, collec
             context.append(f"the last host-memory reading was {low[-1].value:g}% used")
         return _with(
             v,
-            "unknown",
-            "possible",
+            Kind.UNKNOWN,
+            Confidence.POSSIBLE,
             f"{who} ended, and these logs say neither how nor why"
             + ("; " + "; ".join(context) if context else "")
             + ". The kernel log and the ranks' own output decide.",
             items,
         )
-    if v.confidence == "possible":
+    if v.confidence == Confidence.POSSIBLE:
         collect += [COLLECT_KERNEL, COLLECT_RANK_LOGS]
     return v
 
@@ -731,15 +736,15 @@ def _far(at: float | None, death: float | None, window: float = 120.0) -> bool:
 
 def _with(
     v: Verdict,
-    kind: str,
-    confidence: str,
+    kind: Kind,
+    confidence: Confidence,
     summary: str,
     items: list[EvidenceItem],
     all_torn_down: bool = False,
 ) -> Verdict:
     fates = dict(v.fates)
     if all_torn_down:
-        fates = {label: "terminated_by_agent" for label in fates}
+        fates = {label: Fate.TERMINATED_BY_AGENT for label in fates}
     return Verdict(v.victim, kind, confidence, summary, tuple(items), fates, v.oom)
 
 
@@ -778,7 +783,7 @@ def diagnose(inputs: list[LogInput], now: float | None = None) -> dict[str, Any]
                 if r.returncode is not None and r.returncode < 0
                 else None,
                 "died_at": iso(r.at),
-                "fate": v.fates.get(r.label, "unknown") if v else "unknown",
+                "fate": v.fates.get(r.label, Fate.UNKNOWN) if v else Fate.UNKNOWN,
                 "rss_bytes": rss,
                 "peak_rss_bytes": None,
                 "tree_rss_bytes": None,
@@ -789,8 +794,8 @@ def diagnose(inputs: list[LogInput], now: float | None = None) -> dict[str, Any]
     host_total = out.kernel.host_total
     if v is None:
         killer: dict[str, Any] = {
-            "kind": "unknown",
-            "confidence": "possible",
+            "kind": Kind.UNKNOWN,
+            "confidence": Confidence.POSSIBLE,
             "summary": "These logs name no death of a training process: no failed rank, no kill, "
             "no kernel OOM "
             "record, no rank error. Give the torchrun output and the kernel log of the node where it died.",

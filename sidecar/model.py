@@ -8,14 +8,18 @@ mistaken for the process that used to own it. Sizes are bytes, times are seconds
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 __all__ = [
     "CgroupLevel",
     "CgroupSample",
+    "Confidence",
+    "Fate",
     "GpuDeviceSample",
     "GpuProcessSample",
     "HostSample",
     "JobSample",
+    "Kind",
     "ProbeStatus",
     "ProcKey",
     "RankEnv",
@@ -23,6 +27,55 @@ __all__ = [
     "Snapshot",
     "TimelinePoint",
 ]
+
+
+class _Word(str, Enum):
+    """A str enum whose members compare, print, format and serialise as their value (the
+    postmortem's JSON and the metrics' labels are unchanged)."""
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, spec: str) -> str:
+        return str.__format__(self, spec)
+
+
+class Kind(_Word):
+    """``killer.kind``: who or what killed the rank."""
+
+    KERNEL_OOM = "kernel_oom"
+    CGROUP_OOM = "cgroup_oom"
+    USERSPACE_OOM = "userspace_oom"
+    COLLECTIVE_TIMEOUT = "collective_timeout"
+    AGENT_TEARDOWN = "agent_teardown"
+    EXTERNAL_SIGNAL = "external_signal"
+    SEGFAULT = "segfault"
+    BUS_ERROR = "bus_error"
+    ABORT = "abort"
+    CUDA_OOM = "cuda_oom"
+    GPU_ERROR = "gpu_error"
+    PYTHON_EXCEPTION = "python_exception"
+    UNKNOWN = "unknown"
+
+
+class Fate(_Word):
+    """``ranks[].fate``: how each rank of the job ended, relative to the root cause."""
+
+    ROOT_CAUSE = "root_cause"
+    SAME_CAUSE = "same_cause"
+    TERMINATED_BY_AGENT = "terminated_by_agent"
+    EXITED_CLEANLY = "exited_cleanly"
+    RUNNING = "running"
+    UNKNOWN = "unknown"
+
+
+class Confidence(_Word):
+    """``certain`` only when a first-hand record ties the pid to the killer; ``likely`` when
+    counters and timing agree; ``possible`` when it is inference."""
+
+    CERTAIN = "certain"
+    LIKELY = "likely"
+    POSSIBLE = "possible"
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -11,16 +11,18 @@ import html
 from datetime import datetime
 from typing import Any
 
+from sidecar.model import Fate
+
 __all__ = ["render_html"]
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
-FATE_COLORS = {
-    "root_cause": "#c0392b",
-    "same_cause": "#e67e22",
-    "terminated_by_agent": "#7f8c8d",
-    "exited_cleanly": "#27ae60",
-    "running": "#2980b9",
-    "unknown": "#95a5a6",
+FATE_COLORS: dict[str, str] = {
+    Fate.ROOT_CAUSE: "#c0392b",
+    Fate.SAME_CAUSE: "#e67e22",
+    Fate.TERMINATED_BY_AGENT: "#7f8c8d",
+    Fate.EXITED_CLEANLY: "#27ae60",
+    Fate.RUNNING: "#2980b9",
+    Fate.UNKNOWN: "#95a5a6",
 }
 W, H, PAD_L, PAD_R, PAD_T, PAD_B = 960, 360, 70, 200, 20, 40
 
