@@ -19,7 +19,7 @@ No I/O, no clock: everything arrives in ``Evidence``. Rules (CONTRACTS.md, EVIDE
 from __future__ import annotations
 
 import signal as _signal
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from sidecar.model import Confidence, Fate, Kind
@@ -192,7 +192,11 @@ class UserspaceKill:
 
 @dataclass(frozen=True, slots=True)
 class Evidence:
+    """Everything the autopsy may use, gathered live (deaths.py) or from logs (diagnose.py).
+    The ranks come first; every other field is named where it is built."""
+
     ranks: tuple[RankState, ...]
+    _: KW_ONLY
     kernel: tuple[KernelOom, ...] = ()
     signals: tuple[SignalSent, ...] = ()
     agent_pid: int | None = None

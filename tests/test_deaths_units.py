@@ -186,7 +186,7 @@ def test_cgroup_oom_is_certain_when_the_kernel_names_the_pid():
     oom = KernelOom(
         102, int(10.001 * S), "memcg", "/pod", "/pod/c", "python3", 5 << 30, ("oom-kill:...pid=102",)
     )
-    v = autopsy(Evidence((_r("0", 101, 15, 10.05), _r("1", 102, 9, 10.0), _r("2", 103)), (oom,)))
+    v = autopsy(Evidence((_r("0", 101, 15, 10.05), _r("1", 102, 9, 10.0), _r("2", 103)), kernel=(oom,)))
     assert (
         v.kind == "cgroup_oom" and v.confidence == "certain" and v.victim.pid == 102 and "/pod" in v.summary
     )
@@ -195,7 +195,7 @@ def test_cgroup_oom_is_certain_when_the_kernel_names_the_pid():
 
 def test_global_oom_is_kernel_oom():
     oom = KernelOom(102, int(10 * S), "global", None, "/user.slice", "python3", 20 << 30, ())
-    v = autopsy(Evidence((_r("0", 101, 15, 10.1), _r("1", 102, 9, 10.0)), (oom,)))
+    v = autopsy(Evidence((_r("0", 101, 15, 10.1), _r("1", 102, 9, 10.0)), kernel=(oom,)))
     assert v.kind == "kernel_oom" and v.confidence == "certain"
 
 
@@ -235,7 +235,7 @@ def test_counters_without_a_record_are_likely_not_certain():
 
 def test_the_agents_sigkill_30_s_later_is_teardown_not_oom():
     oom = KernelOom(102, int(10 * S), "memcg", "/job", "/job", "python3", None, ())
-    v = autopsy(Evidence((_r("0", 101, 9, 40.1), _r("1", 102, 9, 10.0), _r("2", 103, 36608, 10.5)), (oom,)))
+    v = autopsy(Evidence((_r("0", 101, 9, 40.1), _r("1", 102, 9, 10.0), _r("2", 103, 36608, 10.5)), kernel=(oom,)))
     assert v.fates == {"0": "terminated_by_agent", "1": "root_cause", "2": "terminated_by_agent"}
 
 
@@ -244,7 +244,7 @@ def test_two_ranks_killed_by_one_oom_are_same_cause():
         KernelOom(102, int(10 * S), "global", None, None, "p", None, ()),
         KernelOom(101, int(10.01 * S), "global", None, None, "p", None, ()),
     )
-    v = autopsy(Evidence((_r("0", 101, 9, 10.02), _r("1", 102, 9, 10.0)), ooms))
+    v = autopsy(Evidence((_r("0", 101, 9, 10.02), _r("1", 102, 9, 10.0)), kernel=ooms))
     assert v.fates == {"0": "same_cause", "1": "root_cause"}
 
 
@@ -556,7 +556,7 @@ def test_the_tracepoint_names_the_sender():
     # the kernel's own SIGKILL (si_code 128) is the OOM killer's business, not a sender's
     kernel = SignalSent("python3", 102, 102, 9, 128, int(9.999 * S))
     oom = KernelOom(102, int(10 * S), "memcg", "/job", "/job", "python3", None, ())
-    assert autopsy(Evidence((victim,), (oom,), signals=(kernel,))).kind == "cgroup_oom"
+    assert autopsy(Evidence((victim,), kernel=(oom,), signals=(kernel,))).kind == "cgroup_oom"
 
 
 def test_each_worker_generation_gets_its_own_postmortem(tmp_path):
