@@ -22,7 +22,7 @@ import signal as _signal
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
-from sidecar.model import Confidence, Fate, Kind
+from sidecar.model import Confidence, Fate, Kind, decode_wait_status
 from sidecar.parse.flight import FlightVerdict
 from sidecar.parse.kernel import GPU_FAULT_XIDS, XidRecord
 from sidecar.parse.ranks import Finding
@@ -100,15 +100,11 @@ class RankState:
 
     @property
     def signal(self) -> int | None:
-        if self.exit_code is None or self.exit_code & 0x7F == 0:
-            return None
-        return self.exit_code & 0x7F
+        return None if self.exit_code is None else decode_wait_status(self.exit_code)[1]
 
     @property
     def status(self) -> int | None:
-        if self.exit_code is None or self.exit_code & 0x7F:
-            return None
-        return (self.exit_code >> 8) & 0xFF
+        return None if self.exit_code is None else decode_wait_status(self.exit_code)[0]
 
     @property
     def returncode(self) -> int | None:

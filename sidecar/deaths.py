@@ -32,7 +32,8 @@ from sidecar.autopsy import (
     autopsy,
     signal_name,
 )
-from sidecar.model import Fate, Kind, RankSample, Snapshot
+from sidecar.errors import ProbeError
+from sidecar.model import Fate, Kind, RankSample, Snapshot, decode_wait_status
 from sidecar.parse.flight import FlightDump, FlightVerdict, load_dump, summarise
 from sidecar.parse.kernel import (
     KmsgRecord,
@@ -54,6 +55,7 @@ from sidecar.parse.torchrun import (
 )
 from sidecar.postmortem import PostmortemStore, iso, make_id
 from sidecar.probes.outputs import OutputFile, read_output, regular_outputs
+from sidecar.probes.proc import read_stat
 from sidecar.timeline import Timeline
 from sidecar.watch.exits import ExitEvent
 from sidecar.watch.signals import SignalEvent
@@ -309,11 +311,9 @@ class DeathWatch:
                 if known.seen_ns != latest or any(pid in inc.deaths for inc in self._incidents.values()):
                     continue
                 try:
-                    with open(f"{proc_root}/{pid}/stat", "rb") as f:
-                        data = f.read()
-                    start = int(data[data.rindex(b")") + 2 :].split()[19])
-                    alive = start == known.sample.key.start_ticks and b") Z" not in data
-                except (OSError, ValueError, IndexError):
+                    st = read_stat(proc_root, pid)
+                    alive = st.start_ticks == known.sample.key.start_ticks and st.state not in ("Z", "X")
+                except ProbeError:
                     alive = False
                 if not alive:
                     log.warning(
@@ -1029,7 +1029,8 @@ def remember(
 def _exit_text(code: int | None) -> str:
     if code is None:
         return "exit status unknown"
-    return f"signal {signal_name(code & 0x7F)}" if code & 0x7F else f"exit status {(code >> 8) & 0xFF}"
+    status, sig = decode_wait_status(code)
+    return f"signal {signal_name(sig)}" if sig is not None else f"exit status {status}"
 
 
 def _gib(n: int | None) -> str:

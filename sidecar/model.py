@@ -26,7 +26,24 @@ __all__ = [
     "RankSample",
     "Snapshot",
     "TimelinePoint",
+    "decode_wait_status",
+    "wait_status_from_returncode",
 ]
+
+
+def decode_wait_status(code: int) -> tuple[int | None, int | None]:
+    """A raw wait status (the process connector's, a zombie's field 52, ``PIDFD_GET_INFO``):
+    (exit status, None) for a normal exit, (None, signal) for a death by signal."""
+    sig = code & 0x7F
+    if sig == 0:
+        return (code >> 8) & 0xFF, None
+    return None, sig
+
+
+def wait_status_from_returncode(code: int) -> int:
+    """torchrun's ``exitcode`` and ``Popen.returncode`` (-9, 143) as a raw wait status (9,
+    143 << 8)."""
+    return -code & 0x7F if code < 0 else (code & 0xFF) << 8
 
 
 class _Word(str, Enum):

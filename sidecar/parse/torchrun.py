@@ -33,6 +33,8 @@ import re
 import signal as _signal
 from dataclasses import dataclass
 
+from sidecar.model import wait_status_from_returncode
+
 __all__ = [
     "AgentRecord",
     "ClosingSignal",
@@ -171,9 +173,7 @@ def _line_at(text: str, index: int) -> str:
     return text[start : end if end >= 0 else len(text)].strip()
 
 
-def returncode_to_wait_status(code: int) -> int:
-    """torchrun's ``exitcode`` (-9, 143) as a raw wait status (9, 143 << 8)."""
-    return -code & 0x7F if code < 0 else (code & 0xFF) << 8
+returncode_to_wait_status = wait_status_from_returncode  # the name the parsers' users know
 
 
 def exit_codes_by_pid(records: list[AgentRecord]) -> dict[int, tuple[int, str]]:

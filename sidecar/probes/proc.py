@@ -222,6 +222,12 @@ def entrypoint_of(argv: tuple[str, ...]) -> str | None:
     return None
 
 
+def read_stat(root: str, pid: int) -> ProcStat:
+    """``/proc/PID/stat`` of one process, for the occasional reader (a death, a resync) that
+    holds no ProcReader. Raises NoSuchProcess, AccessDenied, ParseError."""
+    return parse_stat(read_bytes(f"{root}/{pid}/stat"))
+
+
 class ProcReader:
     """Reads per-process files below ``root`` (``/proc`` unless a test says otherwise)."""
 

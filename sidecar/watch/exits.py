@@ -26,6 +26,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sidecar.model import decode_wait_status
+
 __all__ = [
     "ExitEvent",
     "ProcConnector",
@@ -79,14 +81,6 @@ class ExitEvent:
         """As ``Popen.returncode`` and torchrun print it: -N for signal N, else the status."""
         status, sig = decode_wait_status(self.exit_code)
         return -sig if sig is not None else (status or 0)
-
-
-def decode_wait_status(code: int) -> tuple[int | None, int | None]:
-    """(exit status, None) for a normal exit, (None, signal) for a death by signal."""
-    sig = code & 0x7F
-    if sig == 0:
-        return (code >> 8) & 0xFF, None
-    return None, sig
 
 
 def subscribe_message(op: int, filtered: bool, seq: int = 1) -> bytes:

@@ -25,6 +25,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from sidecar.errors import ProbeError
+from sidecar.probes.proc import read_stat
 from sidecar.watch.exits import ExitEvent
 
 __all__ = ["PIDFD_GET_INFO", "PidfdWatcher", "pidfd_exit_status"]
@@ -57,14 +59,12 @@ def pidfd_exit_status(fd: int) -> int | None:
 def _zombie_status(proc_root: str, pid: int, start_ticks: int) -> tuple[int, int] | None:
     """(wait status, ppid) of the zombie ``pid`` of that start time, or None."""
     try:
-        with open(f"{proc_root}/{pid}/stat", "rb") as f:
-            data = f.read()
-        fields = data[data.rindex(b")") + 2 :].split()
-        if fields[0] not in (b"Z", b"X") or int(fields[19]) != start_ticks or len(fields) < 50:
-            return None
-        return int(fields[49]), int(fields[1])
-    except (OSError, ValueError, IndexError):
+        st = read_stat(proc_root, pid)
+    except ProbeError:
         return None
+    if st.state not in ("Z", "X") or st.start_ticks != start_ticks or st.exit_code is None:
+        return None
+    return st.exit_code, st.ppid
 
 
 class PidfdWatcher:
@@ -113,10 +113,8 @@ class PidfdWatcher:
             return
         # the pid may have been reused between the caller's scan and pidfd_open
         try:
-            with open(f"{self.proc_root}/{pid}/stat", "rb") as f:
-                data = f.read()
-            same = int(data[data.rindex(b")") + 2 :].split()[19]) == start_ticks
-        except (OSError, ValueError, IndexError):
+            same = read_stat(self.proc_root, pid).start_ticks == start_ticks
+        except ProbeError:
             same = False
         if not same:
             os.close(fd)
