@@ -12,17 +12,14 @@ exits. The sampler is never blocked: all of this happens on the worker thread.
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sidecar.autopsy import (
-    USERSPACE_OOM_DAEMONS,
     Evidence,
     KernelOom,
     RankState,
@@ -32,9 +29,10 @@ from sidecar.autopsy import (
     autopsy,
     signal_name,
 )
+from sidecar.document import live_document
 from sidecar.errors import ProbeError
-from sidecar.model import Fate, Kind, RankSample, Snapshot, decode_wait_status
-from sidecar.parse.flight import FlightDump, FlightVerdict, load_dump, summarise
+from sidecar.gather import Gatherer, Generation, Incident, Known, Plan, Reads
+from sidecar.model import Fate, Kind, Snapshot, decode_wait_status
 from sidecar.parse.kernel import (
     KmsgRecord,
     OomKill,
@@ -45,16 +43,8 @@ from sidecar.parse.kernel import (
     parse_xid_line,
 )
 from sidecar.parse.oomd import parse_userspace_oom_line
-from sidecar.parse.ranks import Finding, parse_rank_output, stamp_to_epoch
-from sidecar.parse.torchrun import (
-    ClosingSignal,
-    exit_codes_by_pid,
-    parse_agent_text,
-    parse_error_file,
-    returncode_to_wait_status,
-)
 from sidecar.postmortem import PostmortemStore, iso, make_id
-from sidecar.probes.outputs import OutputFile, read_output, regular_outputs
+from sidecar.probes.outputs import OutputFile, regular_outputs
 from sidecar.probes.proc import read_stat
 from sidecar.timeline import Timeline
 from sidecar.watch.exits import ExitEvent
@@ -72,75 +62,7 @@ TIMELINE_WINDOW_S = 300.0
 # waits this long for the agent's log or the agent's own exit before it is judged: at a
 # clean end of training every rank "vanishes" too, and that is no incident.
 UNKNOWN_EXIT_WAIT_S = 3.0
-OUTPUT_PARSE_BYTES = 2 << 20  # of each output stream, the tail that is parsed at a death
 DEATH_TIMES = 64  # deaths whose time is exported (trainwatch_rank_death_timestamp_seconds)
-
-
-@dataclass(frozen=True, slots=True)
-class _Generation:
-    """One worker generation of one job: what its ranks share, and an incident's key."""
-
-    job: str
-    agent_pid: int
-    run_id: str | None
-    world_size: int | None
-    restart: int
-    entrypoint: str | None
-
-
-@dataclass(slots=True)
-class _Known:
-    gen: _Generation
-    sample: RankSample
-    cgroup_limited_by: str | None
-    seen_ns: int
-
-
-@dataclass(slots=True)
-class _Incident:
-    gen: _Generation
-    ranks: dict[int, _Known]
-    # pid -> (wait status or None when unknown, monotonic ns, who told: ExitEvent.source)
-    deaths: dict[int, tuple[int | None, int, str | None]] = field(default_factory=dict)
-    agent_exit: tuple[int | None, int] | None = None
-    doc_id: str | None = None
-    created_at: float | None = None
-    due_ns: int | None = None
-    last_death_ns: int = 0
-    counted: dict[int, str] = field(default_factory=dict)
-    host_oom_before: int | None = None
-    cgroup_oom_before: dict[str, int] = field(default_factory=dict)
-    snapshot_before: Snapshot | None = None
-    shm: tuple[int, int] | None = None  # the job's /dev/shm, read while a process of it lived
-    stacks: dict[str, Any] | None = None  # py-spy stacks recorded while the job stalled
-
-
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    """What one autopsy round reads, copied from the shared state under the lock."""
-
-    agent_files: tuple[OutputFile, ...]
-    rank_files: tuple[tuple[int, str, tuple[OutputFile, ...]], ...]  # (pid, label, its own files)
-    seen_at: dict[int, float]  # rank pid -> wall time first seen (older dumps are not its)
-    oomd_baseline: dict[tuple[str, int], dict[str, int]]
-    error_files: tuple[tuple[str, str], ...]  # (rank label, its TORCHELASTIC_ERROR_FILE)
-
-
-@dataclass(frozen=True, slots=True)
-class _Reads:
-    """What one autopsy round read and parsed, outside the lock."""
-
-    texts: list[tuple[str | None, str]]  # the output read (and the error files')
-    agent_codes: dict[int, tuple[int, str]]  # pid -> (wait status, the agent's line)
-    teardown: frozenset[int]
-    findings: tuple[tuple[str | None, Finding], ...]
-    cgroup_oom_after: dict[str, int]
-    host_oom_after: int | None
-    daemons: list[tuple[str, int, list[UserspaceKill]]]
-    oomd: list[UserspaceKill]
-    flight: FlightVerdict | None
-    flight_on: bool | None
-    shm: tuple[int, int] | None
 
 
 class DeathWatch:
@@ -170,6 +92,16 @@ class DeathWatch:
         self.stacks_of = stacks_of  # the ranks' Python stacks recorded while the job stalled
         self.hostname = hostname or socket.gethostname()
         self.proc_root = proc_root
+        self.gather = Gatherer(
+            proc_root=proc_root,
+            read_outputs=read_outputs,
+            job_output=job_output,
+            read_host_oom_kills=read_host_oom_kills,
+            read_cgroup_oom_kills=read_cgroup_oom_kills,
+            read_oomd_marks=read_oomd_marks,
+            clock_ns=clock_ns,
+            wall=wall,
+        )
         self.clock_ns = clock_ns
         self.wall = wall
         self.kernel_log_readable = False
@@ -178,7 +110,7 @@ class DeathWatch:
         # (job, rank, restart) -> (killer, wall time of death): the newest DEATH_TIMES deaths,
         # for dashboards' annotations and a job's first death across nodes
         self.death_times: dict[tuple[str, str, int], tuple[str, float]] = {}
-        self._known: dict[int, _Known] = {}
+        self._known: dict[int, Known] = {}
         self._snapshots: deque[tuple[int, Snapshot]] = deque(maxlen=8)
         self._kernel: deque[KernelOom] = deque(maxlen=512)
         self._signals: deque[SignalSent] = deque(maxlen=1024)
@@ -195,7 +127,7 @@ class DeathWatch:
         self._oomd_baseline: dict[tuple[str, int], dict[str, int]] = {}  # cgroup -> oomd xattrs
         # One incident per job and worker generation: after an elastic restart the new
         # generation's deaths get a postmortem of their own.
-        self._incidents: dict[_Generation, _Incident] = {}
+        self._incidents: dict[Generation, Incident] = {}
         self._cv = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -220,10 +152,10 @@ class DeathWatch:
                             r.gpu_memory_bytes
                         )
                     cg = cgroups.get(r.cgroup or "")
-                    gen = _Generation(
+                    gen = Generation(
                         job.key, job.agent.pid, job.run_id, job.world_size, r.restart, job.entrypoint
                     )
-                    self._known[r.key.pid] = _Known(gen, r, cg.limited_by if cg else None, now)
+                    self._known[r.key.pid] = Known(gen, r, cg.limited_by if cg else None, now)
             cutoff = now - int(KNOWN_GRACE_S * 1e9)
             for pid in [p for p, k in self._known.items() if k.seen_ns < cutoff]:
                 del self._known[pid]
@@ -324,7 +256,7 @@ class DeathWatch:
                     )
                     self._record(known, pid, None, now, None)
 
-    def _record(self, known: _Known, pid: int, exit_code: int | None, at_ns: int, source: str | None) -> None:
+    def _record(self, known: Known, pid: int, exit_code: int | None, at_ns: int, source: str | None) -> None:
         inc = self._incidents.get(known.gen)
         if inc is None:
             if exit_code == 0:
@@ -428,7 +360,7 @@ class DeathWatch:
 
     # -- incidents -----------------------------------------------------------------
 
-    def _open(self, known: _Known, pid: int, exit_code: int | None, at_ns: int) -> _Incident:
+    def _open(self, known: Known, pid: int, exit_code: int | None, at_ns: int) -> Incident:
         ranks = {rank_pid: k for rank_pid, k in self._known.items() if k.gen == known.gen}
         # The memory "at death" is the last snapshot that saw the victim alive (a snapshot
         # can be published just after the death it predates, so not "the last one before").
@@ -442,7 +374,7 @@ class DeathWatch:
         )
         if before is None:
             before = next((s for ns, s in reversed(self._snapshots) if ns <= at_ns), None)
-        inc = _Incident(known.gen, ranks, snapshot_before=before)
+        inc = Incident(known.gen, ranks, snapshot_before=before)
         for rank_pid in ranks:
             if rank_pid in self._clean_exits:  # siblings that had already ended cleanly
                 ns, source = self._clean_exits.pop(rank_pid)
@@ -461,7 +393,7 @@ class DeathWatch:
         )
         return inc
 
-    def _schedule(self, inc: _Incident, at_ns: int) -> None:
+    def _schedule(self, inc: Incident, at_ns: int) -> None:
         due = max(at_ns, self.clock_ns()) + int(AUTOPSY_DELAY_S * 1e9)
         if inc.due_ns is None or due < inc.due_ns:
             inc.due_ns = due
@@ -501,7 +433,7 @@ class DeathWatch:
                 plans = [(inc, self._plan(inc)) for inc in ready]
             # The files (outputs, dumps, cgroup counters, /proc) are read and parsed outside
             # the lock: the sampler and the exit threads never wait on a 2 MiB log.
-            reads = [(inc, self._read(inc, plan)) for inc, plan in plans]
+            reads = [(inc, self.gather.read(inc, plan)) for inc, plan in plans]
             with self._cv:
                 work = [(inc, self._evidence(inc, r)) for inc, r in reads]
             for inc, evidence in work:
@@ -510,49 +442,7 @@ class DeathWatch:
                 except Exception:
                     log.exception("job %s: postmortem failed", inc.gen.job)
 
-    def _scan_oom_daemons(self) -> list[tuple[str, int, list[UserspaceKill]]]:
-        """Userspace OOM daemons running now (a /proc scan, done only when a rank died):
-        (comm, pid, the kill lines of its stdout/stderr where those are regular files)."""
-        out = []
-        for comm, pid in self._oom_daemon_pids():
-            lines: list[UserspaceKill] = []
-            if self.read_outputs:
-                for f in regular_outputs(self.proc_root, pid):
-                    text = read_output(self.proc_root, f, limit=256 << 10, since_offset=False)
-                    for raw in text.splitlines():
-                        parsed = parse_userspace_oom_line(raw)
-                        if parsed is not None:
-                            lines.append(
-                                UserspaceKill(
-                                    parsed.daemon,
-                                    parsed.pid,
-                                    parsed.cgroup,
-                                    parsed.signal,
-                                    None,
-                                    f"{comm} (pid {pid}) log {f.path}: {parsed.text}",
-                                    "log",
-                                )
-                            )
-            out.append((comm, pid, lines))
-        return out
-
-    def _oom_daemon_pids(self) -> tuple[tuple[str, int], ...]:
-        found = []
-        try:
-            names = [n for n in os.listdir(self.proc_root) if n.isdigit()]
-        except OSError:
-            return ()
-        for name in names:
-            try:
-                with open(f"{self.proc_root}/{name}/comm", "rb") as f:
-                    comm = f.read().decode("utf-8", "replace").strip()
-            except OSError:
-                continue
-            if comm in USERSPACE_OOM_DAEMONS:
-                found.append((comm, int(name)))
-        return tuple(sorted(found))
-
-    def _plan(self, inc: _Incident) -> _Plan:
+    def _plan(self, inc: Incident) -> Plan:
         """Under the lock: what the reads of this round need from the shared state."""
         agent = tuple(self._agent_outputs.get(inc.gen.agent_pid, []))
         rank_files = tuple(
@@ -569,140 +459,9 @@ class DeathWatch:
         errors = tuple(
             (k.sample.rank_label, k.sample.error_file) for k in inc.ranks.values() if k.sample.error_file
         )
-        return _Plan(agent, rank_files, seen_at, baseline, errors)
+        return Plan(agent, rank_files, seen_at, baseline, errors)
 
-    def _read(self, inc: _Incident, plan: _Plan) -> _Reads:
-        """Outside the lock: every file this autopsy round reads, read and parsed."""
-        texts = self._texts(inc, plan)
-        errors = self._error_files(inc, plan)
-        codes, teardown = self._agent_log(inc, texts)
-        after_cg: dict[str, int] = {}
-        # The cgroups the ranks were in may hold no live rank any more (so no snapshot
-        # samples them): read their counters now.
-        before = inc.snapshot_before
-        for cg in before.cgroups if before else ():
-            now = self.read_cgroup_oom_kills(cg.path, cg.version)
-            if now is not None:
-                after_cg[cg.path] = now
-        flight, flight_on = self._flight(inc, plan)
-        return _Reads(
-            texts + [(owner, text) for owner, text, _ in errors],
-            codes,
-            teardown,
-            tuple(self._findings(inc, [(o, t, None) for o, t in texts] + errors)),
-            after_cg,
-            self.read_host_oom_kills(),
-            self._scan_oom_daemons(),
-            self._oomd_kills(inc, plan),
-            flight,
-            flight_on,
-            self._shm(inc),
-        )
-
-    def _texts(self, inc: _Incident, plan: _Plan) -> list[tuple[str | None, str]]:
-        """What the job printed that can be read: (the rank it belongs to, or None for
-        the agent's stream that every rank shares too, text)."""
-        texts: list[tuple[str | None, str]] = []
-        if self.job_output is not None:
-            texts.append((None, self.job_output(inc.gen.agent_pid)[-OUTPUT_PARSE_BYTES:]))
-        if self.read_outputs:
-            for f in plan.agent_files:
-                texts.append((None, read_output(self.proc_root, f, limit=OUTPUT_PARSE_BYTES)))
-            for _, label, files in plan.rank_files:
-                for f in files:
-                    texts.append((label, read_output(self.proc_root, f, limit=OUTPUT_PARSE_BYTES)))
-        return [(owner, text) for owner, text in texts if text]
-
-    def _error_files(self, inc: _Incident, plan: _Plan) -> list[tuple[str | None, str, str | None]]:
-        """The ranks' TORCHELASTIC_ERROR_FILE records (written where the entrypoint has
-        ``@record``): (rank label, the traceback or message, the file)."""
-        out: list[tuple[str | None, str, str | None]] = []
-        for label, path in plan.error_files:
-            # a rank in a container wrote it in the container's file system: the agent's view
-            for where in (path, f"{self.proc_root}/{inc.gen.agent_pid}/root{path}"):
-                try:
-                    with open(where, "rb") as f:
-                        text = f.read(1 << 20).decode("utf-8", "replace")
-                except OSError:
-                    continue
-                try:
-                    record = parse_error_file(text)
-                except ValueError as exc:
-                    log.warning(
-                        "job %s: error file %s of rank %s not used: %s", inc.gen.job, path, label, exc
-                    )
-                    break
-                # the traceback gives the exception line and the collective it was in
-                out.append((label, record.traceback or record.message, path))
-                break
-        return out
-
-    def _findings(
-        self, inc: _Incident, texts: list[tuple[str | None, str, str | None]]
-    ) -> list[tuple[str | None, Finding]]:
-        """The ranks' findings, attributed: a rank's own file, else the line's prefix.
-        ``texts``: (owner, text, the error file it came from or None)."""
-        by_rank = {
-            k.sample.rank: k.sample.rank_label for k in inc.ranks.values() if k.sample.rank is not None
-        }
-        by_local = {
-            k.sample.local_rank: k.sample.rank_label
-            for k in inc.ranks.values()
-            if k.sample.local_rank is not None
-        }
-        found: list[tuple[str | None, Finding]] = []
-        seen: set[tuple[str | None, str, str]] = set()
-        wall, mono = self.wall(), self.clock_ns()
-        for owner, text, error_file in texts:
-            found_here = parse_rank_output(text)
-            if error_file is not None and not any(f.kind == "exception" for f in found_here):
-                kind, _, message = text.strip().partition(": ")  # a message without its traceback
-                found_here.append(
-                    Finding("exception", None, None, text.strip(), (("type", kind), ("message", message)))
-                )
-            for f in found_here:
-                if error_file is not None:
-                    f = replace(f, fields=(*f.fields, ("file", error_file)))
-                epoch = stamp_to_epoch(f.stamp, wall) if f.stamp is not None else None
-                if epoch is not None:  # the line's own time, on this clock
-                    f = replace(f, at_ns=mono - int((wall - epoch) * 1e9))
-                label = owner
-                if label is None and f.rank is not None:
-                    label = by_rank.get(f.rank)
-                if label is None and f.local_rank is not None:
-                    label = by_local.get(f.local_rank)
-                if (label, f.kind, f.line) not in seen:
-                    seen.add((label, f.kind, f.line))
-                    found.append((label, f))
-        return found
-
-    def _flight(self, inc: _Incident, plan: _Plan) -> tuple[FlightVerdict | None, bool | None]:
-        """The flight recorder's dumps of this generation's ranks: the verdict, and whether
-        the recorder was on (None: no rank's environment could be read)."""
-        envs = {pid: k.sample.flight_recorder for pid, k in inc.ranks.items()}
-        known = [e for e in envs.values() if e is not None]
-        if not known:
-            return None, None
-        dumps: list[FlightDump] = []
-        world: list[int] = []
-        for pid, env in envs.items():
-            rank = inc.ranks[pid].sample.rank
-            if env is None or env[0] <= 0 or rank is None:
-                continue
-            world.append(rank)
-            path = f"{env[1]}{rank}"
-            try:
-                if os.path.getmtime(path) < plan.seen_at.get(pid, 0.0) - 60:
-                    continue  # an earlier run's dump
-                dumps.append(load_dump(path, rank))
-            except FileNotFoundError:
-                continue
-            except (OSError, ValueError) as exc:
-                log.warning("job %s: flight-recorder dump not used: %s", inc.gen.job, exc)
-        on = any(buffer > 0 for buffer, _ in known)
-        return (summarise(dumps, tuple(sorted(world))) if dumps else None), on
-
-    def _stacks(self, inc: _Incident) -> dict[str, Any] | None:
+    def _stacks(self, inc: Incident) -> dict[str, Any] | None:
         if self.stacks_of is None or inc.stacks is not None:
             return inc.stacks  # kept: the tracker forgets a job once it is gone
         stacks, at = self.stacks_of(inc.gen.job)
@@ -710,59 +469,7 @@ class DeathWatch:
             inc.stacks = {"at": iso(at), "ranks": stacks}
         return inc.stacks
 
-    def _shm(self, inc: _Incident) -> tuple[int, int] | None:
-        """/dev/shm as the job sees it (its own mount namespace: a container's, or a
-        private tmpfs), through a live process of the job: (size, used) bytes, read once
-        (the later rewrites of the postmortem find the job gone)."""
-        if inc.shm is not None:
-            return inc.shm
-        for pid in [*inc.ranks, inc.gen.agent_pid]:
-            try:
-                st = os.statvfs(f"{self.proc_root}/{pid}/root/dev/shm")
-            except OSError:
-                continue
-            inc.shm = st.f_blocks * st.f_frsize, (st.f_blocks - st.f_bfree) * st.f_frsize
-            return inc.shm
-        return None
-
-    def _agent_log(
-        self, inc: _Incident, texts: list[tuple[str | None, str]]
-    ) -> tuple[dict[int, tuple[int, str]], frozenset[int]]:
-        """From the agent's output, where it can be read: pid -> (wait status, the agent's
-        line), and the pids it sent closing signals to."""
-        codes: dict[int, tuple[int, str]] = {}
-        teardown: set[int] = set()
-        for _, text in (t for t in texts if t[0] is None):
-            records = parse_agent_text(text)
-            for pid, (rc, line) in exit_codes_by_pid(records).items():
-                codes.setdefault(pid, (returncode_to_wait_status(rc), line))
-            teardown.update(r.pid for r in records if isinstance(r, ClosingSignal))
-        return codes, frozenset(teardown & set(inc.ranks))
-
-    def _oomd_kills(self, inc: _Incident, plan: _Plan) -> list[UserspaceKill]:
-        """The cgroups (the ranks' and their ancestors) whose oomd xattrs went up since the
-        daemon first saw them: systemd-oomd and oomd mark the cgroup they kill."""
-        found: list[UserspaceKill] = []
-        seen: set[str] = set()
-        before = inc.snapshot_before
-        for cg in before.cgroups if before else ():
-            baseline = plan.oomd_baseline.get((cg.path, cg.version))
-            if baseline is None:
-                continue
-            for level, count in self.read_oomd_marks(cg.path, cg.version).items():
-                name, _, path = level.partition(" ")
-                was = baseline.get(level, 0)
-                if count > was and path not in seen:
-                    seen.add(path)
-                    daemon = "systemd-oomd" if name.startswith("user.") else "oomd"
-                    found.append(
-                        UserspaceKill(
-                            daemon, None, path, None, None, f"{path}: xattr {name} {was} -> {count}", "xattr"
-                        )
-                    )
-        return found
-
-    def _evidence(self, inc: _Incident, reads: _Reads) -> Evidence:
+    def _evidence(self, inc: Incident, reads: Reads) -> Evidence:
         """Under the lock: the round's reads joined with what the feeds recorded."""
         ranks = []
         # Without first-hand exits, death times are when a death was noticed: the agent's
@@ -831,7 +538,7 @@ class DeathWatch:
             return None
         return self.wall() - (self.clock_ns() - ns) / 1e9
 
-    def _clean_end(self, inc: _Incident, ev: Evidence, verdict: Verdict) -> bool | None:
+    def _clean_end(self, inc: Incident, ev: Evidence, verdict: Verdict) -> bool | None:
         """For deaths that nothing explains and whose statuses are all unknown: True when
         it was the job's clean end (drop it), None while that cannot be told yet."""
         if verdict.kind != "unknown" or any(r.exit_code not in (None, 0) for r in ev.ranks if r.dead):
@@ -845,7 +552,7 @@ class DeathWatch:
             return None  # every rank ended and the agent still runs: give it time to exit
         return False
 
-    def _write(self, inc: _Incident, ev: Evidence) -> None:
+    def _write(self, inc: Incident, ev: Evidence) -> None:
         verdict = autopsy(ev)
         if verdict is None:
             return
@@ -893,122 +600,18 @@ class DeathWatch:
                 "job %s: postmortem %s: %s (%s)", inc.gen.job, inc.doc_id, verdict.summary, verdict.confidence
             )
 
-    def _document(self, inc: _Incident, v: Verdict, died_at: float, ev: Evidence) -> dict[str, Any]:
-        before = inc.snapshot_before
-        cgroups = {c.path: c for c in before.cgroups} if before else {}
-        cg_path = (
-            (v.oom.oom_memcg if v.oom and v.oom.oom_memcg else None)
-            or v.victim.cgroup_limited_by
-            or v.victim.cgroup
+    def _document(self, inc: Incident, v: Verdict, died_at: float, ev: Evidence) -> dict[str, Any]:
+        return live_document(
+            inc,
+            v,
+            died_at,
+            ev,
+            points=self.timeline.window(inc.gen.job, since=died_at - TIMELINE_WINDOW_S),
+            wall_of=self._wall,
+            updated_at=self.wall(),
+            hostname=self.hostname,
+            stacks=self._stacks(inc),
         )
-        cg = cgroups.get(cg_path or "")
-        if cg is None and v.victim.cgroup:
-            cg = cgroups.get(v.victim.cgroup)
-        points = self.timeline.window(inc.gen.job, since=died_at - TIMELINE_WINDOW_S)
-        ranks = []
-        for r in ev.ranks:
-            k = inc.ranks.get(r.pid)
-            s = k.sample if k else None
-            ranks.append(
-                {
-                    "rank": r.rank,
-                    "local_rank": r.local_rank,
-                    "pid": r.pid,
-                    "exit_code": r.returncode,
-                    "signal": signal_name(r.signal),
-                    "exit_source": r.exit_source,
-                    "died_at": iso(self._wall(r.died_ns)),
-                    "fate": v.fates.get(r.label, "unknown"),
-                    "rss_bytes": s.rss_bytes if s else None,
-                    "peak_rss_bytes": s.peak_rss_bytes if s else None,
-                    "tree_rss_bytes": s.tree_rss_bytes if s else None,
-                    "gpu_memory_bytes": sum(s.gpu_memory_bytes.values())
-                    if s and s.gpu_memory_bytes
-                    else None,
-                }
-            )
-        host = before.host if before else None
-        min_avail = min(
-            (p.host_available_bytes for p in points if p.host_available_bytes is not None), default=None
-        )
-        doc: dict[str, Any] = {
-            "schema": "trainwatch.postmortem/v1",
-            "id": inc.doc_id,
-            "created_at": iso(inc.created_at),
-            "updated_at": iso(self.wall()),
-            "host": self.hostname,
-            "job": {
-                "agent_pid": inc.gen.agent_pid,
-                "run_id": inc.gen.run_id,
-                "world_size": inc.gen.world_size,
-                "restart_count": inc.gen.restart,
-                "entrypoint": inc.gen.entrypoint,
-                "key": inc.gen.job,
-            },
-            "victim": {
-                "rank": v.victim.rank,
-                "local_rank": v.victim.local_rank,
-                "pid": v.victim.pid,
-                "exit_code": v.victim.returncode,
-                "signal": signal_name(v.victim.signal),
-                "died_at": iso(died_at),
-                # first-hand, from the kernel's kill line: the RSS at the moment of the kill
-                "kernel_rss_bytes": v.oom.rss_bytes if v.oom else None,
-            },
-            "killer": {
-                "kind": v.kind,
-                "confidence": v.confidence,
-                "summary": v.summary,
-                "evidence": [
-                    {"source": e.source, "at": iso(self._wall(e.at_ns)), "detail": e.detail}
-                    for e in v.evidence
-                ],
-            },
-            "ranks": ranks,
-            "memory": {
-                "host": {
-                    "total_bytes": host.total_bytes if host else None,
-                    "available_bytes_at_death": host.available_bytes if host else None,
-                    "min_available_bytes": min_avail,
-                },
-                "cgroup": None
-                if cg is None
-                else {
-                    "path": cg.path,
-                    "version": cg.version,
-                    "limit_bytes": cg.effective_limit_bytes,
-                    "usage_bytes_at_death": cg.usage_bytes,
-                    "peak_bytes": cg.peak_bytes,
-                    # counted after the death (the snapshot before it predates the kill); on v1
-                    # the counter is per cgroup, so the kill shows in the victim's own one
-                    "oom_kills": max(
-                        (
-                            n
-                            for path, n in ev.cgroup_oom_kills_after.items()
-                            if path == cg.path
-                            or (v.victim.cgroup == path and path.startswith(cg.path.rstrip("/") + "/"))
-                        ),
-                        default=cg.oom_kills,
-                    ),
-                },
-            },
-            "timeline": [
-                {
-                    "at": iso(p.at),
-                    "host_available_bytes": p.host_available_bytes,
-                    "cgroup_usage_bytes": p.cgroup_usage_bytes,
-                    "rss_bytes": p.rss_bytes,
-                    "tree_rss_bytes": p.tree_rss_bytes,
-                    "gpu_memory_bytes": p.gpu_memory_bytes,
-                }
-                for p in points
-            ],
-            "stacks": self._stacks(inc),
-            "advice": advice(
-                v, ranks, cg, host.total_bytes if host else None, ev.output_read, ev.flight_enabled
-            ),
-        }
-        return doc
 
 
 def remember(
@@ -1031,131 +634,3 @@ def _exit_text(code: int | None) -> str:
         return "exit status unknown"
     status, sig = decode_wait_status(code)
     return f"signal {signal_name(sig)}" if sig is not None else f"exit status {status}"
-
-
-def _gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / 2**30:.1f} GiB"
-
-
-def advice(
-    v: Verdict,
-    ranks: list[dict[str, Any]],
-    cg: Any,
-    host_total: int | None,
-    output_read: bool = True,
-    flight_enabled: bool | None = None,
-    *,
-    live: bool = True,
-) -> list[str]:
-    """What to change, from the verdict's kind and facts and the numbers. ``live`` False:
-    for ``trainwatch diagnose``, which leaves out what only the daemon's setup could change."""
-    out: list[str] = []
-    rss = [r["rss_bytes"] for r in ranks if r.get("rss_bytes")]
-    trees = [
-        (r["rss_bytes"], r["tree_rss_bytes"]) for r in ranks if r.get("rss_bytes") and r.get("tree_rss_bytes")
-    ]
-    if (
-        v.kind in (Kind.KERNEL_OOM, Kind.CGROUP_OOM)
-        and len(rss) > 1
-        and max(rss) > 1 << 30
-        and min(rss) > 0.75 * max(rss)
-    ):
-        out.append(
-            f"Every rank held about the same host memory ({_gib(min(rss))} to {_gib(max(rss))}): each "
-            "process loads its own full copy. Load the weights once (low_cpu_mem_usage=True, meta-device or "
-            "ZeRO-3 init), load them straight to the GPU, or stagger loading across ranks."
-        )
-    if v.kind == Kind.CGROUP_OOM and cg is not None and cg.effective_limit_bytes:
-        total = sum(r.get("tree_rss_bytes") or 0 for r in ranks)
-        out.append(
-            f"The limit of memory cgroup {cg.path} is {_gib(cg.effective_limit_bytes)}"
-            + (f"; the job's processes held {_gib(total)} in RSS before the kill" if total else "")
-            + ". Raise that limit (container or pod memory, Slurm --mem) or reduce host memory per rank."
-        )
-    if v.kind == Kind.KERNEL_OOM and host_total:
-        out.append(
-            f"The machine has {_gib(host_total)} of RAM and no limit stopped the job first: reduce host "
-            "memory per rank or run fewer ranks per node; a memory limit on the job turns this into a "
-            "contained failure."
-        )
-    if trees and any(t > 2 * r and t - r > 1 << 30 for r, t in trees):
-        out.append(
-            "The ranks' child processes (DataLoader workers) held much of the memory: lower num_workers, "
-            "avoid copying the dataset into each worker, or use shared memory for it."
-        )
-    if v.kind == Kind.EXTERNAL_SIGNAL:
-        out.append(
-            "Nothing on this machine recorded an OOM. Look at who sends signals here: the scheduler "
-            "(Slurm time limit, Kubernetes eviction or preemption), an operator, a watchdog."
-        )
-    if v.kind == Kind.COLLECTIVE_TIMEOUT:
-        nccl = v.facts.backend == "nccl"
-        if v.facts.all_entered:
-            out.append(
-                "Every rank reached the collective and it still did not finish: look at the GPU work queued "
-                "before it (a kernel that runs far longer than a step, or hangs), the network between the "
-                "ranks (NCCL_DEBUG=INFO shows the transport), and the kernel log for GPU errors (Xid)."
-            )
-        else:
-            out.append(
-                "A collective timed out because a rank never reached it. Look at what the missing rank was "
-                "doing (py-spy dump --pid PID while it hangs); typical causes are a rank-dependent branch "
-                "that skips a collective, uneven data (one rank runs out of batches first), or a rank stuck "
-                "in I/O."
-            )
-        if flight_enabled and nccl:
-            out.append(
-                "The flight recorder was on: its dumps (TORCH_FR_DUMP_TEMP_FILE<rank>) hold each rank's "
-                "last collectives; compare them with torch's fr_trace tool for the whole job."
-            )
-        elif nccl:
-            out.append(
-                ("Turn on" if flight_enabled is False else "Unless it was on, turn on")
-                + " the flight recorder so the next postmortem names the rank that never entered the "
-                "collective: TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1 "
-                "TORCH_FR_DUMP_TEMP_FILE=/tmp/nccl_trace_rank_ (a dump per rank on timeout)."
-            )
-        else:
-            out.append(
-                "The flight recorder records NCCL only; for gloo, TORCH_DISTRIBUTED_DEBUG=DETAIL makes a "
-                "mismatch between ranks' collectives visible."
-            )
-        out.append("Raise the timeout (init_process_group(timeout=...)) only when a step truly takes longer.")
-    if v.kind == Kind.GPU_ERROR:
-        out.append(
-            "The GPU failed, not the program: drain the node and have it checked (nvidia-smi -q, "
-            "nvidia-bug-report.sh; Xid 79 and NVML's GPU_IS_LOST are a GPU off the bus, 48/94/95 "
-            "uncorrectable memory errors); "
-            "restart the job elsewhere from its last checkpoint."
-        )
-    if v.kind == Kind.CUDA_OOM:
-        out.append(
-            "Reduce GPU memory per step: a smaller micro-batch with gradient accumulation, activation "
-            "checkpointing, bf16, or sharding (FSDP/ZeRO); PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
-            "helps when free memory is fragmented."
-        )
-    if v.kind == Kind.BUS_ERROR or (v.kind == Kind.PYTHON_EXCEPTION and v.facts.shm_exhausted):
-        out.append(
-            "DataLoader workers pass batches through /dev/shm: give the container more "
-            "(docker --shm-size=16g, "
-            "or a Kubernetes emptyDir with medium: Memory on /dev/shm), or use fewer workers."
-        )
-    if v.kind == Kind.PYTHON_EXCEPTION:
-        out.append("The exception is the rank's own: fix it from the traceback in the rank's output.")
-    own_words = (Kind.PYTHON_EXCEPTION, Kind.ABORT, Kind.SEGFAULT, Kind.BUS_ERROR, Kind.UNKNOWN)
-    if not output_read and v.kind in own_words:
-        out.append(
-            "The ranks' output could not be read, so their own last words are missing here. Next time run "
-            "the job under `trainwatch run -- torchrun ...`, or give torchrun --log-dir DIR --redirects 3 "
-            "(or send its stdout/stderr to a file): trainwatch reads those files. Decorating the "
-            "entrypoint with torch.distributed.elastic.multiprocessing.errors.record also writes each "
-            "rank's exception to its TORCHELASTIC_ERROR_FILE, which trainwatch reads."
-        )
-    if v.kind == Kind.UNKNOWN and live:
-        out.append("Run trainwatch as root in the host's PID and network namespaces so exits are captured.")
-    if v.kind == Kind.KERNEL_OOM and not host_total and not live:
-        out.append(
-            "The whole machine ran out of memory: reduce host memory per rank or run fewer ranks "
-            "per node; a memory limit on the job turns this into a contained failure."
-        )
-    return out

@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO
 
+from sidecar.advice import advice
 from sidecar.autopsy import (
     Evidence,
     EvidenceItem,
@@ -44,7 +45,6 @@ from sidecar.autopsy import (
     rank_name,
     signal_name,
 )
-from sidecar.deaths import advice
 from sidecar.model import Confidence, Fate, Kind
 from sidecar.parse.jobs import JobRecord, parse_job_line
 from sidecar.parse.kernel import (

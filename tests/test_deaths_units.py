@@ -235,7 +235,9 @@ def test_counters_without_a_record_are_likely_not_certain():
 
 def test_the_agents_sigkill_30_s_later_is_teardown_not_oom():
     oom = KernelOom(102, int(10 * S), "memcg", "/job", "/job", "python3", None, ())
-    v = autopsy(Evidence((_r("0", 101, 9, 40.1), _r("1", 102, 9, 10.0), _r("2", 103, 36608, 10.5)), kernel=(oom,)))
+    v = autopsy(
+        Evidence((_r("0", 101, 9, 40.1), _r("1", 102, 9, 10.0), _r("2", 103, 36608, 10.5)), kernel=(oom,))
+    )
     assert v.fates == {"0": "terminated_by_agent", "1": "root_cause", "2": "terminated_by_agent"}
 
 

@@ -1,0 +1,353 @@
+"""The reads an incident needs, done outside the death watch's lock: what the job printed
+(the agent's and ranks' output files, ``trainwatch run``'s kept output, the ranks'
+``TORCHELASTIC_ERROR_FILE`` records), the OOM counters after the death, userspace OOM
+daemons and their logs and marks, the flight recorder's dumps and the job's /dev/shm. Each
+read is parsed here into what ``deaths.DeathWatch`` joins into the autopsy's ``Evidence``.
+Also the incident's data: one worker generation, its ranks, what a round plans to read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from sidecar.autopsy import USERSPACE_OOM_DAEMONS, UserspaceKill
+from sidecar.model import RankSample, Snapshot
+from sidecar.parse.flight import FlightDump, FlightVerdict, load_dump, summarise
+from sidecar.parse.oomd import parse_userspace_oom_line
+from sidecar.parse.ranks import Finding, parse_rank_output, stamp_to_epoch
+from sidecar.parse.torchrun import (
+    ClosingSignal,
+    exit_codes_by_pid,
+    parse_agent_text,
+    parse_error_file,
+    returncode_to_wait_status,
+)
+from sidecar.probes.outputs import OutputFile, read_output, regular_outputs
+
+__all__ = ["OUTPUT_PARSE_BYTES", "Gatherer", "Generation", "Incident", "Known", "Plan", "Reads"]
+
+log = logging.getLogger("sidecar.deaths")  # the death watch's log, as before the split
+
+OUTPUT_PARSE_BYTES = 2 << 20  # of each output stream, the tail that is parsed at a death
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """One worker generation of one job: what its ranks share, and an incident's key."""
+
+    job: str
+    agent_pid: int
+    run_id: str | None
+    world_size: int | None
+    restart: int
+    entrypoint: str | None
+
+
+@dataclass(slots=True)
+class Known:
+    gen: Generation
+    sample: RankSample
+    cgroup_limited_by: str | None
+    seen_ns: int
+
+
+@dataclass(slots=True)
+class Incident:
+    gen: Generation
+    ranks: dict[int, Known]
+    # pid -> (wait status or None when unknown, monotonic ns, who told: ExitEvent.source)
+    deaths: dict[int, tuple[int | None, int, str | None]] = field(default_factory=dict)
+    agent_exit: tuple[int | None, int] | None = None
+    doc_id: str | None = None
+    created_at: float | None = None
+    due_ns: int | None = None
+    last_death_ns: int = 0
+    counted: dict[int, str] = field(default_factory=dict)
+    host_oom_before: int | None = None
+    cgroup_oom_before: dict[str, int] = field(default_factory=dict)
+    snapshot_before: Snapshot | None = None
+    shm: tuple[int, int] | None = None  # the job's /dev/shm, read while a process of it lived
+    stacks: dict[str, Any] | None = None  # py-spy stacks recorded while the job stalled
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one autopsy round reads, copied from the shared state under the lock."""
+
+    agent_files: tuple[OutputFile, ...]
+    rank_files: tuple[tuple[int, str, tuple[OutputFile, ...]], ...]  # (pid, label, its own files)
+    seen_at: dict[int, float]  # rank pid -> wall time first seen (older dumps are not its)
+    oomd_baseline: dict[tuple[str, int], dict[str, int]]
+    error_files: tuple[tuple[str, str], ...]  # (rank label, its TORCHELASTIC_ERROR_FILE)
+
+
+@dataclass(frozen=True, slots=True)
+class Reads:
+    """What one autopsy round read and parsed, outside the lock."""
+
+    texts: list[tuple[str | None, str]]  # the output read (and the error files')
+    agent_codes: dict[int, tuple[int, str]]  # pid -> (wait status, the agent's line)
+    teardown: frozenset[int]
+    findings: tuple[tuple[str | None, Finding], ...]
+    cgroup_oom_after: dict[str, int]
+    host_oom_after: int | None
+    daemons: list[tuple[str, int, list[UserspaceKill]]]
+    oomd: list[UserspaceKill]
+    flight: FlightVerdict | None
+    flight_on: bool | None
+    shm: tuple[int, int] | None
+
+
+class Gatherer:
+    """The file reads of one autopsy round, with what they need from the daemon."""
+
+    def __init__(
+        self,
+        *,
+        proc_root: str,
+        read_outputs: bool,
+        job_output: Callable[[int], str] | None,
+        read_host_oom_kills: Callable[[], int | None],
+        read_cgroup_oom_kills: Callable[[str, int], int | None],
+        read_oomd_marks: Callable[[str, int], dict[str, int]],
+        clock_ns: Callable[[], int] = time.monotonic_ns,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.proc_root = proc_root
+        self.read_outputs = read_outputs
+        self.job_output = job_output
+        self.read_host_oom_kills = read_host_oom_kills
+        self.read_cgroup_oom_kills = read_cgroup_oom_kills
+        self.read_oomd_marks = read_oomd_marks
+        self.clock_ns = clock_ns
+        self.wall = wall
+
+    def _scan_oom_daemons(self) -> list[tuple[str, int, list[UserspaceKill]]]:
+        """Userspace OOM daemons running now (a /proc scan, done only when a rank died):
+        (comm, pid, the kill lines of its stdout/stderr where those are regular files)."""
+        out = []
+        for comm, pid in self._oom_daemon_pids():
+            lines: list[UserspaceKill] = []
+            if self.read_outputs:
+                for f in regular_outputs(self.proc_root, pid):
+                    text = read_output(self.proc_root, f, limit=256 << 10, since_offset=False)
+                    for raw in text.splitlines():
+                        parsed = parse_userspace_oom_line(raw)
+                        if parsed is not None:
+                            lines.append(
+                                UserspaceKill(
+                                    parsed.daemon,
+                                    parsed.pid,
+                                    parsed.cgroup,
+                                    parsed.signal,
+                                    None,
+                                    f"{comm} (pid {pid}) log {f.path}: {parsed.text}",
+                                    "log",
+                                )
+                            )
+            out.append((comm, pid, lines))
+        return out
+
+    def _oom_daemon_pids(self) -> tuple[tuple[str, int], ...]:
+        found = []
+        try:
+            names = [n for n in os.listdir(self.proc_root) if n.isdigit()]
+        except OSError:
+            return ()
+        for name in names:
+            try:
+                with open(f"{self.proc_root}/{name}/comm", "rb") as f:
+                    comm = f.read().decode("utf-8", "replace").strip()
+            except OSError:
+                continue
+            if comm in USERSPACE_OOM_DAEMONS:
+                found.append((comm, int(name)))
+        return tuple(sorted(found))
+
+    def read(self, inc: Incident, plan: Plan) -> Reads:
+        """Outside the lock: every file this autopsy round reads, read and parsed."""
+        texts = self._texts(inc, plan)
+        errors = self._error_files(inc, plan)
+        codes, teardown = self._agent_log(inc, texts)
+        after_cg: dict[str, int] = {}
+        # The cgroups the ranks were in may hold no live rank any more (so no snapshot
+        # samples them): read their counters now.
+        before = inc.snapshot_before
+        for cg in before.cgroups if before else ():
+            now = self.read_cgroup_oom_kills(cg.path, cg.version)
+            if now is not None:
+                after_cg[cg.path] = now
+        flight, flight_on = self._flight(inc, plan)
+        return Reads(
+            texts + [(owner, text) for owner, text, _ in errors],
+            codes,
+            teardown,
+            tuple(self._findings(inc, [(o, t, None) for o, t in texts] + errors)),
+            after_cg,
+            self.read_host_oom_kills(),
+            self._scan_oom_daemons(),
+            self._oomd_kills(inc, plan),
+            flight,
+            flight_on,
+            self._shm(inc),
+        )
+
+    def _texts(self, inc: Incident, plan: Plan) -> list[tuple[str | None, str]]:
+        """What the job printed that can be read: (the rank it belongs to, or None for
+        the agent's stream that every rank shares too, text)."""
+        texts: list[tuple[str | None, str]] = []
+        if self.job_output is not None:
+            texts.append((None, self.job_output(inc.gen.agent_pid)[-OUTPUT_PARSE_BYTES:]))
+        if self.read_outputs:
+            for f in plan.agent_files:
+                texts.append((None, read_output(self.proc_root, f, limit=OUTPUT_PARSE_BYTES)))
+            for _, label, files in plan.rank_files:
+                for f in files:
+                    texts.append((label, read_output(self.proc_root, f, limit=OUTPUT_PARSE_BYTES)))
+        return [(owner, text) for owner, text in texts if text]
+
+    def _error_files(self, inc: Incident, plan: Plan) -> list[tuple[str | None, str, str | None]]:
+        """The ranks' TORCHELASTIC_ERROR_FILE records (written where the entrypoint has
+        ``@record``): (rank label, the traceback or message, the file)."""
+        out: list[tuple[str | None, str, str | None]] = []
+        for label, path in plan.error_files:
+            # a rank in a container wrote it in the container's file system: the agent's view
+            for where in (path, f"{self.proc_root}/{inc.gen.agent_pid}/root{path}"):
+                try:
+                    with open(where, "rb") as f:
+                        text = f.read(1 << 20).decode("utf-8", "replace")
+                except OSError:
+                    continue
+                try:
+                    record = parse_error_file(text)
+                except ValueError as exc:
+                    log.warning(
+                        "job %s: error file %s of rank %s not used: %s", inc.gen.job, path, label, exc
+                    )
+                    break
+                # the traceback gives the exception line and the collective it was in
+                out.append((label, record.traceback or record.message, path))
+                break
+        return out
+
+    def _findings(
+        self, inc: Incident, texts: list[tuple[str | None, str, str | None]]
+    ) -> list[tuple[str | None, Finding]]:
+        """The ranks' findings, attributed: a rank's own file, else the line's prefix.
+        ``texts``: (owner, text, the error file it came from or None)."""
+        by_rank = {
+            k.sample.rank: k.sample.rank_label for k in inc.ranks.values() if k.sample.rank is not None
+        }
+        by_local = {
+            k.sample.local_rank: k.sample.rank_label
+            for k in inc.ranks.values()
+            if k.sample.local_rank is not None
+        }
+        found: list[tuple[str | None, Finding]] = []
+        seen: set[tuple[str | None, str, str]] = set()
+        wall, mono = self.wall(), self.clock_ns()
+        for owner, text, error_file in texts:
+            found_here = parse_rank_output(text)
+            if error_file is not None and not any(f.kind == "exception" for f in found_here):
+                kind, _, message = text.strip().partition(": ")  # a message without its traceback
+                found_here.append(
+                    Finding("exception", None, None, text.strip(), (("type", kind), ("message", message)))
+                )
+            for f in found_here:
+                if error_file is not None:
+                    f = replace(f, fields=(*f.fields, ("file", error_file)))
+                epoch = stamp_to_epoch(f.stamp, wall) if f.stamp is not None else None
+                if epoch is not None:  # the line's own time, on this clock
+                    f = replace(f, at_ns=mono - int((wall - epoch) * 1e9))
+                label = owner
+                if label is None and f.rank is not None:
+                    label = by_rank.get(f.rank)
+                if label is None and f.local_rank is not None:
+                    label = by_local.get(f.local_rank)
+                if (label, f.kind, f.line) not in seen:
+                    seen.add((label, f.kind, f.line))
+                    found.append((label, f))
+        return found
+
+    def _flight(self, inc: Incident, plan: Plan) -> tuple[FlightVerdict | None, bool | None]:
+        """The flight recorder's dumps of this generation's ranks: the verdict, and whether
+        the recorder was on (None: no rank's environment could be read)."""
+        envs = {pid: k.sample.flight_recorder for pid, k in inc.ranks.items()}
+        known = [e for e in envs.values() if e is not None]
+        if not known:
+            return None, None
+        dumps: list[FlightDump] = []
+        world: list[int] = []
+        for pid, env in envs.items():
+            rank = inc.ranks[pid].sample.rank
+            if env is None or env[0] <= 0 or rank is None:
+                continue
+            world.append(rank)
+            path = f"{env[1]}{rank}"
+            try:
+                if os.path.getmtime(path) < plan.seen_at.get(pid, 0.0) - 60:
+                    continue  # an earlier run's dump
+                dumps.append(load_dump(path, rank))
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError) as exc:
+                log.warning("job %s: flight-recorder dump not used: %s", inc.gen.job, exc)
+        on = any(buffer > 0 for buffer, _ in known)
+        return (summarise(dumps, tuple(sorted(world))) if dumps else None), on
+
+    def _shm(self, inc: Incident) -> tuple[int, int] | None:
+        """/dev/shm as the job sees it (its own mount namespace: a container's, or a
+        private tmpfs), through a live process of the job: (size, used) bytes, read once
+        (the later rewrites of the postmortem find the job gone)."""
+        if inc.shm is not None:
+            return inc.shm
+        for pid in [*inc.ranks, inc.gen.agent_pid]:
+            try:
+                st = os.statvfs(f"{self.proc_root}/{pid}/root/dev/shm")
+            except OSError:
+                continue
+            inc.shm = st.f_blocks * st.f_frsize, (st.f_blocks - st.f_bfree) * st.f_frsize
+            return inc.shm
+        return None
+
+    def _agent_log(
+        self, inc: Incident, texts: list[tuple[str | None, str]]
+    ) -> tuple[dict[int, tuple[int, str]], frozenset[int]]:
+        """From the agent's output, where it can be read: pid -> (wait status, the agent's
+        line), and the pids it sent closing signals to."""
+        codes: dict[int, tuple[int, str]] = {}
+        teardown: set[int] = set()
+        for _, text in (t for t in texts if t[0] is None):
+            records = parse_agent_text(text)
+            for pid, (rc, line) in exit_codes_by_pid(records).items():
+                codes.setdefault(pid, (returncode_to_wait_status(rc), line))
+            teardown.update(r.pid for r in records if isinstance(r, ClosingSignal))
+        return codes, frozenset(teardown & set(inc.ranks))
+
+    def _oomd_kills(self, inc: Incident, plan: Plan) -> list[UserspaceKill]:
+        """The cgroups (the ranks' and their ancestors) whose oomd xattrs went up since the
+        daemon first saw them: systemd-oomd and oomd mark the cgroup they kill."""
+        found: list[UserspaceKill] = []
+        seen: set[str] = set()
+        before = inc.snapshot_before
+        for cg in before.cgroups if before else ():
+            baseline = plan.oomd_baseline.get((cg.path, cg.version))
+            if baseline is None:
+                continue
+            for level, count in self.read_oomd_marks(cg.path, cg.version).items():
+                name, _, path = level.partition(" ")
+                was = baseline.get(level, 0)
+                if count > was and path not in seen:
+                    seen.add(path)
+                    daemon = "systemd-oomd" if name.startswith("user.") else "oomd"
+                    found.append(
+                        UserspaceKill(
+                            daemon, None, path, None, None, f"{path}: xattr {name} {was} -> {count}", "xattr"
+                        )
+                    )
+        return found
