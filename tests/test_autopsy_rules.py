@@ -1,0 +1,158 @@
+"""The autopsy's rules, evidence in, verdict out: OOM records, counters, the first death, the
+agent's teardown, senders, and the exit events captured on the GPU machine."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+
+from sidecar.autopsy import Evidence, KernelOom, RankState, autopsy
+from tests.paths import CAPTURES
+
+S = 10**9
+
+
+def _r(
+    label: str, pid: int, code: int | None = None, at: float | None = None, cg: str = "/job", by: str = "/job"
+):
+    return RankState(
+        label, int(label), int(label), pid, (), code, None if at is None else int(at * S), cg, by
+    )
+
+
+def test_cgroup_oom_is_certain_when_the_kernel_names_the_pid():
+    oom = KernelOom(
+        102, int(10.001 * S), "memcg", "/pod", "/pod/c", "python3", 5 << 30, ("oom-kill:...pid=102",)
+    )
+    v = autopsy(Evidence((_r("0", 101, 15, 10.05), _r("1", 102, 9, 10.0), _r("2", 103)), kernel=(oom,)))
+    assert (
+        v.kind == "cgroup_oom" and v.confidence == "certain" and v.victim.pid == 102 and "/pod" in v.summary
+    )
+    assert v.fates == {"0": "terminated_by_agent", "1": "root_cause", "2": "running"}
+
+
+def test_global_oom_is_kernel_oom():
+    oom = KernelOom(102, int(10 * S), "global", None, "/user.slice", "python3", 20 << 30, ())
+    v = autopsy(Evidence((_r("0", 101, 15, 10.1), _r("1", 102, 9, 10.0)), kernel=(oom,)))
+    assert v.kind == "kernel_oom" and v.confidence == "certain"
+
+
+def test_root_cause_is_the_first_death_not_the_lowest_rank():
+    v = autopsy(Evidence((_r("0", 101, 9, 10.2), _r("3", 104, 9, 10.0))))
+    assert v.victim.label == "3" and v.fates["0"] == "terminated_by_agent"
+
+
+def test_sigkill_without_record_or_counter_is_external_never_oom():
+    v = autopsy(
+        Evidence(
+            (_r("0", 101, 15, 10.1), _r("1", 102, 9, 10.0)),
+            host_oom_kills_before=7,
+            host_oom_kills_after=7,
+            cgroup_oom_kills_before={"/job": 0},
+            cgroup_oom_kills_after={"/job": 0},
+        )
+    )
+    assert v.kind == "external_signal" and v.confidence == "likely"
+    blind = autopsy(Evidence((_r("1", 102, 9, 10.0),), kernel_log_readable=False))
+    assert blind.kind == "external_signal" and blind.confidence == "possible"
+
+
+def test_counters_without_a_record_are_likely_not_certain():
+    v = autopsy(
+        Evidence(
+            (_r("1", 102, 9, 10.0),),
+            host_oom_kills_before=7,
+            host_oom_kills_after=8,
+            cgroup_oom_kills_before={"/job": 0},
+            cgroup_oom_kills_after={"/job": 1},
+            kernel_log_readable=False,
+        )
+    )
+    assert v.kind == "cgroup_oom" and v.confidence == "likely"
+
+
+def test_the_agents_sigkill_30_s_later_is_teardown_not_oom():
+    oom = KernelOom(102, int(10 * S), "memcg", "/job", "/job", "python3", None, ())
+    v = autopsy(
+        Evidence((_r("0", 101, 9, 40.1), _r("1", 102, 9, 10.0), _r("2", 103, 36608, 10.5)), kernel=(oom,))
+    )
+    assert v.fates == {"0": "terminated_by_agent", "1": "root_cause", "2": "terminated_by_agent"}
+
+
+def test_two_ranks_killed_by_one_oom_are_same_cause():
+    ooms = (
+        KernelOom(102, int(10 * S), "global", None, None, "p", None, ()),
+        KernelOom(101, int(10.01 * S), "global", None, None, "p", None, ()),
+    )
+    v = autopsy(Evidence((_r("0", 101, 9, 10.02), _r("1", 102, 9, 10.0)), kernel=ooms))
+    assert v.fates == {"0": "same_cause", "1": "root_cause"}
+
+
+def test_exit_status_and_unknowns():
+    assert autopsy(Evidence((_r("1", 102, 256, 10.0),))).kind == "python_exception"
+    assert autopsy(Evidence((_r("1", 102, 11, 10.0),))).kind == "segfault"
+    assert autopsy(Evidence((_r("1", 102, None, 10.0),))).kind == "unknown"
+    assert autopsy(Evidence((_r("1", 102),))) is None
+
+
+@pytest.mark.parametrize(
+    "name, victim, kind",
+    [
+        # A: rank 2 SIGKILLs itself (no OOM record, as a kill from outside leaves); rank 0
+        # ignores SIGTERM and gets torchrun's SIGKILL 30 s later; rank 1 dies of SIGTERM;
+        # rank 3 exits 143 from its handler.
+        ("torchrun-A", 2, "external_signal"),
+        # B: rank 1 raises an exception (exit 1); the others die of the agent's SIGTERM.
+        ("torchrun-B", 1, "python_exception"),
+    ],
+)
+def test_autopsy_on_real_exit_events_captured_on_the_gpu_machine(name, victim, kind):
+    capture = json.loads((CAPTURES / f"{name}.json").read_text())
+    pid_rank = {v["pid"]: int(v["RANK"]) for v in capture["env_files"].values() if "RANK" in v}
+    exits = {e["pid"]: e for e in capture["cn_proc_exits_workers"]}
+    ranks = tuple(
+        RankState(str(r), r, r, pid, (), exits[pid]["exit_code"], int(exits[pid]["ts_mono"] * S))
+        for pid, r in sorted(pid_rank.items(), key=lambda kv: kv[1])
+    )
+    v = autopsy(Evidence(ranks, host_oom_kills_before=3, host_oom_kills_after=3))
+    assert v.victim.rank == victim and v.kind == kind
+    assert v.fates == {
+        str(r.rank): "root_cause" if r.rank == victim else "terminated_by_agent" for r in ranks
+    }
+    if name == "torchrun-A":
+        r0 = next(r for r in ranks if r.rank == 0)
+        assert (
+            r0.signal == signal.SIGKILL and (r0.died_ns - v.victim.died_ns) / S > 29
+        )  # the -9 that is no OOM
+
+
+def test_the_tracepoint_names_the_sender():
+    from sidecar.autopsy import SignalSent
+
+    victim = _r("1", 102, 9, 10.0)
+    by_kill = SignalSent("kill", 4242, 102, 9, 0, int(9.999 * S))
+    v = autopsy(Evidence((_r("0", 101, 15, 10.05), victim), signals=(by_kill,)))
+    assert (
+        v.kind == "external_signal"
+        and v.confidence == "certain"
+        and "pid 4242 (kill) sent SIGKILL" in v.summary
+    )
+    by_earlyoom = SignalSent("earlyoom", 900, 102, 9, 0, int(9.999 * S))
+    assert autopsy(Evidence((victim,), signals=(by_earlyoom,))).kind == "userspace_oom"
+    by_agent = SignalSent("pt_elastic", 77, 102, 9, 0, int(9.999 * S))
+    assert autopsy(Evidence((victim,), signals=(by_agent,), agent_pid=77)).kind == "agent_teardown"
+    # an old signal to the same pid is not this death's
+    stale = SignalSent("kill", 4242, 102, 9, 0, int(1 * S))
+    assert autopsy(Evidence((victim,), signals=(stale,))).confidence != "certain"
+    # the kernel's own SIGKILL (si_code 128) is the OOM killer's business, not a sender's
+    kernel = SignalSent("python3", 102, 102, 9, 128, int(9.999 * S))
+    oom = KernelOom(102, int(10 * S), "memcg", "/job", "/job", "python3", None, ())
+    assert autopsy(Evidence((victim,), kernel=(oom,), signals=(kernel,))).kind == "cgroup_oom"
+
+
+def test_a_running_oom_daemon_makes_an_unexplained_kill_only_possible():
+    v = autopsy(Evidence((_r("1", 102, 9, 10.0),), oom_daemons=(("earlyoom", 812),)))
+    assert v.kind == "external_signal" and v.confidence == "possible"  # never guessed as an OOM
+    assert "earlyoom (pid 812)" in v.summary and any(e.source == "proc" for e in v.evidence)

@@ -1,0 +1,205 @@
+"""The death watch on fed snapshots and exits: lost events, generations, one OOM told twice,
+resync, lost GPUs, death times, the memory curve's window."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+from sidecar.parse.kernel import (
+    parse_kmsg_record,
+)
+from sidecar.postmortem import PostmortemStore
+from sidecar.watch.exits import (
+    ExitEvent,
+)
+
+
+def test_lost_exit_events_give_an_unknown_verdict(tmp_path):
+    """After ENOBUFS the rank that vanished is dead with an unknown exit status: the
+    postmortem says 'unknown', never a guess."""
+    from sidecar.deaths import DeathWatch
+    from sidecar.timeline import Timeline
+    from tests.test_daemon_loop import _job, _snapshot
+
+    store = PostmortemStore(str(tmp_path))
+    watch = DeathWatch(store, Timeline(60, 1), hostname="h")
+    watch.start()
+    try:
+        watch.observe(_snapshot(1, (_job("a", 100),)))  # a rank whose pid (10) is not this one's
+        live = PostmortemStore(str(tmp_path))
+        watch.resync(proc_root=str(tmp_path / "no-proc"))
+        deadline = time.monotonic() + 5
+        while store.newest() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        watch.stop()
+    doc = store.newest()
+    assert doc is not None and doc["killer"]["kind"] == "unknown" and doc["victim"]["exit_code"] is None
+    assert live.newest() is None  # nothing was on disk before the resync
+
+
+def test_each_worker_generation_gets_its_own_postmortem(tmp_path):
+    """After an elastic restart the new generation's death is a new incident."""
+    from dataclasses import replace
+
+    from sidecar.deaths import DeathWatch
+    from sidecar.model import ProcKey
+    from sidecar.timeline import Timeline
+    from tests.test_daemon_loop import _job, _snapshot
+
+    store = PostmortemStore(str(tmp_path))
+    watch = DeathWatch(store, Timeline(60, 1), hostname="h")
+    watch.start()
+    gen0 = _job("a", 100)
+    gen1 = replace(gen0, restart_count=1, ranks=(replace(gen0.ranks[0], key=ProcKey(11, 2), restart=1),))
+
+    def wait(n: int) -> None:
+        deadline = time.monotonic() + 5
+        while len(store.listing()) < n and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    try:
+        watch.observe(_snapshot(1, (gen0,)))
+        watch.on_exit(ExitEvent(10, 9, 9, time.monotonic_ns()))
+        wait(1)
+        watch.observe(_snapshot(2, (gen1,)))
+        watch.on_exit(ExitEvent(11, 256, 9, time.monotonic_ns()))
+        wait(2)
+    finally:
+        watch.stop()
+    kinds = sorted(d["killer"]["kind"] for d in store.listing())
+    assert kinds == ["external_signal", "python_exception"]
+    assert any(d["id"].endswith("-r0-a1") for d in store.listing())
+
+
+def test_the_summary_and_the_kill_line_are_one_oom(tmp_path):
+    from sidecar.deaths import DeathWatch
+    from sidecar.timeline import Timeline
+
+    watch = DeathWatch(PostmortemStore(str(tmp_path)), Timeline(60, 1), hostname="h")
+    for raw in (
+        b"6,567,663845864,-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
+        b"oom_memcg=/probe_oom,task_memcg=/probe_oom,task=python3,pid=8366,uid=0",
+        b"3,568,663845901,-;Memory cgroup out of memory: Killed process 8366 (python3) total-vm:119004kB, "
+        b"anon-rss:102016kB, file-rss:6600kB, shmem-rss:0kB, UID:0 pgtables:268kB oom_score_adj:0",
+        b"14,569,663845999,-;Killed process 8366 (python3) written by user space, ignored",
+    ):
+        watch.on_kmsg(parse_kmsg_record(raw))
+    (oom,) = watch._kernel
+    assert (oom.pid, oom.scope, oom.oom_memcg, oom.rss_bytes) == (
+        8366,
+        "memcg",
+        "/probe_oom",
+        (102016 + 6600) * 1024,
+    )
+    assert oom.at_ns == 663845864 * 1000 and len(oom.lines) == 2
+
+
+def test_resync_leaves_ranks_that_ended_before_the_last_round_alone(tmp_path, caplog):
+    from sidecar.deaths import DeathWatch
+    from sidecar.timeline import Timeline
+    from tests.test_daemon_loop import _job, _snapshot
+
+    store = PostmortemStore(str(tmp_path))
+    watch = DeathWatch(store, Timeline(60, 1), hostname="h")
+    watch.start()
+    try:
+        watch.observe(_snapshot(1, (_job("a", 100),)))
+        watch.observe(_snapshot(2, ()))  # the job ended normally before the overrun
+        watch.resync(proc_root=str(tmp_path / "no-proc"))  # decides at once, under its lock
+        assert "vanished" not in caplog.text and "died" not in caplog.text, caplog.text
+    finally:
+        watch.stop()  # finishes any postmortem in flight
+    assert store.newest() is None
+
+
+def test_a_gpu_nvml_reports_lost_is_a_gpu_error(tmp_path):
+    """A GPU that falls off the bus lists no processes any more: the rank's GPU is the one
+    NVML gave it memory on before; its loss names gpu_error (likely), another rank's does not."""
+    from dataclasses import replace
+
+    from sidecar.deaths import DeathWatch
+    from sidecar.model import GpuDeviceSample, GpuProcessSample
+    from sidecar.timeline import Timeline
+    from tests.test_daemon_loop import _job, _snapshot
+
+    def run(used_gpu: int) -> dict:
+        store = PostmortemStore(str(tmp_path / str(used_gpu)))
+        watch = DeathWatch(store, Timeline(60, 1), hostname="h", read_outputs=False)
+        job = _job("a", 100)
+        on_gpu = replace(job, ranks=(replace(job.ranks[0], gpu_memory_bytes={used_gpu: 1 << 30}),))
+        healthy = tuple(
+            GpuDeviceSample(
+                i, f"GPU-{i}", "NVIDIA H200", 1 << 30, 140 << 30, False, (GpuProcessSample(10, 1 << 30),)
+            )
+            for i in (0, 1)
+        )
+        lost = (GpuDeviceSample(0, "GPU-0", "NVIDIA H200", None, None, lost=True), healthy[1])
+        watch.start()
+        try:
+            watch.observe(replace(_snapshot(1, (on_gpu,)), gpus=healthy))
+            watch.observe(replace(_snapshot(2, (job,)), gpus=lost))  # the rank's memory is no longer listed
+            watch.on_exit(ExitEvent(10, 6, 6, time.monotonic_ns()))  # SIGABRT
+            deadline = time.monotonic() + 5
+            while store.newest() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+        finally:
+            watch.stop()
+        doc = store.newest()
+        assert doc is not None
+        return doc
+
+    doc = run(0)
+    assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("gpu_error", "likely"), doc["killer"]
+    assert "GPU 0 (NVIDIA H200) was lost" in doc["killer"]["summary"]
+    assert any(e["source"] == "nvml" and "GPU_IS_LOST" in e["detail"] for e in doc["killer"]["evidence"])
+    assert any("Xid 79 and NVML's GPU_IS_LOST" in a for a in doc["advice"])
+    doc = run(1)  # the rank was on GPU 1, which is fine: the lost GPU 0 is not its cause
+    assert doc["killer"]["kind"] == "abort", doc["killer"]
+
+
+def test_death_times_keep_the_newest_and_a_key_once():
+    from sidecar.deaths import remember
+
+    times: dict = {}
+    for i in range(5):
+        times = remember(times, ("j", str(i), 0), ("cgroup_oom", float(i)), cap=3)
+    assert list(times) == [("j", "2", 0), ("j", "3", 0), ("j", "4", 0)]
+    again = remember(times, ("j", "2", 0), ("agent_teardown", 9.0), cap=3)
+    assert list(again) == [("j", "3", 0), ("j", "4", 0), ("j", "2", 0)]
+    assert again[("j", "2", 0)] == ("agent_teardown", 9.0) and times[("j", "2", 0)] == ("cgroup_oom", 2.0)
+
+
+def test_the_postmortem_curve_spans_its_window_after_the_sampler_sped_up(tmp_path):
+    """300 s at 1 Hz, then 120 s at 10 Hz before the death: the postmortem's memory curve
+    still covers the 5 minutes before it (a ring sized history/interval kept one minute)."""
+    from sidecar.deaths import TIMELINE_WINDOW_S, DeathWatch
+    from sidecar.timeline import Timeline
+    from tests.test_daemon_loop import _job, _snapshot
+
+    store = PostmortemStore(str(tmp_path))
+    timeline = Timeline(600, 1)
+    now = time.time()
+    offsets = [float(s) for s in range(300)] + [300 + k / 10 for k in range(1200)]
+    start = now - offsets[-1] - 0.5
+    snaps = [_snapshot(i, (_job("a", 100 + i),), at=start + off) for i, off in enumerate(offsets)]
+    for s in snaps:
+        timeline.record(s)
+    watch = DeathWatch(store, timeline, hostname="h")
+    watch.start()
+    try:
+        watch.observe(snaps[-1])
+        watch.on_exit(ExitEvent(10, 9, 9, time.monotonic_ns()))
+        deadline = time.monotonic() + 5
+        while store.newest() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        watch.stop()
+    doc = store.newest()
+    assert doc is not None
+    died = datetime.fromisoformat(doc["victim"]["died_at"]).timestamp()
+    first = datetime.fromisoformat(doc["timeline"][0]["at"]).timestamp()
+    last = datetime.fromisoformat(doc["timeline"][-1]["at"]).timestamp()
+    assert first - (died - TIMELINE_WINDOW_S) < 1.5, (first, died)  # the whole window, not a minute
+    assert died - last < 1.0
