@@ -21,7 +21,6 @@ from typing import Any
 
 from sidecar.autopsy import (
     Evidence,
-    KernelOom,
     RankState,
     SignalSent,
     UserspaceKill,
@@ -33,6 +32,7 @@ from sidecar.document import live_document
 from sidecar.errors import ProbeError
 from sidecar.gather import Gatherer, Generation, Incident, Known, Plan, Reads
 from sidecar.model import Fate, Kind, Snapshot, decode_wait_status
+from sidecar.oom import OomFold
 from sidecar.parse.kernel import (
     KmsgRecord,
     OomKill,
@@ -112,11 +112,10 @@ class DeathWatch:
         self.death_times: dict[tuple[str, str, int], tuple[str, float]] = {}
         self._known: dict[int, Known] = {}
         self._snapshots: deque[tuple[int, Snapshot]] = deque(maxlen=8)
-        self._kernel: deque[KernelOom] = deque(maxlen=512)
+        self._ooms = OomFold(maxlen=512)  # the kernel's OOM kills, each merged from its records
         self._signals: deque[SignalSent] = deque(maxlen=1024)
         self._userspace: deque[UserspaceKill] = deque(maxlen=256)  # oomd's kernel-log lines
         self._xids: deque[tuple[int, XidRecord]] = deque(maxlen=256)  # NVRM Xid records
-        self._memcg_limit: tuple[str, int] | None = None  # the last "Task in ... limit of X" (pre-5.0)
         self._lost_gpus: dict[int, tuple[int, str | None]] = {}  # GPU index -> (first seen lost, name)
         self._rank_gpus: dict[int, frozenset[int]] = {}  # rank pid -> GPUs NVML ever gave it memory on
         self._reported: dict[int, int] = {}  # pid -> ns: an exit was reported (any status)
@@ -320,42 +319,14 @@ class DeathWatch:
                             self._schedule(inc, self.clock_ns())
             return
         parsed = parse_oom_line(record.text)
-        at = record.timestamp_us * 1000
-        if isinstance(parsed, OomMemcgLimit):  # before 5.0: which cgroup's limit, ahead of the kill
-            with self._cv:
-                self._memcg_limit = (parsed.oom_memcg, at)
-            return
-        if not isinstance(parsed, (OomSummary, OomKill)):
+        if not isinstance(parsed, (OomMemcgLimit, OomSummary, OomKill)):
             return
         with self._cv:
-            previous = next(
-                (k for k in reversed(self._kernel) if k.pid == parsed.pid and abs(k.at_ns - at) < 5 * 10**9),
-                None,
-            )
-            if isinstance(parsed, OomSummary):
-                scope = "global" if parsed.global_oom else "memcg"
-                fresh = KernelOom(
-                    parsed.pid,
-                    at,
-                    scope,
-                    parsed.oom_memcg,
-                    parsed.task_memcg,
-                    parsed.comm,
-                    None,
-                    (record.text,),
-                )
-            else:
-                limit = self._memcg_limit
-                memcg = limit[0] if limit and parsed.scope == "memcg" and at - limit[1] < 5 * 10**9 else None
-                fresh = KernelOom(
-                    parsed.pid, at, parsed.scope, memcg, None, parsed.comm, parsed.rss_bytes, (record.text,)
-                )
-            merged = fresh if previous is None else previous.merged(fresh)
-            if previous is not None:
-                self._kernel.remove(previous)
-            self._kernel.append(merged)
+            merged = self._ooms.feed(parsed, record.text, record.timestamp_us * 1000)
+            if merged is None:
+                return
             for inc in self._incidents.values():
-                if parsed.pid in inc.deaths:
+                if merged.pid in inc.deaths:
                     self._schedule(inc, self.clock_ns())
 
     # -- incidents -----------------------------------------------------------------
@@ -509,7 +480,7 @@ class DeathWatch:
         ]
         return Evidence(
             tuple(ranks),
-            kernel=tuple(self._kernel),
+            kernel=tuple(self._ooms.kills),
             signals=tuple(self._signals),
             agent_pid=inc.gen.agent_pid,
             oom_daemons=tuple((comm, pid) for comm, pid, _ in reads.daemons),

@@ -46,6 +46,7 @@ from sidecar.autopsy import (
     signal_name,
 )
 from sidecar.model import Confidence, Fate, Kind
+from sidecar.oom import OomFold
 from sidecar.parse.jobs import JobRecord, parse_job_line
 from sidecar.parse.kernel import (
     OomKill,
@@ -345,28 +346,13 @@ _PAGES_RAM = re.compile(r"^(\d+) pages RAM$")
 
 def _kernel(lines: list[KernelLine]) -> _Kernel:
     k = _Kernel([], [], {}, [], None)
-    by_pid: dict[int, KernelOom] = {}
-    limit: str | None = None  # before 5.0: "Task in /a killed as a result of limit of /b", ahead of the kill
+    fold = OomFold()  # every line at time 0: the records of one pid are one kill
     for line in lines:
         parsed = parse_oom_line(line.text)
-        if isinstance(parsed, OomMemcgLimit):
-            limit = parsed.oom_memcg
-            continue
-        if isinstance(parsed, (OomSummary, OomKill)):
-            prev = by_pid.get(parsed.pid)
-            if isinstance(parsed, OomSummary):
-                scope = "global" if parsed.global_oom else "memcg"
-                fresh = KernelOom(
-                    parsed.pid, 0, scope, parsed.oom_memcg, parsed.task_memcg, parsed.comm, None, (line.text,)
-                )
-            else:
-                memcg = limit if parsed.scope == "memcg" else None
-                fresh = KernelOom(
-                    parsed.pid, 0, parsed.scope, memcg, None, parsed.comm, parsed.rss_bytes, (line.text,)
-                )
-            if line.at is not None:
-                k.oom_at.setdefault(parsed.pid, line.at)
-            by_pid[parsed.pid] = fresh if prev is None else prev.merged(fresh)
+        if isinstance(parsed, (OomMemcgLimit, OomSummary, OomKill)):
+            merged = fold.feed(parsed, line.text, 0)
+            if merged is not None and line.at is not None:
+                k.oom_at.setdefault(merged.pid, line.at)
             continue
         m = _PARTIAL.search(line.text)
         if m:
@@ -383,7 +369,7 @@ def _kernel(lines: list[KernelLine]) -> _Kernel:
         m = _PAGES_RAM.match(line.text.strip())
         if m:
             k.host_total = int(m[1]) * PAGE
-    k.ooms = list(by_pid.values())
+    k.ooms = list(fold.kills)
     return k
 
 
