@@ -13,6 +13,7 @@ from sidecar.postmortem import PostmortemStore
 from sidecar.watch.exits import (
     ExitEvent,
 )
+from tests.e2e import wait_for
 
 
 def test_lost_exit_events_give_an_unknown_verdict(tmp_path):
@@ -191,13 +192,9 @@ def test_the_postmortem_curve_spans_its_window_after_the_sampler_sped_up(tmp_pat
     try:
         watch.observe(snaps[-1])
         watch.on_exit(ExitEvent(10, 9, 9, time.monotonic_ns()))
-        deadline = time.monotonic() + 5
-        while store.newest() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
+        doc = wait_for(store.newest, 5, "the postmortem", 0.02)
     finally:
         watch.stop()
-    doc = store.newest()
-    assert doc is not None
     died = datetime.fromisoformat(doc["victim"]["died_at"]).timestamp()
     first = datetime.fromisoformat(doc["timeline"][0]["at"]).timestamp()
     last = datetime.fromisoformat(doc["timeline"][-1]["at"]).timestamp()
