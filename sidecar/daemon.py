@@ -1,58 +1,37 @@
-"""The wiring: a sampler thread that runs discovery and every probe on fixed deadlines,
-and publishes one immutable ``Snapshot`` per round.
+"""The wiring and the schedule: a thread runs the sampling round (``sampler.py``) on fixed
+deadlines (every 0.1 s near a memory limit), publishes one immutable ``Snapshot`` per
+round, and starts the watchers that feed the death watch.
 
 The sampler never waits on HTTP clients and a scrape never waits on the sampler: the
-snapshot is swapped under a lock and only read afterwards. Every probe reports its
-success and duration; one that fails logs once per distinct problem and the others go
-on. Nothing here starts a subprocess or writes outside the postmortem directory.
+snapshot is swapped under a lock and only read afterwards. Nothing here starts a
+subprocess or writes outside the postmortem directory.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import NamedTuple
 
 from sidecar.deaths import DeathWatch
-from sidecar.discovery import Discovery, TrackedJob, TrackedRank
-from sidecar.errors import NoSuchProcess, ProbeError
-from sidecar.model import (
-    CgroupSample,
-    GpuDeviceSample,
-    HostSample,
-    JobSample,
-    ProbeStatus,
-    ProcKey,
-    RankSample,
-    Snapshot,
-)
+from sidecar.model import Snapshot
 from sidecar.postmortem import PostmortemStore
-from sidecar.probes.cgroup import CgroupReader, MemoryCgroupRef
-from sidecar.probes.gpu import GpuProbe
 from sidecar.probes.host import HostReader
-from sidecar.probes.proc import ProcReader
+from sidecar.sampler import CGROUP_LINGER_SECONDS, Sampler
 from sidecar.settings import PRESSURE_INTERVAL_SECONDS, Settings
 from sidecar.stalls import StallTracker
 from sidecar.timeline import Timeline
-from sidecar.watch.exits import ExitEvent, ProcConnector
+from sidecar.watch.exits import ProcConnector
 from sidecar.watch.kmsg import KmsgWatcher
 from sidecar.watch.pidfds import PidfdWatcher
 from sidecar.watch.signals import SignalWatcher
 
-__all__ = ["Daemon", "Sampler"]
+__all__ = ["CGROUP_LINGER_SECONDS", "Daemon", "Sampler", "under_pressure"]
 
 log = logging.getLogger(__name__)
 
-CGROUP_RECHECK_SECONDS = 10.0
-# A cgroup's series stay this long after its last rank left: the OOM kill that emptied it
-# must reach a scrape as an increment of trainwatch_cgroup_oom_kills_total (the agent tears
-# the other ranks down within a second, before a 5 s scrape sees the new count).
-CGROUP_LINGER_SECONDS = 120.0
 # Near a memory limit the last sample before an OOM kill should be close to the kill:
 # the sampler runs every PRESSURE_INTERVAL_SECONDS (settings.py) while a rank's cgroup is at
 # >= PRESSURE_SHARE of its limit or the host has less than 1 - PRESSURE_SHARE available.
@@ -71,379 +50,6 @@ def under_pressure(snapshot: Snapshot) -> bool:
         if limit and cg.usage_bytes is not None and cg.usage_bytes >= PRESSURE_SHARE * limit:
             return True
     return False
-
-
-PROBES = ("discovery", "proc", "cgroup", "gpu", "host")
-
-
-def _boot_time(proc_root: str) -> float | None:
-    try:
-        with open(f"{proc_root}/stat", "rb") as f:
-            for line in f:
-                if line.startswith(b"btime "):
-                    return float(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-class _RankRead(NamedTuple):
-    """What one round read of a rank, before cgroup and GPU attribution."""
-
-    rss_bytes: int
-    peak_rss_bytes: int | None
-    cpu_seconds: float
-    threads: int
-    tree_rss_bytes: int
-    tree_processes: int
-    tree: list[int]
-    ns_pids: tuple[int, ...]
-
-
-def _rank_sample(
-    job: TrackedJob,
-    tracked: TrackedRank,
-    read: _RankRead,
-    rank_cgroup: dict[ProcKey, str],
-    gpu_by_rank: dict[ProcKey, dict[int, int]],
-) -> RankSample:
-    return RankSample(
-        job=job.key or "",
-        rank=tracked.rank,
-        rank_label=tracked.label,
-        local_rank=tracked.local_rank,
-        restart=tracked.restart,
-        key=tracked.key,
-        rss_bytes=read.rss_bytes,
-        peak_rss_bytes=read.peak_rss_bytes,
-        cpu_seconds=read.cpu_seconds,
-        threads=read.threads,
-        tree_rss_bytes=read.tree_rss_bytes,
-        tree_processes=read.tree_processes,
-        cgroup=rank_cgroup.get(tracked.key),
-        gpu_memory_bytes=gpu_by_rank.get(tracked.key, {}),
-        ns_pids=read.ns_pids,
-        flight_recorder=tracked.env.flight_recorder if tracked.env else None,
-        error_file=tracked.env.error_file if tracked.env else None,
-    )
-
-
-@dataclass(slots=True)
-class _RankCgroup:
-    ref: MemoryCgroupRef | None
-    checked_at: float
-
-
-class _OnceLog:
-    """Logs each distinct (probe, message) once, and again only after it cleared."""
-
-    def __init__(self) -> None:
-        self.active: dict[str, str] = {}
-
-    def problem(self, probe: str, message: str, level: int = logging.WARNING) -> None:
-        if self.active.get(probe) != message:
-            self.active[probe] = message
-            log.log(level, "probe=%s %s", probe, message)
-
-    def clear(self, probe: str) -> None:
-        if self.active.pop(probe, None) is not None:
-            log.info("probe=%s recovered", probe)
-
-
-class Sampler:
-    """One sampling round: ``sample()`` returns a Snapshot. Owned by one thread."""
-
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        gpu: GpuProbe | None = None,
-        cgroups: CgroupReader | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
-    ) -> None:
-        self.settings = settings
-        self.clock = clock
-        self.wall = wall
-        self.proc = ProcReader(settings.proc_root)
-        self.discovery = Discovery(
-            self.proc, settings.pids, clock=clock, wall=wall, boot_time=_boot_time(settings.proc_root)
-        )
-        self.cgroups = cgroups if cgroups is not None else CgroupReader.for_host(settings.proc_root)
-        self.host = HostReader(settings.proc_root, settings.shm_path)
-        self.gpu = gpu if gpu is not None else GpuProbe()
-        self._rank_cgroups: dict[ProcKey, _RankCgroup] = {}
-        self._recent_cgroups: dict[str, tuple[MemoryCgroupRef, float]] = {}  # path -> (ref, last used)
-        self._once = _OnceLog()
-        self._nvml_ns_warned = False
-        # Called with a rank's zombie exit status: the fallback when the process connector
-        # is unavailable (the agent reaps within 0.1 s, so this sees a death only by luck).
-        self.on_zombie: Callable[[ExitEvent], None] | None = None
-        self.samples_total = 0
-        self.overruns_total = 0
-        if not self.cgroups.available:
-            self._once.problem(
-                "cgroup", "no memory cgroup hierarchy is mounted: no cgroup data", logging.INFO
-            )
-
-    def _timed(
-        self, probe: str, statuses: dict[str, ProbeStatus], start: float, ok: bool, message: str | None
-    ) -> None:
-        statuses[probe] = ProbeStatus(ok, self.clock() - start, message)
-        if ok:
-            self._once.clear(probe)
-        elif message:
-            self._once.problem(probe, message, logging.INFO if probe == "gpu" else logging.WARNING)
-
-    def sample(self) -> Snapshot:
-        started = self.clock()
-        statuses: dict[str, ProbeStatus] = {}
-
-        t = self.clock()
-        try:
-            jobs = self.discovery.tick()
-            self._timed("discovery", statuses, t, True, None)
-        except Exception as exc:
-            log.exception("probe=discovery failed")
-            jobs = list(self.discovery.jobs.values())
-            self._timed("discovery", statuses, t, False, f"discovery failed: {exc}")
-
-        t = self.clock()
-        rank_rows: list[tuple[TrackedJob, list[tuple[TrackedRank, _RankRead]]]] = []
-        proc_problem: str | None = None
-        for job in jobs:
-            if job.key is None:
-                continue
-            rows = []
-            for pid, tracked in sorted(
-                job.ranks.items(), key=lambda kv: (kv[1].rank is None, kv[1].rank or 0, kv[0])
-            ):
-                try:
-                    row = self._sample_rank(job, pid, tracked)
-                except ProbeError as exc:
-                    proc_problem = str(exc)
-                    continue
-                if row is not None:
-                    rows.append(row)
-            rank_rows.append((job, rows))
-        self._timed("proc", statuses, t, proc_problem is None, proc_problem)
-
-        t = self.clock()
-        cgroup_samples, rank_cgroup = self._sample_cgroups([r for _, rows in rank_rows for r in rows])
-        self._timed(
-            "cgroup",
-            statuses,
-            t,
-            self.cgroups.available and not self._cgroup_problem,
-            self._cgroup_problem or (None if self.cgroups.available else "no memory cgroup hierarchy"),
-        )
-
-        t = self.clock()
-        try:
-            gpu_result = self.gpu.sample()
-            gpus, gpu_ok, gpu_msg = gpu_result.devices, gpu_result.success, gpu_result.message
-        except Exception as exc:
-            log.exception("probe=gpu failed")
-            gpus, gpu_ok, gpu_msg = (), False, f"NVML failed: {exc}"
-        self._timed("gpu", statuses, t, gpu_ok, gpu_msg)
-
-        t = self.clock()
-        host: HostSample | None
-        try:
-            host = self.host.sample()
-            self._timed("host", statuses, t, True, None)
-        except ProbeError as exc:
-            host = None
-            self._timed("host", statuses, t, False, str(exc))
-
-        gpu_by_rank, unmatched = self._attribute_gpu(gpus, rank_rows)
-        job_samples: list[JobSample] = []
-        for job, rows in rank_rows:
-            ranks = []
-            for tracked, sample in rows:
-                ranks.append(_rank_sample(job, tracked, sample, rank_cgroup, gpu_by_rank))
-            job_samples.append(
-                JobSample(
-                    key=job.key or "",
-                    agent=job.agent,
-                    run_id=job.run_id,
-                    world_size=job.world_size,
-                    restart_count=job.restart_count,
-                    max_restarts=job.max_restarts,
-                    entrypoint=job.entrypoint,
-                    started_at=job.started_at,
-                    ranks=tuple(ranks),
-                    agent_alive=job.agent_alive,
-                )
-            )
-        self.samples_total += 1
-        return Snapshot(
-            taken_at=self.wall(),
-            monotonic=self.clock(),
-            jobs=tuple(job_samples),
-            host=host,
-            gpus=gpus,
-            cgroups=cgroup_samples,
-            probes=statuses,
-            samples_total=self.samples_total,
-            overruns_total=self.overruns_total,
-            sample_duration_seconds=self.clock() - started,
-            unreadable_processes=len(self.discovery.unreadable),
-            nvml_unmatched_pids=unmatched,
-        )
-
-    # -- per rank -----------------------------------------------------------------------
-
-    def _sample_rank(
-        self, job: TrackedJob, pid: int, tracked: TrackedRank
-    ) -> tuple[TrackedRank, _RankRead] | None:
-        proc, discovery = self.proc, self.discovery
-        try:
-            st = proc.stat(pid)
-            if st.start_ticks != tracked.key.start_ticks:
-                discovery.forget(pid)
-                return None
-            if st.state in ("Z", "X"):
-                if self.on_zombie is not None and st.exit_code is not None:
-                    self.on_zombie(ExitEvent(pid, st.exit_code, st.ppid, time.monotonic_ns(), source="proc"))
-                return None  # dead, not yet reaped by the agent: no longer a live rank
-            status = proc.status(pid)
-        except NoSuchProcess:
-            discovery.forget(pid)
-            return None
-        if status.rss_bytes is None:
-            return None  # no address space any more: killed and exiting, not a live rank
-        tree = discovery.trees.get(pid) or discovery.tree(pid)
-        rss = status.rss_bytes
-        tree_rss = rss
-        members = 1
-        entries = discovery.entries
-        stat_brief = proc.stat_brief
-        for child in tree[1:]:
-            entry = entries.get(child)
-            if entry is None:
-                continue
-            try:
-                state, ppid, start_ticks, child_rss = stat_brief(child)
-            except NoSuchProcess:
-                discovery.forget(child)
-                continue
-            except ProbeError:
-                continue
-            if start_ticks != entry.key.start_ticks:
-                discovery.forget(child)
-                continue
-            if ppid != entry.ppid:
-                discovery.reparent(child, ppid)
-            if state in ("Z", "X"):
-                continue
-            tree_rss += child_rss
-            members += 1
-        return tracked, _RankRead(
-            rss, status.peak_rss_bytes, st.cpu_seconds, st.threads, tree_rss, members, tree, status.ns_pids
-        )
-
-    # -- cgroups ------------------------------------------------------------------------
-
-    _cgroup_problem: str | None = None
-
-    def _sample_cgroups(
-        self, rows: list[tuple[TrackedRank, _RankRead]]
-    ) -> tuple[tuple[CgroupSample, ...], dict[ProcKey, str]]:
-        self._cgroup_problem = None
-        if not self.cgroups.available:
-            return (), {}
-        now = self.clock()
-        live = {tracked.key for tracked, _ in rows}
-        for key in [k for k in self._rank_cgroups if k not in live]:
-            del self._rank_cgroups[key]
-        refs: dict[str, MemoryCgroupRef] = {}
-        rank_cgroup: dict[ProcKey, str] = {}
-        for tracked, _ in rows:
-            cached = self._rank_cgroups.get(tracked.key)
-            if cached is None or now - cached.checked_at >= CGROUP_RECHECK_SECONDS:
-                try:
-                    ref = self.cgroups.resolve(self.proc.cgroup(tracked.key.pid))
-                except NoSuchProcess:
-                    continue
-                except ProbeError as exc:
-                    self._cgroup_problem = str(exc)
-                    continue
-                cached = self._rank_cgroups[tracked.key] = _RankCgroup(ref, now)
-            if cached.ref is not None:
-                refs[cached.ref.path] = cached.ref
-                rank_cgroup[tracked.key] = cached.ref.path
-        for path, ref in refs.items():
-            self._recent_cgroups[path] = (ref, now)
-        for path, (ref, used) in list(self._recent_cgroups.items()):
-            if now - used > CGROUP_LINGER_SECONDS:
-                del self._recent_cgroups[path]
-            else:
-                refs.setdefault(path, ref)
-        samples: dict[str, CgroupSample] = {}
-        for path, ref in refs.items():
-            try:
-                sample = self.cgroups.sample(ref)
-            except NoSuchProcess:
-                self._recent_cgroups.pop(path, None)
-                continue
-            except ProbeError as exc:
-                self._cgroup_problem = str(exc)
-                continue
-            samples[path] = sample
-            # Ancestors with a limit bind the job too: export their usage next to it.
-            for level in sample.ancestors:
-                if level.limit_bytes is not None and level.path not in samples and level.path not in refs:
-                    try:
-                        samples[level.path] = self.cgroups.sample_level(ref, level.path)
-                    except ProbeError as exc:
-                        self._cgroup_problem = str(exc)
-        return tuple(samples.values()), rank_cgroup
-
-    # -- GPU attribution ----------------------------------------------------------------
-
-    def _attribute_gpu(
-        self,
-        gpus: tuple[GpuDeviceSample, ...],
-        rank_rows: list[tuple[TrackedJob, list[tuple[TrackedRank, _RankRead]]]],
-    ) -> tuple[dict[ProcKey, dict[int, int]], tuple[int, ...]]:
-        if not gpus:
-            return {}, ()
-        owner: dict[int, ProcKey] = {}
-        for _, rows in rank_rows:
-            for tracked, read in rows:
-                for pid in read.tree:
-                    owner[pid] = tracked.key
-                # NVML reports host pids; NSpid lists the rank's pid in every namespace
-                # this /proc can see, so a daemon whose /proc is the host's still matches
-                # ranks that run in containers, and log lines with container pids map back.
-                for ns_pid in read.ns_pids:
-                    owner.setdefault(ns_pid, tracked.key)
-        result: dict[ProcKey, dict[int, int]] = {}
-        unmatched: list[int] = []
-        for device in gpus:
-            for proc in device.processes:
-                key = owner.get(proc.pid)
-                if key is None:
-                    unmatched.append(proc.pid)
-                    continue
-                if proc.used_bytes is None:
-                    continue
-                per_gpu = result.setdefault(key, {})
-                per_gpu[device.index] = per_gpu.get(device.index, 0) + proc.used_bytes
-        if unmatched and owner and not self._nvml_ns_warned:
-            foreign = [p for p in unmatched if not os.path.exists(f"{self.settings.proc_root}/{p}")]
-            if foreign:
-                self._nvml_ns_warned = True
-                log.warning(
-                    "probe=gpu NVML lists pids %s that do not exist in %s: trainwatch runs in "
-                    "another PID namespace than the GPU processes (NVML reports host pids). Run it "
-                    "in the host PID namespace (docker --pid=host, Kubernetes hostPID: true) to "
-                    "attribute GPU memory to ranks",
-                    foreign[:5],
-                    self.settings.proc_root,
-                )
-        return result, tuple(unmatched)
 
 
 class Daemon:
