@@ -308,8 +308,6 @@ def autopsy(ev: Evidence) -> Verdict | None:
         for f in _own(r, ev, *WAITING, "exception")[:2]:
             said = f"then {rank_label(r.label, ev.from_logs)}: {f.line}"
             items.append(EvidenceItem("output", f.at_ns or r.died_ns, said))
-    if summary.startswith("the process"):  # a rank named from logs by its pid alone
-        summary = "T" + summary[1:]
     return Verdict(victim, kind, confidence, summary, tuple(items), fates, oom, Facts(**facts))
 
 

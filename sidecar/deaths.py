@@ -84,11 +84,8 @@ class DeathWatch:
     ) -> None:
         self.store = store
         self.timeline = timeline
-        self.read_host_oom_kills = read_host_oom_kills
-        self.read_cgroup_oom_kills = read_cgroup_oom_kills
         self.read_oomd_marks = read_oomd_marks
         self.read_outputs = read_outputs
-        self.job_output = job_output  # trainwatch run: what the command printed, by agent pid
         self.stacks_of = stacks_of  # the ranks' Python stacks recorded while the job stalled
         self.hostname = hostname or socket.gethostname()
         self.proc_root = proc_root

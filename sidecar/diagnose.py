@@ -45,7 +45,7 @@ from sidecar.autopsy import (
     rank_name,
     signal_name,
 )
-from sidecar.model import Confidence, Fate, Kind
+from sidecar.model import Confidence, Fate, Kind, wait_status_from_returncode
 from sidecar.oom import OomFold
 from sidecar.parse.jobs import JobRecord, parse_job_line
 from sidecar.parse.kernel import (
@@ -65,7 +65,6 @@ from sidecar.parse.torchrun import (
     FailureEntry,
     WorkerFailed,
     parse_agent_text,
-    returncode_to_wait_status,
 )
 from sidecar.postmortem import SCHEMA, iso, make_id
 
@@ -437,7 +436,7 @@ def _decide(g: _Gathered, now: float) -> _Outcome:
         died = int(r.at * S) if r.at is not None else base + (S if r.torn_down else 0) + i
         if r.at is not None:
             g.death_at[r.label] = r.at
-        code = returncode_to_wait_status(r.returncode) if r.returncode is not None else None
+        code = wait_status_from_returncode(r.returncode) if r.returncode is not None else None
         states.append(
             RankState(r.label, r.rank, r.local_rank, r.pid or 0, (), code, died, None, None, "agent-log")
         )

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sidecar.autopsy import USERSPACE_OOM_DAEMONS, UserspaceKill
-from sidecar.model import RankSample, Snapshot
+from sidecar.model import RankSample, Snapshot, wait_status_from_returncode
 from sidecar.parse.flight import FlightDump, FlightVerdict, load_dump, summarise
 from sidecar.parse.oomd import parse_userspace_oom_line
 from sidecar.parse.ranks import Finding, parse_rank_output, stamp_to_epoch
@@ -25,7 +25,6 @@ from sidecar.parse.torchrun import (
     exit_codes_by_pid,
     parse_agent_text,
     parse_error_file,
-    returncode_to_wait_status,
 )
 from sidecar.probes.outputs import OutputFile, read_output, regular_outputs
 
@@ -325,7 +324,7 @@ class Gatherer:
         for _, text in (t for t in texts if t[0] is None):
             records = parse_agent_text(text)
             for pid, (rc, line) in exit_codes_by_pid(records).items():
-                codes.setdefault(pid, (returncode_to_wait_status(rc), line))
+                codes.setdefault(pid, (wait_status_from_returncode(rc), line))
             teardown.update(r.pid for r in records if isinstance(r, ClosingSignal))
         return codes, frozenset(teardown & set(inc.ranks))
 

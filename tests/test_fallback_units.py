@@ -22,6 +22,7 @@ from sidecar.autopsy import Evidence, RankState, UserspaceKill, autopsy
 from sidecar.cli import parse_args
 from sidecar.demo import memory_cgroup
 from sidecar.errors import ConfigError
+from sidecar.model import wait_status_from_returncode
 from sidecar.parse.oomd import parse_userspace_oom_line
 from sidecar.parse.torchrun import (
     ClosingSignal,
@@ -31,7 +32,6 @@ from sidecar.parse.torchrun import (
     WorkerFailed,
     exit_codes_by_pid,
     parse_agent_text,
-    returncode_to_wait_status,
 )
 from sidecar.probes.cgroup import CgroupReader
 from sidecar.probes.outputs import read_output, regular_outputs
@@ -101,7 +101,7 @@ def test_agent_lines_of_older_torch_and_glued_tables():
 
 def test_torchrun_exitcodes_become_wait_statuses():
     for rc, status in ((-9, 9), (-15, 15), (-6, 6), (143, 143 << 8), (1, 256), (0, 0)):
-        assert returncode_to_wait_status(rc) == status
+        assert wait_status_from_returncode(rc) == status
         assert ExitEvent(1, status, 0, 0).returncode == rc
 
 

@@ -33,8 +33,6 @@ import re
 import signal as _signal
 from dataclasses import dataclass
 
-from sidecar.model import wait_status_from_returncode
-
 __all__ = [
     "AgentRecord",
     "ClosingSignal",
@@ -46,7 +44,6 @@ __all__ = [
     "exit_codes_by_pid",
     "parse_agent_text",
     "parse_error_file",
-    "returncode_to_wait_status",
 ]
 
 
@@ -171,9 +168,6 @@ def _line_at(text: str, index: int) -> str:
     start = text.rfind("\n", 0, index) + 1
     end = text.find("\n", index)
     return text[start : end if end >= 0 else len(text)].strip()
-
-
-returncode_to_wait_status = wait_status_from_returncode  # the name the parsers' users know
 
 
 def exit_codes_by_pid(records: list[AgentRecord]) -> dict[int, tuple[int, str]]:
