@@ -4,10 +4,13 @@ the verdict's words. The live daemon and ``trainwatch diagnose`` share it (``liv
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sidecar.autopsy import Verdict
-from sidecar.model import Kind
+from sidecar.model import CgroupSample, Kind
+
+if TYPE_CHECKING:
+    from sidecar.postmortem.document import RankRow
 
 __all__ = ["advice"]
 
@@ -18,8 +21,8 @@ def _gib(n: int | None) -> str:
 
 def advice(
     v: Verdict,
-    ranks: list[dict[str, Any]],
-    cg: Any,
+    ranks: list[RankRow],
+    cg: CgroupSample | None,
     host_total: int | None,
     output_read: bool = True,
     flight_enabled: bool | None = None,
@@ -29,10 +32,8 @@ def advice(
     """What to change, from the verdict's kind and facts and the numbers. ``live`` False:
     for ``trainwatch diagnose``, which leaves out what only the daemon's setup could change."""
     out: list[str] = []
-    rss = [r["rss_bytes"] for r in ranks if r.get("rss_bytes")]
-    trees = [
-        (r["rss_bytes"], r["tree_rss_bytes"]) for r in ranks if r.get("rss_bytes") and r.get("tree_rss_bytes")
-    ]
+    rss = [r.rss_bytes for r in ranks if r.rss_bytes]
+    trees = [(r.rss_bytes, r.tree_rss_bytes) for r in ranks if r.rss_bytes and r.tree_rss_bytes]
     if (
         v.kind in (Kind.KERNEL_OOM, Kind.CGROUP_OOM)
         and len(rss) > 1
@@ -45,7 +46,7 @@ def advice(
             "ZeRO-3 init), load them straight to the GPU, or stagger loading across ranks."
         )
     if v.kind == Kind.CGROUP_OOM and cg is not None and cg.effective_limit_bytes:
-        total = sum(r.get("tree_rss_bytes") or 0 for r in ranks)
+        total = sum(r.tree_rss_bytes or 0 for r in ranks)
         out.append(
             f"The limit of memory cgroup {cg.path} is {_gib(cg.effective_limit_bytes)}"
             + (f"; the job's processes held {_gib(total)} in RSS before the kill" if total else "")

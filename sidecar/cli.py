@@ -99,8 +99,9 @@ def diagnose_command(argv: Sequence[str]) -> int:
     """``trainwatch diagnose [FILE|-]... [--format text|json|html]``."""
     import json
 
-    from sidecar.diagnose import DiagnoseError, diagnose, read_inputs, render_diagnosis
-    from sidecar.postmortem_html import render_html
+    from sidecar.diagnose import DiagnoseError, diagnose, read_inputs
+    from sidecar.postmortem import render_text
+    from sidecar.postmortem.html import render_html
 
     p = StrictParser(
         prog="trainwatch diagnose",
@@ -122,7 +123,7 @@ def diagnose_command(argv: Sequence[str]) -> int:
     elif ns.format == "html":
         sys.stdout.write(render_html(doc))
     else:
-        sys.stdout.write(render_diagnosis(doc))
+        sys.stdout.write(render_text(doc))
     return 0
 
 

@@ -28,9 +28,8 @@ from sidecar.autopsy import (
     autopsy,
     signal_name,
 )
-from sidecar.document import live_document
 from sidecar.errors import ProbeError
-from sidecar.gather import Gatherer, Generation, Incident, Known, Plan, Reads
+from sidecar.gather import Gatherer, Generation, Incident, Known, Plan, Reads, live_parts
 from sidecar.model import Fate, Kind, Snapshot, decode_wait_status
 from sidecar.oom import OomFold
 from sidecar.parse.kernel import (
@@ -43,7 +42,7 @@ from sidecar.parse.kernel import (
     parse_xid_line,
 )
 from sidecar.parse.oomd import parse_userspace_oom_line
-from sidecar.postmortem import PostmortemStore, iso, make_id
+from sidecar.postmortem import PostmortemStore, build, iso, make_id
 from sidecar.probes.outputs import OutputFile, regular_outputs
 from sidecar.probes.proc import read_stat
 from sidecar.timeline import Timeline
@@ -569,16 +568,18 @@ class DeathWatch:
             )
 
     def _document(self, inc: Incident, v: Verdict, died_at: float, ev: Evidence) -> dict[str, Any]:
-        return live_document(
-            inc,
-            v,
-            died_at,
-            ev,
-            points=self.timeline.window(inc.gen.job, since=died_at - TIMELINE_WINDOW_S),
-            wall_of=self._wall,
-            updated_at=self.wall(),
-            hostname=self.hostname,
-            stacks=self._stacks(inc),
+        return build(
+            live_parts(
+                inc,
+                v,
+                died_at,
+                ev,
+                points=self.timeline.window(inc.gen.job, since=died_at - TIMELINE_WINDOW_S),
+                wall_of=self._wall,
+                updated_at=self.wall(),
+                hostname=self.hostname,
+                stacks=self._stacks(inc),
+            )
         )
 
 

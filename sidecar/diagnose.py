@@ -66,9 +66,9 @@ from sidecar.parse.torchrun import (
     WorkerFailed,
     parse_agent_text,
 )
-from sidecar.postmortem import SCHEMA, iso, make_id
+from sidecar.postmortem.document import Cited, HostAtDeath, JobInfo, Parts, RankRow, Victim, build, make_id
 
-__all__ = ["DiagnoseError", "LogInput", "diagnose", "read_inputs", "render_diagnosis"]
+__all__ = ["DiagnoseError", "LogInput", "diagnose", "read_inputs"]
 
 MAX_BYTES = 64 << 20  # of each input, the tail that is read
 PAGE = 4096
@@ -747,7 +747,7 @@ def _gib(n: int) -> str:
 
 def diagnose(inputs: list[LogInput], now: float | None = None) -> dict[str, Any]:
     """The postmortem document (trainwatch.postmortem/v1) the logs support; fields they
-    cannot fill are null. ``inputs`` and ``collect`` are extra fields."""
+    cannot fill are null. ``inputs``, ``collect`` and ``diagnosed_by`` are extra fields."""
     now = time.time() if now is None else now
     g = _gather(inputs)
     out = _decide(g, now)
@@ -755,141 +755,57 @@ def diagnose(inputs: list[LogInput], now: float | None = None) -> dict[str, Any]
     by_label = {r.label: r for r in out.ranks}
     kernel_at = {line.text: line.at for line in g.kernel if line.at is not None}
     out.ranks.sort(key=lambda r: (r.rank is None and r.local_rank is None, r.rank or 0, r.local_rank or 0))
-    ranks_doc = []
-    for r in out.ranks:
-        rss = out.kernel.tasks.get(r.pid or -1, (None, ""))[0]
-        ranks_doc.append(
-            {
-                "rank": r.rank,
-                "local_rank": r.local_rank,
-                "pid": r.pid,
-                "exit_code": r.returncode,
-                "signal": signal_name(-r.returncode)
-                if r.returncode is not None and r.returncode < 0
-                else None,
-                "died_at": iso(r.at),
-                "fate": v.fates.get(r.label, Fate.UNKNOWN) if v else Fate.UNKNOWN,
-                "rss_bytes": rss,
-                "peak_rss_bytes": None,
-                "tree_rss_bytes": None,
-                "gpu_memory_bytes": None,
-                **({"local_rank_inferred": True} if r.inferred_local else {}),
-            }
+    rows = [
+        RankRow(
+            rank=r.rank,
+            local_rank=r.local_rank,
+            pid=r.pid,
+            exit_code=r.returncode,
+            signal=-r.returncode if r.returncode is not None and r.returncode < 0 else None,
+            died_at=r.at,
+            fate=v.fates.get(r.label, Fate.UNKNOWN) if v else Fate.UNKNOWN,
+            rss_bytes=out.kernel.tasks.get(r.pid or -1, (None, ""))[0],
+            local_rank_inferred=r.inferred_local,
         )
+        for r in out.ranks
+    ]
     host_total = out.kernel.host_total
-    if v is None:
-        killer: dict[str, Any] = {
-            "kind": Kind.UNKNOWN,
-            "confidence": Confidence.POSSIBLE,
-            "summary": "These logs name no death of a training process: no failed rank, no kill, "
-            "no kernel OOM "
-            "record, no rank error. Give the torchrun output and the kernel log of the node where it died.",
-            "evidence": [],
-        }
-        victim: dict[str, Any] = {
-            "rank": None,
-            "local_rank": None,
-            "pid": None,
-            "exit_code": None,
-            "signal": None,
-            "died_at": None,
-        }
-        tips: list[str] = []
-    else:
-        vr = by_label.get(v.victim.label)
-        killer = {
-            "kind": v.kind,
-            "confidence": v.confidence,
-            "summary": _sentence(v.summary),
-            "evidence": [
-                {"source": e.source, "at": iso(kernel_at.get(e.detail)), "detail": e.detail}
-                for e in (*v.evidence[1:], *out.notes)  # the first item is the synthetic exit line
-            ],
-        }
+    vr = by_label.get(v.victim.label) if v else None
+    cited: list[Cited] = []
+    tips: list[str] = []
+    if v is not None:
         if vr is not None and vr.lines:
-            killer["evidence"].insert(
-                0, {"source": "torchrun", "at": iso(_when(vr.lines[0])), "detail": vr.lines[0]}
-            )
-        victim = {
-            "rank": v.victim.rank,
-            "local_rank": v.victim.local_rank,
-            "pid": v.victim.pid or None,
-            "exit_code": vr.returncode if vr else None,
-            "signal": signal_name(v.victim.signal),
-            "died_at": iso(vr.at) if vr else None,
-        }
-        # what only the daemon could change is left out: "collect" says what logs need
-        tips = advice(v, ranks_doc, None, host_total, True, None, live=False)
-    collect = list(dict.fromkeys([*out.collect, *([COLLECT_DAEMON] if out.collect else [])]))
-    died = None
-    if v is not None and by_label.get(v.victim.label) is not None:
-        died = by_label[v.victim.label].at
-    ident = make_id(died or now, 0, (v.victim.label if v else "x").replace("?", "x"), g.host or "logs")
-    return {
-        "schema": SCHEMA,
-        "id": ident,
-        "created_at": iso(now),
-        "host": g.host,
-        "job": {
-            "agent_pid": None,
-            "run_id": None,
-            "world_size": None,
-            "restart_count": None,
-            "entrypoint": None,
-        },
-        "victim": victim,
-        "killer": killer,
-        "ranks": ranks_doc,
-        "memory": {
-            "host": {
-                "total_bytes": host_total,
-                "available_bytes_at_death": None,
-                "min_available_bytes": None,
-            },
-            "cgroup": None,
-        },
-        "timeline": [],
-        "advice": tips,
-        "collect": collect,
-        "inputs": [{"name": name, "kinds": kinds} for name, kinds in g.kinds.items()],
-        "diagnosed_by": f"trainwatch diagnose on {socket.gethostname()}",
-    }
-
-
-def render_diagnosis(doc: dict[str, Any]) -> str:
-    """For pasting into an issue: the verdict in one sentence, the evidence, the fates, the
-    advice, and what to collect next time."""
-    k = doc["killer"]
-    lines = [f"trainwatch diagnose: {k['kind']} ({k['confidence']})", f"  {k['summary']}", ""]
-    lines.append("read:")
-    lines += [f"  {i['name']}: {', '.join(i['kinds'])}" for i in doc.get("inputs", [])]
-    if k.get("evidence"):
-        lines += ["", "evidence:"]
-        lines += [
-            f"  [{e['source']}] " + (f"{e['at']} " if e.get("at") else "") + e["detail"]
-            for e in k["evidence"]
+            cited.append(Cited(source="torchrun", at=_when(vr.lines[0]), detail=vr.lines[0]))
+        cited += [
+            Cited(source=e.source, at=kernel_at.get(e.detail), detail=e.detail)
+            for e in (*v.evidence[1:], *out.notes)  # the first item is the synthetic exit line
         ]
-    if doc.get("ranks"):
-        timed = any(r.get("died_at") for r in doc["ranks"])
-        lines += ["", "ranks:", f"  {'rank':>7}  {'pid':>8}  {'fate':<20} {'exit':>5}  {'rss':>10}"]
-        if timed:
-            lines[-1] += "  died"
-        for r in doc["ranks"]:
-            label = (
-                r["rank"]
-                if r["rank"] is not None
-                else (
-                    f"local {r['local_rank']}" + ("?" if r.get("local_rank_inferred") else "")
-                    if r["local_rank"] is not None
-                    else "?"
-                )
-            )
-            rss = f"{r['rss_bytes'] / 2**30:.1f} GiB" if r.get("rss_bytes") else "-"
-            lines.append(f"  {label!s:>7}  {r['pid']!s:>8}  {r['fate']:<20} {r['exit_code']!s:>5}  {rss:>10}")
-            if timed:
-                lines[-1] += f"  {r.get('died_at') or '-'}"
-    if doc.get("advice"):
-        lines += ["", "advice:"] + [f"  - {a}" for a in doc["advice"]]
-    if doc.get("collect"):
-        lines += ["", "to decide next time, collect:"] + [f"  - {c}" for c in doc["collect"]]
-    return "\n".join(lines) + "\n"
+        # what only the daemon could change is left out: "collect" says what logs need
+        tips = advice(v, rows, None, host_total, True, None, live=False)
+    collect = list(dict.fromkeys([*out.collect, *([COLLECT_DAEMON] if out.collect else [])]))
+    died = vr.at if vr is not None else None
+    ident = make_id(died or now, 0, (v.victim.label if v else "x").replace("?", "x"), g.host or "logs")
+    return build(
+        Parts(
+            ident=ident,
+            created_at=now,
+            updated_at=None,
+            host=g.host,
+            job=JobInfo(),
+            verdict=v,
+            summary=_sentence(v.summary) if v else None,
+            victim=Victim(exit_code=vr.returncode if vr else None, died_at=died),
+            evidence=cited,
+            ranks=rows,
+            host_memory=HostAtDeath(total_bytes=host_total),
+            cgroup=None,
+            timeline=[],
+            stacks=None,
+            advice=tips,
+            extra={
+                "collect": collect,
+                "inputs": [{"name": name, "kinds": kinds} for name, kinds in g.kinds.items()],
+                "diagnosed_by": f"trainwatch diagnose on {socket.gethostname()}",
+            },
+        )
+    )

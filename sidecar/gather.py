@@ -3,7 +3,8 @@
 ``TORCHELASTIC_ERROR_FILE`` records), the OOM counters after the death, userspace OOM
 daemons and their logs and marks, the flight recorder's dumps and the job's /dev/shm. Each
 read is parsed here into what ``deaths.DeathWatch`` joins into the autopsy's ``Evidence``.
-Also the incident's data: one worker generation, its ranks, what a round plans to read.
+Also the incident's data (one worker generation, its ranks, what a round plans to read) and,
+at the end, the incident turned into the parts of its postmortem document.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sidecar.autopsy import USERSPACE_OOM_DAEMONS, UserspaceKill
-from sidecar.model import RankSample, Snapshot, wait_status_from_returncode
+from sidecar.advice import advice
+from sidecar.autopsy import USERSPACE_OOM_DAEMONS, Evidence, UserspaceKill, Verdict
+from sidecar.model import Fate, RankSample, Snapshot, TimelinePoint, wait_status_from_returncode
 from sidecar.parse.flight import FlightDump, FlightVerdict, load_dump, summarise
 from sidecar.parse.oomd import parse_userspace_oom_line
 from sidecar.parse.ranks import Finding, parse_rank_output, stamp_to_epoch
@@ -26,9 +28,10 @@ from sidecar.parse.torchrun import (
     parse_agent_text,
     parse_error_file,
 )
+from sidecar.postmortem.document import CgroupAtDeath, Cited, HostAtDeath, JobInfo, Parts, RankRow, Victim
 from sidecar.probes.outputs import OutputFile, read_output, regular_outputs
 
-__all__ = ["OUTPUT_PARSE_BYTES", "Gatherer", "Generation", "Incident", "Known", "Plan", "Reads"]
+__all__ = ["OUTPUT_PARSE_BYTES", "Gatherer", "Generation", "Incident", "Known", "Plan", "Reads", "live_parts"]
 
 log = logging.getLogger("sidecar.deaths")  # the death watch's log, as before the split
 
@@ -350,3 +353,97 @@ class Gatherer:
                         )
                     )
         return found
+
+
+# -- the live document's parts ----------------------------------------------------------
+
+
+def live_parts(
+    inc: Incident,
+    v: Verdict,
+    died_at: float,
+    ev: Evidence,
+    *,
+    points: list[TimelinePoint],
+    wall_of: Callable[[int | None], float | None],
+    updated_at: float,
+    hostname: str,
+    stacks: dict[str, Any] | None,
+) -> Parts:
+    """What the daemon knows of an incident, as the document's parts. ``points``: the job's
+    timeline over the window before the death; ``wall_of``: a monotonic ns time as
+    wall-clock seconds (None stays None)."""
+    before = inc.snapshot_before
+    cgroups = {c.path: c for c in before.cgroups} if before else {}
+    cg_path = (
+        (v.oom.oom_memcg if v.oom and v.oom.oom_memcg else None)
+        or v.victim.cgroup_limited_by
+        or v.victim.cgroup
+    )
+    cg = cgroups.get(cg_path or "")
+    if cg is None and v.victim.cgroup:
+        cg = cgroups.get(v.victim.cgroup)
+    rows = []
+    for r in ev.ranks:
+        k = inc.ranks.get(r.pid)
+        s = k.sample if k else None
+        rows.append(
+            RankRow(
+                rank=r.rank,
+                local_rank=r.local_rank,
+                pid=r.pid,
+                exit_code=r.returncode,
+                signal=r.signal,
+                exit_source=r.exit_source,
+                died_at=wall_of(r.died_ns),
+                fate=v.fates.get(r.label, Fate.UNKNOWN),
+                rss_bytes=s.rss_bytes if s else None,
+                peak_rss_bytes=s.peak_rss_bytes if s else None,
+                tree_rss_bytes=s.tree_rss_bytes if s else None,
+                gpu_memory_bytes=sum(s.gpu_memory_bytes.values()) if s and s.gpu_memory_bytes else None,
+            )
+        )
+    host = before.host if before else None
+    cgroup = None
+    if cg is not None:
+        # counted after the death (the snapshot before it predates the kill); on v1 the
+        # counter is per cgroup, so the kill shows in the victim's own one
+        kills = max(
+            (
+                n
+                for path, n in ev.cgroup_oom_kills_after.items()
+                if path == cg.path or (v.victim.cgroup == path and path.startswith(cg.path.rstrip("/") + "/"))
+            ),
+            default=cg.oom_kills,
+        )
+        cgroup = CgroupAtDeath(sample=cg, oom_kills=kills)
+    return Parts(
+        ident=inc.doc_id or "",
+        created_at=inc.created_at or updated_at,
+        updated_at=updated_at,
+        host=hostname,
+        job=JobInfo(
+            agent_pid=inc.gen.agent_pid,
+            run_id=inc.gen.run_id,
+            world_size=inc.gen.world_size,
+            restart_count=inc.gen.restart,
+            entrypoint=inc.gen.entrypoint,
+            key=inc.gen.job,
+        ),
+        verdict=v,
+        summary=None,
+        victim=Victim(exit_code=v.victim.returncode, died_at=died_at),
+        evidence=[Cited(source=e.source, at=wall_of(e.at_ns), detail=e.detail) for e in v.evidence],
+        ranks=rows,
+        host_memory=HostAtDeath(
+            total_bytes=host.total_bytes if host else None,
+            available_bytes=host.available_bytes if host else None,
+            min_available_bytes=min(
+                (p.host_available_bytes for p in points if p.host_available_bytes is not None), default=None
+            ),
+        ),
+        cgroup=cgroup,
+        timeline=points,
+        stacks=stacks,
+        advice=advice(v, rows, cg, host.total_bytes if host else None, ev.output_read, ev.flight_enabled),
+    )

@@ -21,7 +21,7 @@ from sidecar.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT, rend
 from sidecar.metrics import TrainwatchCollector
 from sidecar.model import Snapshot
 from sidecar.postmortem import render_text
-from sidecar.postmortem_html import render_html
+from sidecar.postmortem.html import render_html
 
 __all__ = ["create_app", "ranks_view"]
 

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from sidecar.diagnose import LogInput, diagnose, render_diagnosis
+from sidecar.diagnose import LogInput, diagnose
 from sidecar.parse.logs import kernel_lines
+from sidecar.postmortem import render_text
 from tests.paths import PUBLIC_CASES as CASES
 
 HERE = Path(__file__).resolve().parent
@@ -98,10 +99,14 @@ def test_the_opening_story():
         "torchrun.log": ["torchrun agent (torch 2.4+)"],
     }
     assert any(e["source"] == "kmsg" and e["at"] for e in k["evidence"])
-    text = render_diagnosis(doc)
-    assert text.startswith(
-        "trainwatch diagnose: kernel_oom (certain)\n  The kernel's OOM killer killed rank 3"
+    text = render_text(doc)
+    # the one renderer of the daemon's postmortems: the victim, then the verdict first
+    assert text.startswith(f"trainwatch postmortem {doc['id']} (from logs)\nrank 3 (pid 4390) died "), text
+    assert (
+        "SIGKILL (exit code -9)\n\nkiller: kernel_oom (certain)\n  The kernel's OOM killer killed rank 3"
+        in text
     )
+    assert "read:\n  " in text and "\nranks:\n" in text and "host: 255.9 GiB of RAM" in text
     assert "to decide next time" not in text  # nothing to collect: the logs decided
 
 
@@ -263,7 +268,7 @@ def test_cli_stdin_files_formats_and_exit_statuses(tmp_path):
     dmesg = (STORY / "dmesg-T.txt").read_text()
     r = _cli("-", str(STORY / "torchrun.log"), stdin=dmesg)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("trainwatch diagnose: kernel_oom (certain)")
+    assert r.stdout.startswith("trainwatch postmortem ") and "\nkiller: kernel_oom (certain)\n" in r.stdout
     assert "<stdin>: kernel log (dmesg -T)" in r.stdout
     r = _cli("--format", "json", str(STORY / "torchrun.log"))
     doc = json.loads(r.stdout)

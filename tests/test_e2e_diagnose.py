@@ -67,7 +67,7 @@ def test_a_real_cgroup_oom_diagnosed_from_the_torchrun_log_and_dmesg(tmp_path):
             kinds = " ".join(" ".join(i["kinds"]) for i in doc["inputs"])
             assert "torchrun agent (torch 2.4+)" in kinds and re.search(r"kernel log \(dmesg( -T)?\)", kinds)
         rc, text, _ = _diagnose(str(log), str(raw))
-        assert rc == 0 and text.startswith("trainwatch diagnose: cgroup_oom (certain)\n"), text
+        assert rc == 0 and "(from logs)\n" in text and "\nkiller: cgroup_oom (certain)\n" in text, text
 
 
 def test_a_real_kill_9_diagnosed_with_and_without_the_kernel_log(tmp_path):

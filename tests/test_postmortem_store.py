@@ -118,7 +118,7 @@ def test_text_view_and_cli(tmp_path):
 
 
 def test_html_view_is_self_contained_and_escaped():
-    from sidecar.postmortem_html import render_html
+    from sidecar.postmortem.html import render_html
 
     doc = _doc(make_id(1796212414.0, 1, "1", "h"))
     doc.update(

@@ -1,5 +1,5 @@
 """The repository keeps its promises about itself: the README's figures are the results
-files' (benchmarks/render.py), nothing reads beside the clone, and a skip the allow-list
+files' (benchmarks/render.py), its diagnose example is the command's output, nothing reads beside the clone, and a skip the allow-list
 does not name fails a strict run."""
 
 from __future__ import annotations
@@ -18,6 +18,20 @@ def test_the_readme_figures_are_rendered_from_the_results_files():
         [sys.executable, "benchmarks/render.py", "--check"], cwd=REPO, capture_output=True, text=True
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+
+
+def test_the_readme_shows_what_diagnose_prints_for_the_opening_story():
+    """The README's example is the command's output, not a copy that drifts from it."""
+    story = sorted(
+        str(p.relative_to(REPO)) for p in (REPO / "tests/fixtures/diagnose/opening-story").iterdir()
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "sidecar", "diagnose", *story], cwd=REPO, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("trainwatch postmortem ") and len(r.stdout.splitlines()) > 10, r.stdout
+    readme = (REPO / "README.md").read_text()
+    assert f"```\n{r.stdout}```\n" in readme, "README's diagnose example is stale:\n" + r.stdout
 
 
 def test_nothing_reads_beside_the_clone():

@@ -1,7 +1,6 @@
-"""The postmortem: the ``trainwatch.postmortem/v1`` document (CONTRACTS.md), assembled from
-a verdict and what the daemon recorded, and its store.
+"""The postmortems' store.
 
-The store writes each document atomically (temp file, fsync, rename) with mode 0640 into
+It writes each document atomically (temp file, fsync, rename) with mode 0640 into
 the postmortem directory and keeps the newest ones in memory too, so a full disk or a
 read-only directory loses nothing that is being served (the error is logged once). At
 start it loads what earlier runs wrote. Ids are validated before any file is touched.
@@ -13,38 +12,17 @@ import contextlib
 import json
 import logging
 import os
-import re
-import socket
 import threading
 from collections import OrderedDict
-from datetime import datetime, timezone
 from typing import Any
 
-__all__ = ["ID_PATTERN", "PostmortemStore", "iso", "make_id"]
+from sidecar.postmortem.document import ID_PATTERN, SCHEMA
+
+__all__ = ["PostmortemStore"]
 
 log = logging.getLogger(__name__)
 
-SCHEMA = "trainwatch.postmortem/v1"
-ID_PATTERN = re.compile(r"^[0-9]{8}T[0-9]{6}Z-[A-Za-z0-9_.-]{1,64}-[0-9]{1,10}-r[A-Za-z0-9_.-]{1,32}$")
 KEEP_IN_MEMORY = 64
-
-
-def iso(epoch: float | None) -> str | None:
-    """ISO-8601 with offset (UTC), millisecond precision."""
-    if epoch is None:
-        return None
-    return datetime.fromtimestamp(epoch, tz=timezone.utc).isoformat(timespec="milliseconds")
-
-
-def make_id(
-    died_at: float, agent_pid: int, rank_label: str, host: str | None = None, restart: int = 0
-) -> str:
-    """``<UTC second>-<host>-<agent pid>-r<rank>``, plus ``-a<restart>`` for a later worker
-    generation (whose rank of the same label may die within the same second)."""
-    host = re.sub(r"[^A-Za-z0-9_.-]", "-", (host or socket.gethostname()))[:64] or "host"
-    stamp = datetime.fromtimestamp(died_at, tz=timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    label = re.sub(r"[^A-Za-z0-9_.-]", "-", rank_label)[:32] or "x"
-    return f"{stamp}-{host}-{agent_pid}-r{label}" + (f"-a{restart}" if restart else "")
 
 
 class PostmortemStore:
@@ -149,86 +127,3 @@ class PostmortemStore:
             }
             for d in docs
         ]
-
-
-def _size(n: Any) -> str:
-    if not isinstance(n, (int, float)):
-        return "-"
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
-
-
-_BARS = " ▁▂▃▄▅▆▇█"
-
-
-def _spark(values: list[int]) -> str:
-    if not values:
-        return ""
-    top = max(values) or 1
-    return "".join(_BARS[min(8, round(v / top * 8))] for v in values)
-
-
-def render_text(doc: dict[str, Any]) -> str:
-    """The postmortem for a terminal or an issue: verdict first, then evidence, fates,
-    memory, the curve before death and the advice."""
-    v, k, mem = doc.get("victim") or {}, doc.get("killer") or {}, doc.get("memory") or {}
-    job = doc.get("job") or {}
-    how = v.get("signal") or f"exit status {v.get('exit_code')}"
-    key = job.get("key") or job.get("run_id") or job.get("agent_pid")
-    lines = [
-        f"trainwatch postmortem {doc.get('id')}",
-        f"job {key} (agent pid {job.get('agent_pid')}, {job.get('entrypoint') or '?'}, "
-        f"world size {job.get('world_size')}, restart {job.get('restart_count')})",
-        f"rank {v.get('rank')} (pid {v.get('pid')}) died {v.get('died_at')}: {how} "
-        f"(exit code {v.get('exit_code')})",
-        "",
-        f"killer: {k.get('kind')} ({k.get('confidence')})",
-        f"  {k.get('summary')}",
-        "",
-        "evidence:",
-    ]
-    lines += [
-        f"  [{e.get('source')}] " + (f"{e['at']} " if e.get("at") else "") + f"{e.get('detail')}".rstrip()
-        for e in k.get("evidence") or []
-    ]
-    lines += [
-        "",
-        "ranks:",
-        f"  {'rank':>4}  {'pid':>8}  {'fate':<20} {'exit':>5}  {'rss':>10}  {'peak':>10}  {'tree':>10}",
-    ]
-    for r in doc.get("ranks") or []:
-        lines.append(
-            f"  {r.get('rank')!s:>4}  {r.get('pid')!s:>8}  {r.get('fate')!s:<20} {r.get('exit_code')!s:>5}  "
-            f"{_size(r.get('rss_bytes')):>10}  {_size(r.get('peak_rss_bytes')):>10}  "
-            f"{_size(r.get('tree_rss_bytes')):>10}"
-        )
-    host, cg = mem.get("host") or {}, mem.get("cgroup")
-    lines += [
-        "",
-        "memory at death:",
-        f"  host: {_size(host.get('available_bytes_at_death'))} available of {_size(host.get('total_bytes'))}"
-        f" (lowest in the window: {_size(host.get('min_available_bytes'))})",
-    ]
-    if cg:
-        lines.append(
-            f"  cgroup {cg.get('path')} (v{cg.get('version')}): {_size(cg.get('usage_bytes_at_death'))} used "
-            + (f"of a {_size(cg['limit_bytes'])} limit" if cg.get("limit_bytes") else "(no limit)")
-            + f", peak {_size(cg.get('peak_bytes'))}, "
-            f"OOM kills {cg.get('oom_kills')}"
-        )
-    timeline = doc.get("timeline") or []
-    label = str(v.get("rank"))
-    curve = [p.get("rss_bytes", {}).get(label) for p in timeline]
-    curve = [c for c in curve if isinstance(c, int)]
-    if curve:
-        lines += [
-            "",
-            f"rank {label} RSS over the last {len(timeline)} samples (max {_size(max(curve))}):",
-            f"  {_spark(curve[-72:])}",
-        ]
-    advice = doc.get("advice") or []
-    if advice:
-        lines += ["", "advice:"] + [f"  - {a}" for a in advice]
-    return "\n".join(lines) + "\n"

@@ -1,0 +1,233 @@
+"""The postmortem document (``trainwatch.postmortem/v1``, CONTRACTS.md), built in one place for
+both paths: the daemon's death watch and ``trainwatch diagnose``. Each path turns what it
+gathered into the typed parts below; :func:`build` lays them out. A field a path cannot know
+is null, never missing: a document from logs has no memory curve and no job key, a live one
+has no ``inputs``. Ids and times are formatted here too.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from sidecar.autopsy import Verdict, signal_name
+from sidecar.model import CgroupSample, Confidence, Kind, TimelinePoint
+
+__all__ = [
+    "ID_PATTERN",
+    "SCHEMA",
+    "CgroupAtDeath",
+    "Cited",
+    "HostAtDeath",
+    "JobInfo",
+    "RankRow",
+    "build",
+    "iso",
+    "make_id",
+]
+
+SCHEMA = "trainwatch.postmortem/v1"
+ID_PATTERN = re.compile(r"^[0-9]{8}T[0-9]{6}Z-[A-Za-z0-9_.-]{1,64}-[0-9]{1,10}-r[A-Za-z0-9_.-]{1,32}$")
+
+
+def iso(epoch: float | None) -> str | None:
+    """ISO-8601 with offset (UTC), millisecond precision."""
+    if epoch is None:
+        return None
+    return datetime.fromtimestamp(epoch, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+def make_id(
+    died_at: float, agent_pid: int, rank_label: str, host: str | None = None, restart: int = 0
+) -> str:
+    """``<UTC second>-<host>-<agent pid>-r<rank>``, plus ``-a<restart>`` for a later worker
+    generation (whose rank of the same label may die within the same second)."""
+    host = re.sub(r"[^A-Za-z0-9_.-]", "-", (host or socket.gethostname()))[:64] or "host"
+    stamp = datetime.fromtimestamp(died_at, tz=timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    label = re.sub(r"[^A-Za-z0-9_.-]", "-", rank_label)[:32] or "x"
+    return f"{stamp}-{host}-{agent_pid}-r{label}" + (f"-a{restart}" if restart else "")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobInfo:
+    agent_pid: int | None = None
+    run_id: str | None = None
+    world_size: int | None = None
+    restart_count: int | None = None
+    entrypoint: str | None = None
+    key: str | None = None  # the job label of the metrics; the daemon's only
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankRow:
+    """One rank's fate and its memory as last known (wall-clock ``died_at``)."""
+
+    rank: int | None
+    local_rank: int | None
+    pid: int | None
+    exit_code: int | None
+    signal: int | None
+    died_at: float | None
+    fate: str
+    exit_source: str | None = None
+    rss_bytes: int | None = None
+    peak_rss_bytes: int | None = None
+    tree_rss_bytes: int | None = None
+    gpu_memory_bytes: int | None = None
+    local_rank_inferred: bool = False  # a log gave the pid only; the local rank is a guess
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cited:
+    """One line of the killer's evidence (wall-clock ``at``)."""
+
+    source: str
+    at: float | None
+    detail: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class HostAtDeath:
+    total_bytes: int | None = None
+    available_bytes: int | None = None
+    min_available_bytes: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CgroupAtDeath:
+    """The cgroup whose limit mattered, as sampled before the death; ``oom_kills`` counted
+    after it."""
+
+    sample: CgroupSample
+    oom_kills: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Victim:
+    exit_code: int | None
+    died_at: float | None
+
+
+NO_DEATH = (
+    "These logs name no death of a training process: no failed rank, no kill, no kernel OOM "
+    "record, no rank error. Give the torchrun output and the kernel log of the node where it died."
+)
+
+
+@dataclass(kw_only=True)
+class Parts:
+    """Everything a document says, typed. ``verdict`` None: the inputs name no death."""
+
+    ident: str
+    created_at: float
+    updated_at: float | None
+    host: str | None
+    job: JobInfo
+    verdict: Verdict | None
+    summary: str | None  # the verdict's, unless the path words it for its reader
+    victim: Victim
+    evidence: list[Cited]
+    ranks: list[RankRow]
+    host_memory: HostAtDeath
+    cgroup: CgroupAtDeath | None
+    timeline: list[TimelinePoint]
+    stacks: dict[str, Any] | None
+    advice: list[str]
+    extra: dict[str, Any] = field(default_factory=dict)  # diagnose: inputs, collect, diagnosed_by
+
+
+def _rank(r: RankRow) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "rank": r.rank,
+        "local_rank": r.local_rank,
+        "pid": r.pid,
+        "exit_code": r.exit_code,
+        "signal": signal_name(r.signal),
+        "exit_source": r.exit_source,
+        "died_at": iso(r.died_at),
+        "fate": r.fate,
+        "rss_bytes": r.rss_bytes,
+        "peak_rss_bytes": r.peak_rss_bytes,
+        "tree_rss_bytes": r.tree_rss_bytes,
+        "gpu_memory_bytes": r.gpu_memory_bytes,
+    }
+    if r.local_rank_inferred:
+        row["local_rank_inferred"] = True
+    return row
+
+
+def _cgroup(c: CgroupAtDeath | None) -> dict[str, Any] | None:
+    if c is None:
+        return None
+    s = c.sample
+    return {
+        "path": s.path,
+        "version": s.version,
+        "limit_bytes": s.effective_limit_bytes,
+        "usage_bytes_at_death": s.usage_bytes,
+        "peak_bytes": s.peak_bytes,
+        "oom_kills": c.oom_kills,
+    }
+
+
+def build(p: Parts) -> dict[str, Any]:
+    """The document, in the contract's key order."""
+    v = p.verdict
+    if v is None:
+        killer: dict[str, Any] = {"kind": Kind.UNKNOWN, "confidence": Confidence.POSSIBLE}
+    else:
+        killer = {"kind": v.kind, "confidence": v.confidence}
+    killer["summary"] = p.summary if p.summary is not None else (v.summary if v else NO_DEATH)
+    killer["evidence"] = [{"source": e.source, "at": iso(e.at), "detail": e.detail} for e in p.evidence]
+    return {
+        "schema": SCHEMA,
+        "id": p.ident,
+        "created_at": iso(p.created_at),
+        "updated_at": iso(p.updated_at),
+        "host": p.host,
+        "job": {
+            "agent_pid": p.job.agent_pid,
+            "run_id": p.job.run_id,
+            "world_size": p.job.world_size,
+            "restart_count": p.job.restart_count,
+            "entrypoint": p.job.entrypoint,
+            "key": p.job.key,
+        },
+        "victim": {
+            "rank": v.victim.rank if v else None,
+            "local_rank": v.victim.local_rank if v else None,
+            "pid": (v.victim.pid or None) if v else None,
+            "exit_code": p.victim.exit_code,
+            "signal": signal_name(v.victim.signal) if v else None,
+            "died_at": iso(p.victim.died_at),
+            # first-hand, from the kernel's kill line: the RSS at the moment of the kill
+            "kernel_rss_bytes": v.oom.rss_bytes if v and v.oom else None,
+        },
+        "killer": killer,
+        "ranks": [_rank(r) for r in p.ranks],
+        "memory": {
+            "host": {
+                "total_bytes": p.host_memory.total_bytes,
+                "available_bytes_at_death": p.host_memory.available_bytes,
+                "min_available_bytes": p.host_memory.min_available_bytes,
+            },
+            "cgroup": _cgroup(p.cgroup),
+        },
+        "timeline": [
+            {
+                "at": iso(t.at),
+                "host_available_bytes": t.host_available_bytes,
+                "cgroup_usage_bytes": t.cgroup_usage_bytes,
+                "rss_bytes": t.rss_bytes,
+                "tree_rss_bytes": t.tree_rss_bytes,
+                "gpu_memory_bytes": t.gpu_memory_bytes,
+            }
+            for t in p.timeline
+        ],
+        "stacks": p.stacks,
+        "advice": p.advice,
+        **p.extra,
+    }

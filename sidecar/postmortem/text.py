@@ -1,0 +1,130 @@
+"""The postmortem as text, for a terminal or an issue, whichever path wrote it: the verdict
+first, then what was read (diagnose), the evidence, every rank's fate, the memory at death,
+the curve before it, the advice and what to collect next time. Sections the document has
+no data for are left out rather than printed empty.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["render_text"]
+
+_BARS = " ▁▂▃▄▅▆▇█"
+
+
+def _size(n: Any) -> str:
+    if not isinstance(n, (int, float)):
+        return "-"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def _spark(values: list[int]) -> str:
+    if not values:
+        return ""
+    top = max(values) or 1
+    return "".join(_BARS[min(8, round(v / top * 8))] for v in values)
+
+
+def _label(r: dict[str, Any]) -> str:
+    """A rank's global rank; from logs that name only the local one, ``local N``."""
+    if r.get("rank") is not None:
+        return str(r["rank"])
+    if r.get("local_rank") is not None:
+        return f"local {r['local_rank']}" + ("?" if r.get("local_rank_inferred") else "")
+    return "?"
+
+
+def _header(doc: dict[str, Any]) -> list[str]:
+    v, job = doc.get("victim") or {}, doc.get("job") or {}
+    lines = [f"trainwatch postmortem {doc.get('id')}" + (" (from logs)" if "inputs" in doc else "")]
+    if job.get("agent_pid") is not None or job.get("key") is not None:
+        key = job.get("key") or job.get("run_id") or job.get("agent_pid")
+        lines.append(
+            f"job {key} (agent pid {job.get('agent_pid')}, {job.get('entrypoint') or '?'}, "
+            f"world size {job.get('world_size')}, restart {job.get('restart_count')})"
+        )
+    if v.get("pid") is not None or v.get("rank") is not None or v.get("local_rank") is not None:
+        how = v.get("signal") or (
+            f"exit status {v['exit_code']}" if v.get("exit_code") is not None else "exit status unknown"
+        )
+        when = f" {v['died_at']}" if v.get("died_at") else ""
+        who = f"rank {v['rank']}" if v.get("rank") is not None else f"local rank {v.get('local_rank', '?')}"
+        lines.append(f"{who} (pid {v.get('pid') or '?'}) died{when}: {how} (exit code {v.get('exit_code')})")
+    return lines
+
+
+def _ranks(ranks: list[dict[str, Any]]) -> list[str]:
+    timed = any(r.get("died_at") for r in ranks)
+    head = f"  {'rank':>8}  {'pid':>8}  {'fate':<20} {'exit':>5}  {'rss':>10}  {'peak':>10}  {'tree':>10}"
+    lines = ["", "ranks:", head + ("  died" if timed else "")]
+    for r in ranks:
+        row = (
+            f"  {_label(r):>8}  {r.get('pid')!s:>8}  {r.get('fate')!s:<20} {r.get('exit_code')!s:>5}  "
+            f"{_size(r.get('rss_bytes')):>10}  {_size(r.get('peak_rss_bytes')):>10}  "
+            f"{_size(r.get('tree_rss_bytes')):>10}"
+        )
+        lines.append(row + (f"  {r.get('died_at') or '-'}" if timed else ""))
+    return lines
+
+
+def _memory(doc: dict[str, Any]) -> list[str]:
+    mem = doc.get("memory") or {}
+    host, cg = mem.get("host") or {}, mem.get("cgroup")
+    lines = []
+    if host.get("available_bytes_at_death") is not None:
+        lines.append(
+            f"  host: {_size(host.get('available_bytes_at_death'))} available of "
+            f"{_size(host.get('total_bytes'))} "
+            f"(lowest in the window: {_size(host.get('min_available_bytes'))})"
+        )
+    elif host.get("total_bytes") is not None:
+        lines.append(f"  host: {_size(host['total_bytes'])} of RAM")
+    if cg:
+        lines.append(
+            f"  cgroup {cg.get('path')} (v{cg.get('version')}): {_size(cg.get('usage_bytes_at_death'))} used "
+            + (f"of a {_size(cg['limit_bytes'])} limit" if cg.get("limit_bytes") else "(no limit)")
+            + f", peak {_size(cg.get('peak_bytes'))}, OOM kills {cg.get('oom_kills')}"
+        )
+    return ["", "memory at death:", *lines] if lines else []
+
+
+def _curve(doc: dict[str, Any]) -> list[str]:
+    timeline = doc.get("timeline") or []
+    label = str((doc.get("victim") or {}).get("rank"))
+    curve = [p.get("rss_bytes", {}).get(label) for p in timeline]
+    curve = [c for c in curve if isinstance(c, int)]
+    if not curve:
+        return []
+    return [
+        "",
+        f"rank {label} RSS over the last {len(timeline)} samples (max {_size(max(curve))}):",
+        f"  {_spark(curve[-72:])}",
+    ]
+
+
+def render_text(doc: dict[str, Any]) -> str:
+    """The document as text (the daemon's ``GET /postmortem?format=text``, ``trainwatch
+    postmortem`` and ``trainwatch diagnose``)."""
+    k = doc.get("killer") or {}
+    lines = [*_header(doc), "", f"killer: {k.get('kind')} ({k.get('confidence')})", f"  {k.get('summary')}"]
+    if doc.get("inputs"):
+        lines += ["", "read:"] + [f"  {i['name']}: {', '.join(i['kinds'])}" for i in doc["inputs"]]
+    if k.get("evidence"):
+        lines += ["", "evidence:"]
+        lines += [
+            f"  [{e.get('source')}] " + (f"{e['at']} " if e.get("at") else "") + f"{e.get('detail')}".rstrip()
+            for e in k["evidence"]
+        ]
+    if doc.get("ranks"):
+        lines += _ranks(doc["ranks"])
+    lines += _memory(doc)
+    lines += _curve(doc)
+    if doc.get("advice"):
+        lines += ["", "advice:"] + [f"  - {a}" for a in doc["advice"]]
+    if doc.get("collect"):
+        lines += ["", "to decide next time, collect:"] + [f"  - {c}" for c in doc["collect"]]
+    return "\n".join(lines) + "\n"
