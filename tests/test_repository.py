@@ -1,6 +1,6 @@
 """The repository keeps its promises about itself: the README's figures are the results
-files' (benchmarks/render.py), its diagnose example is the command's output, nothing reads beside the clone, and a skip the allow-list
-does not name fails a strict run."""
+files' (benchmarks/render.py), its diagnose example is the command's output, nothing reads
+beside the clone, and a skip the allow-list does not name fails a strict run."""
 
 from __future__ import annotations
 
