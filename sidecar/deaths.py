@@ -28,10 +28,10 @@ from sidecar.autopsy import (
     autopsy,
     signal_name,
 )
+from sidecar.autopsy.oom import OomFold
 from sidecar.errors import ProbeError
 from sidecar.gather import Gatherer, Generation, Incident, Known, Plan, Reads, live_parts
 from sidecar.model import Fate, Kind, Snapshot, decode_wait_status
-from sidecar.oom import OomFold
 from sidecar.parse.kernel import (
     KmsgRecord,
     OomKill,

@@ -14,54 +14,53 @@ three. From the records:
   userspace OOM daemons' records.
 
 The pid is the link: a kernel record naming a rank's pid is that rank's death, whatever
-the clocks say. Then the same autopsy as the daemon's runs, and the rules for logs
-follow: a SIGKILL nothing explains is ``unknown`` unless a kernel log was given (then
-``external_signal``, ``possible``); a scheduler's own record (Slurm's oom-kill event,
-Kubernetes' OOMKilled or eviction, Ray's memory monitor, a time limit) explains a SIGKILL
-at ``likely``; a torchrun agent that says it was signalled is ``external_signal``. When
-the logs cannot decide, the document lists what to collect next time.
+the clocks say. Then the daemon's path: the same autopsy, the rules for logs on top
+(``autopsy.logs``), the same advice and the same document builder.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import signal as _signal
 import socket
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, BinaryIO
 
-from sidecar.advice import advice
 from sidecar.autopsy import (
     Evidence,
     EvidenceItem,
-    KernelOom,
     RankState,
     UserspaceKill,
     Verdict,
     autopsy,
-    rank_name,
-    signal_name,
 )
-from sidecar.model import Confidence, Fate, Kind, wait_status_from_returncode
-from sidecar.oom import OomFold
-from sidecar.parse.jobs import JobRecord, parse_job_line
+from sidecar.autopsy.advice import advice
+from sidecar.autopsy.logs import (
+    COLLECT_DAEMON,
+    COLLECT_KERNEL,
+    COLLECT_RANK_LOGS,
+    KernelRecords,
+    LogRank,
+    LogRecords,
+    logs_rules,
+)
+from sidecar.autopsy.oom import OomFold
+from sidecar.model import Confidence, Fate, wait_status_from_returncode
+from sidecar.parse.jobs import parse_job_line
 from sidecar.parse.kernel import (
     OomKill,
     OomMemcgLimit,
     OomSummary,
-    XidRecord,
     parse_oom_line,
     parse_xid_line,
 )
 from sidecar.parse.logs import KernelLine, kernel_lines, line_time, parse_task_row
 from sidecar.parse.oomd import parse_userspace_oom_line
-from sidecar.parse.ranks import Finding, line_stamp, parse_rank_output, stamp_to_epoch
+from sidecar.parse.ranks import line_stamp, parse_rank_output, stamp_to_epoch
 from sidecar.parse.torchrun import (
     ClosingSignal,
-    DeathSignal,
     FailureEntry,
     WorkerFailed,
     parse_agent_text,
@@ -126,42 +125,6 @@ def read_inputs(paths: list[str], stdin: BinaryIO | None = None) -> list[LogInpu
 # -- what the inputs hold -------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class _Rank:
-    rank: int | None = None
-    local_rank: int | None = None
-    pid: int | None = None
-    returncode: int | None = None  # torchrun's: -N for signal N, else the exit status
-    at: float | None = None  # epoch seconds, when a line gave it
-    first: bool = False  # the agent's "Root Cause (first observed failure)", or its "failed" line
-    torn_down: bool = False
-    inferred_local: bool = False
-    inferred_rank: bool = False
-    lines: list[str] = field(default_factory=list)
-
-    @property
-    def label(self) -> str:
-        if self.rank is not None:
-            return str(self.rank)
-        if self.local_rank is not None:
-            return f"local{self.local_rank}"
-        return f"pid{self.pid}" if self.pid is not None else "?"
-
-
-@dataclass(slots=True)
-class _Gathered:
-    kinds: dict[str, list[str]]
-    agent: list[Any]
-    findings: list[tuple[str | None, Finding]]
-    kernel: list[KernelLine]
-    jobs: list[JobRecord]
-    userspace: list[UserspaceKill]
-    output_read: bool
-    host: str | None = None
-    userspace_at: list[float | None] = field(default_factory=list)  # each userspace kill's line time
-    death_at: dict[str, float] = field(default_factory=dict)  # rank label -> its death, where known
-
-
 _TABLE_TIME = re.compile(r"time\s*:?\s*(\d{4})-(\d\d)-(\d\d)[_ ](\d\d):(\d\d):(\d\d)")
 _HOST = re.compile(r"^\s*host\s*:\s*(\S+)", re.M)
 _GENERATION = (
@@ -171,8 +134,8 @@ _GENERATION = (
 )
 
 
-def _gather(inputs: list[LogInput]) -> _Gathered:
-    g = _Gathered({}, [], [], [], [], [], False)
+def _gather(inputs: list[LogInput]) -> LogRecords:
+    g = LogRecords({}, [], [], [], [], [], False)
     for inp in inputs:
         kinds: list[str] = []
         text = inp.text
@@ -217,12 +180,12 @@ def _gather(inputs: list[LogInput]) -> _Gathered:
     return g
 
 
-def _ranks(g: _Gathered) -> tuple[list[_Rank], list[EvidenceItem]]:
+def _ranks(g: LogRecords) -> tuple[list[LogRank], list[EvidenceItem]]:
     """The ranks the logs name, merged by pid (then by rank, then by local rank)."""
-    ranks: list[_Rank] = []
+    ranks: list[LogRank] = []
     notes: list[EvidenceItem] = []
 
-    def get(pid: int | None, rank: int | None = None, local: int | None = None) -> _Rank:
+    def get(pid: int | None, rank: int | None = None, local: int | None = None) -> LogRank:
         for r in ranks:
             if (
                 (pid is not None and r.pid == pid)
@@ -231,7 +194,7 @@ def _ranks(g: _Gathered) -> tuple[list[_Rank], list[EvidenceItem]]:
             ):
                 break
         else:
-            r = _Rank(pid=pid)
+            r = LogRank(pid=pid)
             ranks.append(r)
         if rank is not None:
             r.rank = rank
@@ -295,7 +258,7 @@ def _ranks(g: _Gathered) -> tuple[list[_Rank], list[EvidenceItem]]:
                 )
             )
         else:
-            ranks.append(_Rank(rank=f.rank, local_rank=f.local_rank))
+            ranks.append(LogRank(rank=f.rank, local_rank=f.local_rank))
     # torn-down pids in one run of consecutive pids with a rank whose local rank is known:
     # torchrun starts the workers in local-rank order
     anchors = [r for r in ranks if r.local_rank is not None and r.pid is not None]
@@ -329,22 +292,12 @@ def _when(line: str) -> float | None:
     return at
 
 
-@dataclass(slots=True)
-class _Kernel:
-    ooms: list[KernelOom]
-    partial: list[tuple[str, KernelLine]]  # (constraint, line): summaries cut before the pid
-    tasks: dict[int, tuple[int, str]]  # pid -> (rss bytes, comm) from the OOM report's table
-    xids: list[tuple[KernelLine, XidRecord]]
-    host_total: int | None
-    oom_at: dict[int, float] = field(default_factory=dict)  # pid -> wall time of its kill line
-
-
 _PARTIAL = re.compile(r"oom-kill:constraint=(CONSTRAINT_[A-Z]+)")
 _PAGES_RAM = re.compile(r"^(\d+) pages RAM$")
 
 
-def _kernel(lines: list[KernelLine]) -> _Kernel:
-    k = _Kernel([], [], {}, [], None)
+def _kernel(lines: list[KernelLine]) -> KernelRecords:
+    k = KernelRecords([], [], {}, [], None)
     fold = OomFold()  # every line at time 0: the records of one pid are one kill
     for line in lines:
         parsed = parse_oom_line(line.text)
@@ -379,47 +332,26 @@ def _kernel(lines: list[KernelLine]) -> _Kernel:
 class _Outcome:
     verdict: Verdict | None
     collect: list[str]
-    ranks: list[_Rank]
-    kernel: _Kernel
+    ranks: list[LogRank]
+    kernel: KernelRecords
     notes: list[EvidenceItem]
 
 
-COLLECT_KERNEL = (
-    "The kernel log of the node where the rank died, from around the death: "
-    "`sudo dmesg -T | grep -iE 'killed process|oom-kill|out of memory|NVRM: Xid'` "
-    "(or `journalctl -k --since '...'`); an OOM kill names the pid there."
-)
-COLLECT_CGROUP = (
-    "The job's memory cgroup counters: `cat /sys/fs/cgroup/<job cgroup>/memory.events` (cgroup v2: "
-    "oom_kill) or `memory.failcnt` and `memory.oom_control` (v1); in Kubernetes `kubectl describe pod` "
-    "(Last State: OOMKilled), under Slurm `sacct -j JOBID -o JobID,State,MaxRSS,ReqMem`."
-)
-COLLECT_RANK_LOGS = (
-    "The ranks' own output: run torchrun with `--log-dir DIR --redirects 3 --tee 3`, and decorate the "
-    "entrypoint with `@record` (torch.distributed.elastic.multiprocessing.errors) so each rank's "
-    "exception lands in its error file."
-)
-COLLECT_DAEMON = (
-    "Run trainwatch during the job (`trainwatch run -- torchrun ...`, or `trainwatch --attach-torchrun` "
-    "on the node): it sees exits, kernel records, cgroup counters and memory curves as they happen."
-)
-
-
-def _synthetic_victim(k: _Kernel, g: _Gathered, t0: int) -> list[_Rank]:
+def _synthetic_victim(k: KernelRecords, g: LogRecords, t0: int) -> list[LogRank]:
     """No rank named anywhere: the one process the logs say died."""
     if len(k.ooms) == 1:
-        return [_Rank(pid=k.ooms[0].pid, returncode=-9, first=True)]
+        return [LogRank(pid=k.ooms[0].pid, returncode=-9, first=True)]
     shells = [j for j in g.jobs if j.what == "killed_by_shell"]
     if shells:
-        return [_Rank(pid=shells[0].pid, returncode=-(shells[0].signal or 9), first=True)]
+        return [LogRank(pid=shells[0].pid, returncode=-(shells[0].signal or 9), first=True)]
     exits = [j for j in g.jobs if j.what == "exit_code" and j.exit_code is not None]
     if exits:  # a container's "exit code 137" is 128 + SIGKILL
         e = exits[0]
-        return [_Rank(returncode=-e.signal if e.signal else e.exit_code, first=True, lines=[e.line])]
-    return [_Rank(first=True)]
+        return [LogRank(returncode=-e.signal if e.signal else e.exit_code, first=True, lines=[e.line])]
+    return [LogRank(first=True)]
 
 
-def _decide(g: _Gathered, now: float) -> _Outcome:
+def _decide(g: LogRecords, now: float) -> _Outcome:
     ranks, notes = _ranks(g)
     k = _kernel(g.kernel)
     t0 = int(now * S)
@@ -472,274 +404,16 @@ def _decide(g: _Gathered, now: float) -> _Outcome:
     collect: list[str] = []
     if v is None:
         return _Outcome(None, [COLLECT_KERNEL, COLLECT_RANK_LOGS, COLLECT_DAEMON], ranks, k, notes)
-    v = _logs_rules(v, g, k, kernel_given, collect)
+    v = logs_rules(v, g, k, kernel_given, collect)
     guessed = next((r for r in ranks if r.label == v.victim.label and r.inferred_rank), None)
     if guessed is not None and v.confidence == Confidence.CERTAIN:
         v = replace(v, confidence=Confidence.LIKELY)
     return _Outcome(v, collect, ranks, k, notes)
 
 
-def _who(v: Verdict) -> str:
-    return rank_name(v.victim.label, v.victim.pid, from_logs=True)
-
-
-def _logs_rules(v: Verdict, g: _Gathered, k: _Kernel, kernel_given: bool, collect: list[str]) -> Verdict:
-    """What logs can and cannot say, on top of the autopsy's verdict."""
-    who = _who(v)
-    items = list(v.evidence)
-    sigkill = v.victim.signal == _signal.SIGKILL or (v.victim.exit_code is None and v.kind == Kind.UNKNOWN)
-    weak = v.kind in (Kind.EXTERNAL_SIGNAL, Kind.UNKNOWN) or (
-        v.kind == Kind.ABORT and v.confidence == Confidence.POSSIBLE
-    )
-    signalled = next((rec for rec in g.agent if isinstance(rec, DeathSignal)), None)
-    if signalled is not None and weak:
-        name = signal_name(signalled.signal) or "a signal"
-        items.append(EvidenceItem("torchrun", None, signalled.line))
-        hint = " (the terminal or SSH session it ran in closed)" if signalled.signal == _signal.SIGHUP else ""
-        return _with(
-            v,
-            Kind.EXTERNAL_SIGNAL,
-            Confidence.CERTAIN,
-            f"The torchrun agent itself received {name}{hint} and shut every rank down with it; no rank "
-            "failed on its own.",
-            items,
-            all_torn_down=True,
-        )
-    jobs = {j.what: j for j in g.jobs}
-    if weak and (sigkill or v.victim.exit_code is None):
-        for what, kind, text in (
-            (
-                "oom_cgroup",
-                Kind.CGROUP_OOM,
-                "{src} reports an out-of-memory kill{scope}: {who} was killed by that "
-                "memory limit (the record names the {unit}, not the pid).",
-            ),
-            (
-                "eviction",
-                Kind.USERSPACE_OOM,
-                "Kubernetes evicted the pod because the node ran low on memory: "
-                "the kubelet ended {who} (a scheduler's memory policy, before the kernel's OOM killer).",
-            ),
-            (
-                "memory_monitor",
-                Kind.USERSPACE_OOM,
-                "Ray's memory monitor killed {who}'s worker as the node "
-                "crossed its memory-usage threshold (RAY_memory_usage_threshold).",
-            ),
-            (
-                "time_limit",
-                Kind.EXTERNAL_SIGNAL,
-                "Slurm ended the job at its time limit: {who} was killed with the rest of the step.",
-            ),
-            (
-                "preempted",
-                Kind.EXTERNAL_SIGNAL,
-                "Slurm preempted the job: {who} was killed with the rest of it.",
-            ),
-            ("node_failure", Kind.EXTERNAL_SIGNAL, "Slurm cancelled the job after a node failure."),
-            (
-                "cancelled",
-                Kind.EXTERNAL_SIGNAL,
-                "The scheduler cancelled the job{scope}: {who} was killed with it.",
-            ),
-        ):
-            job = jobs.get(what)
-            if job is None:
-                continue
-            items.append(EvidenceItem(job.source, None, job.line))
-            src = {"slurm": "Slurm", "kubernetes": "Kubernetes", "docker": "Docker"}.get(
-                job.source, job.source
-            )
-            unit = {"slurm": "step", "kubernetes": "container", "docker": "container"}.get(
-                job.source, "cgroup"
-            )
-            scope = f" in {job.scope}" if job.scope else ""
-            return _with(
-                v, kind, Confidence.LIKELY, text.format(src=src, scope=scope, who=who, unit=unit), items
-            )
-    death = _death_time(v, g)
-    if (
-        weak
-        and sigkill
-        and not v.victim.pid
-        and len(k.ooms) == 1
-        and not _far(k.oom_at.get(k.ooms[0].pid), death)
-    ):
-        # the launcher gave no pid (DeepSpeed, accelerate): one OOM kill in the kernel log
-        oom = k.ooms[0]
-        items += [EvidenceItem("kmsg", None, line) for line in oom.lines]
-        memcg = oom.scope == "memcg" or oom.oom_memcg is not None
-        return _with(
-            v,
-            Kind.CGROUP_OOM if memcg else Kind.KERNEL_OOM,
-            Confidence.LIKELY if _near(k.oom_at.get(oom.pid), death) else Confidence.POSSIBLE,
-            f"{who} was SIGKILLed and the kernel's OOM killer killed pid {oom.pid} ({oom.comm})"
-            + (f" for the limit of memory cgroup {oom.oom_memcg}" if oom.oom_memcg else "")
-            + "; the launcher's log gives no pid to tie that kill to the rank.",
-            items,
-        )
-    near_kills = [u for u, at in zip(g.userspace, g.userspace_at, strict=True) if _near(at, death)]
-    if weak and near_kills and (sigkill or v.victim.exit_code is None):
-        u = near_kills[0]
-        items.append(EvidenceItem(u.daemon, None, u.detail))
-        return _with(
-            v,
-            Kind.USERSPACE_OOM,
-            Confidence.LIKELY,
-            f"The userspace OOM daemon {u.daemon} killed "
-            + (f"cgroup {u.cgroup}" if u.cgroup else f"pid {u.pid}")
-            + f", and {who} died by it (its record names the "
-            + ("cgroup" if u.cgroup else "pid")
-            + ", the logs do not tie it to the rank).",
-            items,
-        )
-    if weak and k.partial and (sigkill or v.victim.exit_code is None):
-        constraint, line = k.partial[0]
-        items.append(EvidenceItem("kmsg", None, line.text))
-        biggest = max(k.tasks.items(), key=lambda kv: kv[1][0]) if k.tasks else None
-        if biggest is not None:
-            pid, (rss, comm) = biggest
-            items.append(
-                EvidenceItem("kmsg", None, f"task table: largest process {comm} (pid {pid}), {_gib(rss)} RSS")
-            )
-        memcg = constraint == "CONSTRAINT_MEMCG"
-        tail = (
-            f"; the largest process in its task table was {biggest[1][1]} (pid {biggest[0]}) "
-            f"with {_gib(biggest[1][0])} RSS"
-            if biggest
-            else ""
-        )
-        return _with(
-            v,
-            Kind.CGROUP_OOM if memcg else Kind.KERNEL_OOM,
-            Confidence.LIKELY,
-            ("A memory cgroup's limit" if memcg else "The machine running out of memory")
-            + f" made the kernel's OOM killer act ({constraint}), but the record is cut off before it names "
-            f"the victim{tail}.",
-            items,
-        )
-    if v.kind == Kind.BUS_ERROR and v.facts.shm_exhausted:
-        # the DataLoader's message guesses /dev/shm; only the daemon can measure it
-        collect.append(
-            "The size and use of /dev/shm where the job ran: `df -h /dev/shm` (in Docker, --shm-size)."
-        )
-        return _with(
-            v,
-            Kind.BUS_ERROR,
-            Confidence.POSSIBLE,
-            f"{who}: a DataLoader worker died of SIGBUS. Its message blames shared memory (/dev/shm), "
-            "the usual "
-            "cause, but these logs do not show /dev/shm's size or use (a memory-mapped file on a failing "
-            "volume does the same).",
-            items,
-        )
-    if v.kind == Kind.EXTERNAL_SIGNAL and v.victim.signal == _signal.SIGKILL:
-        low = [j for j in g.jobs if j.what == "memory_usage" and j.value is not None and j.value < 60]
-        if not kernel_given:
-            collect += [COLLECT_KERNEL, COLLECT_CGROUP]
-            if low:
-                items.append(EvidenceItem(low[-1].source, None, low[-1].line))
-            return _with(
-                v,
-                Kind.UNKNOWN,
-                Confidence.POSSIBLE,
-                f"{who} was killed by SIGKILL and these logs do not say by whom. Most often that is the "
-                "kernel's OOM killer (the machine or a container/cgroup limit out of memory), "
-                "else a scheduler "
-                "or a person"
-                + (f"; the last host-memory reading was only {low[-1].value:g}% used" if low else "")
-                + ". The kernel log decides.",
-                items,
-            )
-        items.append(
-            EvidenceItem(
-                "kmsg",
-                None,
-                "no OOM record in the kernel log given names "
-                + (f"pid {v.victim.pid}" if v.victim.pid else "a process of this death"),
-            )
-        )
-        collect.append(COLLECT_CGROUP)
-        return _with(
-            v,
-            Kind.EXTERNAL_SIGNAL,
-            Confidence.POSSIBLE,
-            f"{who} was killed by SIGKILL, and the kernel log given has no OOM record naming it: if that log "
-            "covers this node at the time of the death, the kill came from outside (a scheduler, a person, "
-            "a container runtime enforcing its limit, a userspace OOM daemon).",
-            items,
-        )
-    if v.kind == Kind.UNKNOWN:
-        collect += [COLLECT_KERNEL, COLLECT_RANK_LOGS]
-        context = []
-        ds = [j for j in g.jobs if j.source == "deepspeed" and j.what == "teardown"]
-        if ds:
-            items.append(EvidenceItem("deepspeed", None, ds[0].line))
-            context.append(
-                "DeepSpeed's launcher killed its workers (its sigkill_handler runs when any worker fails); "
-                "which worker failed first, and why, is not in them"
-            )
-        ray = jobs.get("worker_died")
-        if ray is not None:
-            items.append(EvidenceItem("ray", None, ray.line))
-            context.append(
-                "Ray says the worker died unexpectedly and lists the OOM killer, `ray stop` or a crash as "
-                "possible causes; nothing here tells which"
-            )
-        low = [j for j in g.jobs if j.what == "memory_usage" and j.value is not None]
-        if low:
-            items.append(EvidenceItem(low[-1].source, None, low[-1].line))
-            context.append(f"the last host-memory reading was {low[-1].value:g}% used")
-        return _with(
-            v,
-            Kind.UNKNOWN,
-            Confidence.POSSIBLE,
-            f"{who} ended, and these logs say neither how nor why"
-            + ("; " + "; ".join(context) if context else "")
-            + ". The kernel log and the ranks' own output decide.",
-            items,
-        )
-    if v.confidence == Confidence.POSSIBLE:
-        collect += [COLLECT_KERNEL, COLLECT_RANK_LOGS]
-    return v
-
-
-def _death_time(v: Verdict, g: _Gathered) -> float | None:
-    """The victim's death on the wall clock, where a line gave it."""
-    return g.death_at.get(v.victim.label)
-
-
-def _near(at: float | None, death: float | None, window: float = 120.0) -> bool:
-    """A record ties to the death only when both have a wall-clock time and they are close:
-    a kernel log or a journal can hold a day of other kills."""
-    return at is not None and death is not None and abs(at - death) <= window
-
-
-def _far(at: float | None, death: float | None, window: float = 120.0) -> bool:
-    return at is not None and death is not None and abs(at - death) > window
-
-
-def _with(
-    v: Verdict,
-    kind: Kind,
-    confidence: Confidence,
-    summary: str,
-    items: list[EvidenceItem],
-    all_torn_down: bool = False,
-) -> Verdict:
-    fates = dict(v.fates)
-    if all_torn_down:
-        fates = {label: Fate.TERMINATED_BY_AGENT for label in fates}
-    return Verdict(v.victim, kind, confidence, summary, tuple(items), fates, v.oom)
-
-
 def _sentence(text: str) -> str:
     """A summary that starts with a rank named by its pid alone starts a sentence."""
     return "T" + text[1:] if text.startswith("the process") else text
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB"
 
 
 # -- the document --------------------------------------------------------------------------

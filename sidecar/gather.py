@@ -16,8 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sidecar.advice import advice
-from sidecar.autopsy import USERSPACE_OOM_DAEMONS, Evidence, UserspaceKill, Verdict
+from sidecar.autopsy import USERSPACE_OOM_DAEMONS, Evidence, UserspaceKill, Verdict, advice
 from sidecar.model import Fate, RankSample, Snapshot, TimelinePoint, wait_status_from_returncode
 from sidecar.parse.flight import FlightDump, FlightVerdict, load_dump, summarise
 from sidecar.parse.oomd import parse_userspace_oom_line

@@ -1,8 +1,8 @@
-"""The one fold of kernel OOM records (sidecar/oom.py), on the records of real kernels."""
+"""The one fold of kernel OOM records (sidecar/autopsy/oom.py), on the records of real kernels."""
 
 from __future__ import annotations
 
-from sidecar.oom import WINDOW_NS, OomFold
+from sidecar.autopsy.oom import WINDOW_NS, OomFold
 from sidecar.parse.kernel import parse_oom_line
 
 S = 10**9

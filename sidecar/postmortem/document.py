@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from sidecar.autopsy import Verdict, signal_name
+from sidecar.autopsy.evidence import Verdict, signal_name
 from sidecar.model import CgroupSample, Confidence, Kind, TimelinePoint
 
 __all__ = [

@@ -29,6 +29,10 @@ def _spark(values: list[int]) -> str:
     return "".join(_BARS[min(8, round(v / top * 8))] for v in values)
 
 
+def _or_dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
 def _label(r: dict[str, Any]) -> str:
     """A rank's global rank; from logs that name only the local one, ``local N``."""
     if r.get("rank") is not None:
@@ -48,12 +52,22 @@ def _header(doc: dict[str, Any]) -> list[str]:
             f"world size {job.get('world_size')}, restart {job.get('restart_count')})"
         )
     if v.get("pid") is not None or v.get("rank") is not None or v.get("local_rank") is not None:
-        how = v.get("signal") or (
-            f"exit status {v['exit_code']}" if v.get("exit_code") is not None else "exit status unknown"
+        if v.get("rank") is not None:
+            who = f"rank {v['rank']}"
+        elif v.get("local_rank") is not None:
+            who = f"local rank {v['local_rank']}"
+        else:
+            who = "the process"
+        code = v.get("exit_code")
+        how = v.get("signal") or (f"exit status {code}" if code is not None else "exit status unknown")
+        lines.append(
+            f"{who}"
+            + (f" (pid {v['pid']})" if v.get("pid") is not None else "")
+            + " died"
+            + (f" {v['died_at']}" if v.get("died_at") else "")
+            + f": {how}"
+            + (f" (exit code {code})" if code is not None else "")
         )
-        when = f" {v['died_at']}" if v.get("died_at") else ""
-        who = f"rank {v['rank']}" if v.get("rank") is not None else f"local rank {v.get('local_rank', '?')}"
-        lines.append(f"{who} (pid {v.get('pid') or '?'}) died{when}: {how} (exit code {v.get('exit_code')})")
     return lines
 
 
@@ -63,7 +77,8 @@ def _ranks(ranks: list[dict[str, Any]]) -> list[str]:
     lines = ["", "ranks:", head + ("  died" if timed else "")]
     for r in ranks:
         row = (
-            f"  {_label(r):>8}  {r.get('pid')!s:>8}  {r.get('fate')!s:<20} {r.get('exit_code')!s:>5}  "
+            f"  {_label(r):>8}  {_or_dash(r.get('pid')):>8}  {r.get('fate')!s:<20} "
+            f"{_or_dash(r.get('exit_code')):>5}  "
             f"{_size(r.get('rss_bytes')):>10}  {_size(r.get('peak_rss_bytes')):>10}  "
             f"{_size(r.get('tree_rss_bytes')):>10}"
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from sidecar.autopsy import KernelOom
+from sidecar.autopsy.evidence import KernelOom
 from sidecar.parse.kernel import OomKill, OomMemcgLimit, OomSummary
 
 __all__ = ["WINDOW_NS", "OomFold"]

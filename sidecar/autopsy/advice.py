@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sidecar.autopsy import Verdict
+from sidecar.autopsy.evidence import Verdict
 from sidecar.model import CgroupSample, Kind
 
 if TYPE_CHECKING:

@@ -1,0 +1,361 @@
+"""The rules for logs, on top of the autopsy's verdict (``trainwatch diagnose``): what
+logs can say and cannot. A SIGKILL nothing explains is ``unknown`` unless a kernel log was
+given (then ``external_signal``, ``possible``); a scheduler's own record (Slurm's oom-kill
+event, Kubernetes' OOMKilled or eviction, Ray's memory monitor, a time limit) explains a
+SIGKILL at ``likely``; a torchrun agent that says it was signalled is ``external_signal``;
+a record ties to the death only when both have a wall-clock time and they are close. When
+the logs cannot decide, the rules say what to collect next time. Also the types the
+offline path fills from the logs' text (``LogRank``, ``LogRecords``, ``KernelRecords``).
+"""
+
+from __future__ import annotations
+
+import signal as _signal
+from dataclasses import dataclass, field
+from typing import Any
+
+from sidecar.autopsy.evidence import EvidenceItem, KernelOom, UserspaceKill, Verdict, rank_name, signal_name
+from sidecar.model import Confidence, Fate, Kind
+from sidecar.parse.jobs import JobRecord
+from sidecar.parse.kernel import XidRecord
+from sidecar.parse.logs import KernelLine
+from sidecar.parse.ranks import Finding
+from sidecar.parse.torchrun import DeathSignal
+
+__all__ = [
+    "COLLECT_CGROUP",
+    "COLLECT_DAEMON",
+    "COLLECT_KERNEL",
+    "COLLECT_RANK_LOGS",
+    "KernelRecords",
+    "LogRank",
+    "LogRecords",
+    "logs_rules",
+]
+
+
+@dataclass(slots=True)
+class LogRank:
+    rank: int | None = None
+    local_rank: int | None = None
+    pid: int | None = None
+    returncode: int | None = None  # torchrun's: -N for signal N, else the exit status
+    at: float | None = None  # epoch seconds, when a line gave it
+    first: bool = False  # the agent's "Root Cause (first observed failure)", or its "failed" line
+    torn_down: bool = False
+    inferred_local: bool = False
+    inferred_rank: bool = False
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        if self.rank is not None:
+            return str(self.rank)
+        if self.local_rank is not None:
+            return f"local{self.local_rank}"
+        return f"pid{self.pid}" if self.pid is not None else "?"
+
+
+@dataclass(slots=True)
+class LogRecords:
+    kinds: dict[str, list[str]]
+    agent: list[Any]
+    findings: list[tuple[str | None, Finding]]
+    kernel: list[KernelLine]
+    jobs: list[JobRecord]
+    userspace: list[UserspaceKill]
+    output_read: bool
+    host: str | None = None
+    userspace_at: list[float | None] = field(default_factory=list)  # each userspace kill's line time
+    death_at: dict[str, float] = field(default_factory=dict)  # rank label -> its death, where known
+
+
+@dataclass(slots=True)
+class KernelRecords:
+    ooms: list[KernelOom]
+    partial: list[tuple[str, KernelLine]]  # (constraint, line): summaries cut before the pid
+    tasks: dict[int, tuple[int, str]]  # pid -> (rss bytes, comm) from the OOM report's table
+    xids: list[tuple[KernelLine, XidRecord]]
+    host_total: int | None
+    oom_at: dict[int, float] = field(default_factory=dict)  # pid -> wall time of its kill line
+
+
+COLLECT_KERNEL = (
+    "The kernel log of the node where the rank died, from around the death: "
+    "`sudo dmesg -T | grep -iE 'killed process|oom-kill|out of memory|NVRM: Xid'` "
+    "(or `journalctl -k --since '...'`); an OOM kill names the pid there."
+)
+COLLECT_CGROUP = (
+    "The job's memory cgroup counters: `cat /sys/fs/cgroup/<job cgroup>/memory.events` (cgroup v2: "
+    "oom_kill) or `memory.failcnt` and `memory.oom_control` (v1); in Kubernetes `kubectl describe pod` "
+    "(Last State: OOMKilled), under Slurm `sacct -j JOBID -o JobID,State,MaxRSS,ReqMem`."
+)
+COLLECT_RANK_LOGS = (
+    "The ranks' own output: run torchrun with `--log-dir DIR --redirects 3 --tee 3`, and decorate the "
+    "entrypoint with `@record` (torch.distributed.elastic.multiprocessing.errors) so each rank's "
+    "exception lands in its error file."
+)
+COLLECT_DAEMON = (
+    "Run trainwatch during the job (`trainwatch run -- torchrun ...`, or `trainwatch --attach-torchrun` "
+    "on the node): it sees exits, kernel records, cgroup counters and memory curves as they happen."
+)
+
+
+def _who(v: Verdict) -> str:
+    return rank_name(v.victim.label, v.victim.pid, from_logs=True)
+
+
+def logs_rules(
+    v: Verdict, g: LogRecords, k: KernelRecords, kernel_given: bool, collect: list[str]
+) -> Verdict:
+    """What logs can and cannot say, on top of the autopsy's verdict."""
+    who = _who(v)
+    items = list(v.evidence)
+    sigkill = v.victim.signal == _signal.SIGKILL or (v.victim.exit_code is None and v.kind == Kind.UNKNOWN)
+    weak = v.kind in (Kind.EXTERNAL_SIGNAL, Kind.UNKNOWN) or (
+        v.kind == Kind.ABORT and v.confidence == Confidence.POSSIBLE
+    )
+    signalled = next((rec for rec in g.agent if isinstance(rec, DeathSignal)), None)
+    if signalled is not None and weak:
+        name = signal_name(signalled.signal) or "a signal"
+        items.append(EvidenceItem("torchrun", None, signalled.line))
+        hint = " (the terminal or SSH session it ran in closed)" if signalled.signal == _signal.SIGHUP else ""
+        return _with(
+            v,
+            Kind.EXTERNAL_SIGNAL,
+            Confidence.CERTAIN,
+            f"The torchrun agent itself received {name}{hint} and shut every rank down with it; no rank "
+            "failed on its own.",
+            items,
+            all_torn_down=True,
+        )
+    jobs = {j.what: j for j in g.jobs}
+    if weak and (sigkill or v.victim.exit_code is None):
+        for what, kind, text in (
+            (
+                "oom_cgroup",
+                Kind.CGROUP_OOM,
+                "{src} reports an out-of-memory kill{scope}: {who} was killed by that "
+                "memory limit (the record names the {unit}, not the pid).",
+            ),
+            (
+                "eviction",
+                Kind.USERSPACE_OOM,
+                "Kubernetes evicted the pod because the node ran low on memory: "
+                "the kubelet ended {who} (a scheduler's memory policy, before the kernel's OOM killer).",
+            ),
+            (
+                "memory_monitor",
+                Kind.USERSPACE_OOM,
+                "Ray's memory monitor killed {who}'s worker as the node "
+                "crossed its memory-usage threshold (RAY_memory_usage_threshold).",
+            ),
+            (
+                "time_limit",
+                Kind.EXTERNAL_SIGNAL,
+                "Slurm ended the job at its time limit: {who} was killed with the rest of the step.",
+            ),
+            (
+                "preempted",
+                Kind.EXTERNAL_SIGNAL,
+                "Slurm preempted the job: {who} was killed with the rest of it.",
+            ),
+            ("node_failure", Kind.EXTERNAL_SIGNAL, "Slurm cancelled the job after a node failure."),
+            (
+                "cancelled",
+                Kind.EXTERNAL_SIGNAL,
+                "The scheduler cancelled the job{scope}: {who} was killed with it.",
+            ),
+        ):
+            job = jobs.get(what)
+            if job is None:
+                continue
+            items.append(EvidenceItem(job.source, None, job.line))
+            src = {"slurm": "Slurm", "kubernetes": "Kubernetes", "docker": "Docker"}.get(
+                job.source, job.source
+            )
+            unit = {"slurm": "step", "kubernetes": "container", "docker": "container"}.get(
+                job.source, "cgroup"
+            )
+            scope = f" in {job.scope}" if job.scope else ""
+            return _with(
+                v, kind, Confidence.LIKELY, text.format(src=src, scope=scope, who=who, unit=unit), items
+            )
+    death = _death_time(v, g)
+    if (
+        weak
+        and sigkill
+        and not v.victim.pid
+        and len(k.ooms) == 1
+        and not _far(k.oom_at.get(k.ooms[0].pid), death)
+    ):
+        # the launcher gave no pid (DeepSpeed, accelerate): one OOM kill in the kernel log
+        oom = k.ooms[0]
+        items += [EvidenceItem("kmsg", None, line) for line in oom.lines]
+        memcg = oom.scope == "memcg" or oom.oom_memcg is not None
+        return _with(
+            v,
+            Kind.CGROUP_OOM if memcg else Kind.KERNEL_OOM,
+            Confidence.LIKELY if _near(k.oom_at.get(oom.pid), death) else Confidence.POSSIBLE,
+            f"{who} was SIGKILLed and the kernel's OOM killer killed pid {oom.pid} ({oom.comm})"
+            + (f" for the limit of memory cgroup {oom.oom_memcg}" if oom.oom_memcg else "")
+            + "; the launcher's log gives no pid to tie that kill to the rank.",
+            items,
+        )
+    near_kills = [u for u, at in zip(g.userspace, g.userspace_at, strict=True) if _near(at, death)]
+    if weak and near_kills and (sigkill or v.victim.exit_code is None):
+        u = near_kills[0]
+        items.append(EvidenceItem(u.daemon, None, u.detail))
+        return _with(
+            v,
+            Kind.USERSPACE_OOM,
+            Confidence.LIKELY,
+            f"The userspace OOM daemon {u.daemon} killed "
+            + (f"cgroup {u.cgroup}" if u.cgroup else f"pid {u.pid}")
+            + f", and {who} died by it (its record names the "
+            + ("cgroup" if u.cgroup else "pid")
+            + ", the logs do not tie it to the rank).",
+            items,
+        )
+    if weak and k.partial and (sigkill or v.victim.exit_code is None):
+        constraint, line = k.partial[0]
+        items.append(EvidenceItem("kmsg", None, line.text))
+        biggest = max(k.tasks.items(), key=lambda kv: kv[1][0]) if k.tasks else None
+        if biggest is not None:
+            pid, (rss, comm) = biggest
+            items.append(
+                EvidenceItem("kmsg", None, f"task table: largest process {comm} (pid {pid}), {_gib(rss)} RSS")
+            )
+        memcg = constraint == "CONSTRAINT_MEMCG"
+        tail = (
+            f"; the largest process in its task table was {biggest[1][1]} (pid {biggest[0]}) "
+            f"with {_gib(biggest[1][0])} RSS"
+            if biggest
+            else ""
+        )
+        return _with(
+            v,
+            Kind.CGROUP_OOM if memcg else Kind.KERNEL_OOM,
+            Confidence.LIKELY,
+            ("A memory cgroup's limit" if memcg else "The machine running out of memory")
+            + f" made the kernel's OOM killer act ({constraint}), but the record is cut off before it names "
+            f"the victim{tail}.",
+            items,
+        )
+    if v.kind == Kind.BUS_ERROR and v.facts.shm_exhausted:
+        # the DataLoader's message guesses /dev/shm; only the daemon can measure it
+        collect.append(
+            "The size and use of /dev/shm where the job ran: `df -h /dev/shm` (in Docker, --shm-size)."
+        )
+        return _with(
+            v,
+            Kind.BUS_ERROR,
+            Confidence.POSSIBLE,
+            f"{who}: a DataLoader worker died of SIGBUS. Its message blames shared memory (/dev/shm), "
+            "the usual "
+            "cause, but these logs do not show /dev/shm's size or use (a memory-mapped file on a failing "
+            "volume does the same).",
+            items,
+        )
+    if v.kind == Kind.EXTERNAL_SIGNAL and v.victim.signal == _signal.SIGKILL:
+        low = [j for j in g.jobs if j.what == "memory_usage" and j.value is not None and j.value < 60]
+        if not kernel_given:
+            collect += [COLLECT_KERNEL, COLLECT_CGROUP]
+            if low:
+                items.append(EvidenceItem(low[-1].source, None, low[-1].line))
+            return _with(
+                v,
+                Kind.UNKNOWN,
+                Confidence.POSSIBLE,
+                f"{who} was killed by SIGKILL and these logs do not say by whom. Most often that is the "
+                "kernel's OOM killer (the machine or a container/cgroup limit out of memory), "
+                "else a scheduler "
+                "or a person"
+                + (f"; the last host-memory reading was only {low[-1].value:g}% used" if low else "")
+                + ". The kernel log decides.",
+                items,
+            )
+        items.append(
+            EvidenceItem(
+                "kmsg",
+                None,
+                "no OOM record in the kernel log given names "
+                + (f"pid {v.victim.pid}" if v.victim.pid else "a process of this death"),
+            )
+        )
+        collect.append(COLLECT_CGROUP)
+        return _with(
+            v,
+            Kind.EXTERNAL_SIGNAL,
+            Confidence.POSSIBLE,
+            f"{who} was killed by SIGKILL, and the kernel log given has no OOM record naming it: if that log "
+            "covers this node at the time of the death, the kill came from outside (a scheduler, a person, "
+            "a container runtime enforcing its limit, a userspace OOM daemon).",
+            items,
+        )
+    if v.kind == Kind.UNKNOWN:
+        collect += [COLLECT_KERNEL, COLLECT_RANK_LOGS]
+        context = []
+        ds = [j for j in g.jobs if j.source == "deepspeed" and j.what == "teardown"]
+        if ds:
+            items.append(EvidenceItem("deepspeed", None, ds[0].line))
+            context.append(
+                "DeepSpeed's launcher killed its workers (its sigkill_handler runs when any worker fails); "
+                "which worker failed first, and why, is not in them"
+            )
+        ray = jobs.get("worker_died")
+        if ray is not None:
+            items.append(EvidenceItem("ray", None, ray.line))
+            context.append(
+                "Ray says the worker died unexpectedly and lists the OOM killer, `ray stop` or a crash as "
+                "possible causes; nothing here tells which"
+            )
+        low = [j for j in g.jobs if j.what == "memory_usage" and j.value is not None]
+        if low:
+            items.append(EvidenceItem(low[-1].source, None, low[-1].line))
+            context.append(f"the last host-memory reading was {low[-1].value:g}% used")
+        return _with(
+            v,
+            Kind.UNKNOWN,
+            Confidence.POSSIBLE,
+            f"{who} ended, and these logs say neither how nor why"
+            + ("; " + "; ".join(context) if context else "")
+            + ". The kernel log and the ranks' own output decide.",
+            items,
+        )
+    if v.confidence == Confidence.POSSIBLE:
+        collect += [COLLECT_KERNEL, COLLECT_RANK_LOGS]
+    return v
+
+
+def _death_time(v: Verdict, g: LogRecords) -> float | None:
+    """The victim's death on the wall clock, where a line gave it."""
+    return g.death_at.get(v.victim.label)
+
+
+def _near(at: float | None, death: float | None, window: float = 120.0) -> bool:
+    """A record ties to the death only when both have a wall-clock time and they are close:
+    a kernel log or a journal can hold a day of other kills."""
+    return at is not None and death is not None and abs(at - death) <= window
+
+
+def _far(at: float | None, death: float | None, window: float = 120.0) -> bool:
+    return at is not None and death is not None and abs(at - death) > window
+
+
+def _with(
+    v: Verdict,
+    kind: Kind,
+    confidence: Confidence,
+    summary: str,
+    items: list[EvidenceItem],
+    all_torn_down: bool = False,
+) -> Verdict:
+    fates = dict(v.fates)
+    if all_torn_down:
+        fates = {label: Fate.TERMINATED_BY_AGENT for label in fates}
+    return Verdict(v.victim, kind, confidence, summary, tuple(items), fates, v.oom)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
