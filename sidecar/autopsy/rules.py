@@ -35,9 +35,8 @@ from sidecar.autopsy.evidence import (
     rank_name,
     signal_name,
 )
+from sidecar.autopsy.said import WAITING, findings_of, from_output, gpu_fault
 from sidecar.model import Confidence, Fate, Kind
-from sidecar.parse.kernel import GPU_FAULT_XIDS
-from sidecar.parse.ranks import Finding
 
 __all__ = ["autopsy"]
 
@@ -97,29 +96,10 @@ def autopsy(ev: Evidence) -> Verdict | None:
             fates[r.label] = Fate.UNKNOWN
     # the cascade, in order: what the other ranks said as they died
     for r in sorted((r for r in dead if r is not victim), key=lambda r: r.died_ns or 0):
-        for f in _own(r, ev, *WAITING, "exception")[:2]:
+        for f in findings_of(r, ev, *WAITING, "exception")[:2]:
             said = f"then {rank_label(r.label, ev.from_logs)}: {f.line}"
             items.append(EvidenceItem("output", f.at_ns or r.died_ns, said))
     return Verdict(victim, kind, confidence, summary, tuple(items), fates, oom, Facts(**facts))
-
-
-WAITING = ("nccl_timeout", "gloo_timeout", "peer_closed", "nccl_aborted")
-
-
-def _own(rank: RankState, ev: Evidence, *kinds: str) -> list[Finding]:
-    return [f for label, f in ev.output if label == rank.label and (not kinds or f.kind in kinds)]
-
-
-def _entered(rank: RankState, ev: Evidence, seq: str | None) -> bool:
-    """The rank's watchdog says it enqueued work ``seq`` or later (``last enqueued NCCL work:
-    1582``): it reached the collective, whatever else it said."""
-    if seq is None or not seq.isdigit():
-        return False
-    return any(
-        (f.get("last_enqueued") or "-1").lstrip("-").isdigit()
-        and int(f.get("last_enqueued") or -1) >= int(seq)
-        for f in _own(rank, ev, "nccl_progress")
-    )
 
 
 def _same_cause(rank: RankState, kind: str, ev: Evidence) -> bool:
@@ -132,7 +112,7 @@ def _same_cause(rank: RankState, kind: str, ev: Evidence) -> bool:
     # it died of its own timeout (an exception, the watchdog's abort); a rank the agent
     # signalled while it waited was ended by the agent
     by_agent = rank.signal in (_signal.SIGTERM, _signal.SIGKILL, _signal.SIGINT)
-    return rank.returncode != 0 and not by_agent and bool(_own(rank, ev, *WAITING))
+    return rank.returncode != 0 and not by_agent and bool(findings_of(rank, ev, *WAITING))
 
 
 _EXIT_SOURCES = {"connector": "exit", "pidfd": "pidfd", "proc": "proc", "agent-log": "agent-log"}
@@ -347,11 +327,11 @@ def _victim_verdict(
             f"{who} was killed by a SIGKILL from outside: {why}. The sender is unknown.",
         )
     told_facts: dict[str, Any] = {}
-    told = _from_output(victim, ev, items, told_facts)
+    told = from_output(victim, ev, items, told_facts)
     if told is not None and told[0] != Kind.PYTHON_EXCEPTION:
         facts.update(told_facts)
         return told
-    gpu = _gpu_fault(victim, ev, items)
+    gpu = gpu_fault(victim, ev, items)
     if gpu is not None:
         return gpu
     if told is not None:
@@ -392,206 +372,3 @@ def _victim_verdict(
             else "its output was not read (run it under `trainwatch run`, or send its output to a file)."
         ),
     )
-
-
-def _gpu_fault(
-    victim: RankState, ev: Evidence, items: list[EvidenceItem]
-) -> tuple[Kind, Confidence, str] | None:
-    """An NVRM Xid near the death: naming the rank's pid (certain), or one of the Xids that
-    mean the hardware failed (a GPU off the bus, uncorrectable ECC, GSP errors: likely).
-    Else a GPU NVML reports lost by the time of the death: the rank's own (likely), or
-    any one when the rank's GPUs are not known (possible)."""
-    if victim.died_ns is None:
-        return None
-    who = rank_name(victim.label, victim.pid, ev.from_logs)
-    near = [(ns, x) for ns, x in ev.xids if abs(ns - victim.died_ns) <= 120 * 10**9]
-    named = [(ns, x) for ns, x in near if x.pid is not None and x.pid in (victim.pid, *victim.ns_pids)]
-    faults = named or [(ns, x) for ns, x in near if x.xid in GPU_FAULT_XIDS]
-    if faults:
-        ns, x = faults[0]
-        items.append(EvidenceItem("kmsg", ns, f"NVRM: Xid ({x.bus}): {x.xid}, {x.detail}"))
-        what = x.detail.rstrip(".") or f"Xid {x.xid}"
-        return (
-            Kind.GPU_ERROR,
-            Confidence.CERTAIN if named else Confidence.LIKELY,
-            f"{who} died as the GPU at {x.bus} failed: Xid {x.xid} ({what})"
-            + ("; the driver named this process." if named else "."),
-        )
-    lost = [g for g in ev.lost_gpus if g[0] <= victim.died_ns + 120 * 10**9]
-    mine = [g for g in lost if g[1] in victim.gpus]
-    pick = mine or (lost if not victim.gpus else [])
-    if not pick:
-        return None
-    ns, index, name = pick[0]
-    gpu = f"GPU {index}" + (f" ({name})" if name else "")
-    items.append(EvidenceItem("nvml", ns, f"{gpu}: NVML_ERROR_GPU_IS_LOST (the GPU fell off the bus)"))
-    if mine:
-        return (
-            Kind.GPU_ERROR,
-            Confidence.LIKELY,
-            f"{who} died as its {gpu} was lost: NVML reports it off the bus.",
-        )
-    return (
-        Kind.GPU_ERROR,
-        Confidence.POSSIBLE,
-        f"{who} died while {gpu} was lost (NVML reports it off the bus); "
-        "which GPU the rank used is not known.",
-    )
-
-
-def _cited(f: Finding) -> EvidenceItem:
-    """A finding as evidence, at the time its line carries (None when it has none)."""
-    where = f.get("file")
-    if where is not None:
-        return EvidenceItem("error_file", f.at_ns, f"{where}: {f.line}")
-    return EvidenceItem("output", f.at_ns, f.line)
-
-
-def _from_output(
-    victim: RankState, ev: Evidence, items: list[EvidenceItem], facts: dict[str, Any]
-) -> tuple[Kind, Confidence, str] | None:
-    """The verdict the victim's own output gives: its watchdog's or its backend's timeout,
-    a CUDA OOM, a shared-memory bus error, an exception. First-hand, so certain. What it
-    found as data goes into ``facts`` (see ``Facts``)."""
-    who = rank_name(victim.label, victim.pid, ev.from_logs)
-    mine = _own(victim, ev)
-    confidence = Confidence.CERTAIN
-    if not mine and victim.returncode != 0:  # an error status, or one nobody could tell
-        # Lines with no rank prefix (a rank that never initialised torch.distributed does
-        # not get one): they are the victim's only when it alone ended with an error.
-        alone = len(ev.ranks) == 1 or not any(
-            r is not victim and r.dead and r.returncode not in (None, 0) and r.signal is None
-            for r in ev.ranks
-        )
-        if alone and victim.signal is None:
-            mine = [f for label, f in ev.output if label is None]
-            confidence = Confidence.LIKELY if len(ev.ranks) > 1 else Confidence.CERTAIN
-    if not mine or victim.returncode == 0:
-        return None
-
-    def cite(*kinds: str) -> list[Finding]:
-        found = [f for f in mine if f.kind in kinds]
-        for f in found[:3]:
-            items.append(_cited(f))
-        return found
-
-    nccl = cite("nccl_timeout")
-    gloo = [] if nccl else cite("gloo_timeout")
-    if nccl or gloo:
-        cite("nccl_progress")
-        exc = next((f for f in mine if f.kind == "exception" and f.get("collective")), None)
-        first = nccl[0] if nccl else gloo[0]
-        backend = "NCCL" if nccl else "gloo"
-        facts["backend"] = "nccl" if nccl else "gloo"
-        op = (nccl[0].get("op") or "").lower() if nccl else (exc.get("collective") if exc else None)
-        seq = first.get("seq")
-        what = (op or "a collective") + (f" (SeqNum {seq})" if seq else "")
-        waited = int(first.get("timeout_ms") or 0) / 1000
-        missing = [
-            r
-            for r in ev.ranks
-            if r is not victim
-            and not _own(r, ev, *WAITING)
-            and not _entered(r, ev, seq)
-            and (r.died_ns is None or victim.died_ns is None or r.died_ns >= victim.died_ns)
-        ]
-        fr = ev.flight
-        if fr is not None:  # sequence numbers beat inference from who said what
-            missing = [
-                r for r in missing if r.rank is None or r.rank not in fr.dumped or r.rank in fr.laggards
-            ]
-            for line in fr.lines:
-                items.append(EvidenceItem("flight_recorder", None, line))
-            if fr.laggards:
-                what = (fr.op or op or "a collective") + f" (SeqNum {fr.seq})"
-        else:
-            for r in missing:
-                items.append(
-                    EvidenceItem(
-                        "output",
-                        None,
-                        f"{rank_name(r.label, r.pid, ev.from_logs)} was alive and reported no timeout: "
-                        "it never joined",
-                    )
-                )
-        if fr is not None and fr.laggards:
-            never = f"; rank {', '.join(map(str, fr.laggards))} never entered it (flight recorder)"
-        elif missing:
-            never = (
-                f"; {rank_label(missing[0].label, ev.from_logs)}"
-                + "".join(f", {r.label}" for r in missing[1:])
-                + " never arrived"
-            )
-        elif len(ev.ranks) == 1 and ev.world_size == 1:
-            facts["all_entered"] = True
-            never = (
-                "; it is the whole world, so its own work held the collective up (a GPU kernel ahead of it)"
-            )
-        elif fr is not None and ev.world_size is not None and len(fr.dumped) == ev.world_size:
-            facts["all_entered"] = True
-            never = (
-                "; every rank entered it (flight recorder), so the collective itself did not finish "
-                "(the network, NCCL, or GPU work queued ahead of it)"
-            )
-        else:
-            never = "; every rank here was waiting (the one that never arrived is elsewhere)"
-        return (
-            Kind.COLLECTIVE_TIMEOUT,
-            confidence,
-            f"{who}: the {backend} {what} did not complete within {waited:g} s{never}.",
-        )
-    stuck = cite("nccl_heartbeat")
-    if stuck:
-        facts["backend"] = "nccl"
-        return (
-            Kind.COLLECTIVE_TIMEOUT,
-            Confidence.LIKELY,
-            f"{who}: its NCCL watchdog got stuck (the heartbeat monitor gave up on it): a collective or a "
-            "CUDA call it waits on hung, and the process was ended for it.",
-        )
-    oom = cite(Kind.CUDA_OOM)
-    if oom:
-        f = oom[0]
-        if f.get("requested_bytes") is None:  # "CUDA error: out of memory": no sizes in it
-            return Kind.CUDA_OOM, confidence, f"{who} ran out of GPU memory (CUDA error: out of memory)."
-        gib = int(f.get("requested_bytes") or 0) / 2**30
-        gpu = f.get("gpu")
-        extra = ""
-        if f.get("total_bytes"):
-            extra = f" of {int(f.get('total_bytes') or 0) / 2**30:.1f} GiB"
-            if f.get("free_bytes"):
-                extra += f", {int(f.get('free_bytes') or 0) / 2**30:.2f} GiB free"
-        on = f" on GPU {gpu}" if gpu is not None else ""
-        return (
-            Kind.CUDA_OOM,
-            confidence,
-            f"{who} ran out of GPU memory{on}: it tried to allocate {gib:.2f} GiB{extra}.",
-        )
-    shm = cite("shm_bus_error") or [
-        f for f in cite("dataloader_killed") if (f.get("signal") or "").lower().startswith("bus")
-    ]
-    size = ""
-    if ev.shm is not None:
-        size = f" ({ev.shm[1] / 2**20:.1f} MiB used of {ev.shm[0] / 2**20:.1f} MiB)"
-    if shm:
-        facts["shm_exhausted"] = True
-        return (
-            Kind.BUS_ERROR,
-            confidence,
-            f"{who} failed with a bus error in a DataLoader worker: /dev/shm (shared memory) ran out{size}.",
-        )
-    full = cite("shm_full")
-    if full:
-        facts["shm_exhausted"] = True
-        return (
-            Kind.PYTHON_EXCEPTION,
-            confidence,
-            f"{who} could not get shared memory for a DataLoader batch: /dev/shm ran out{size} "
-            "(No space left on device).",
-        )
-    exc_found = [f for f in mine if f.kind == "exception"]
-    if exc_found and victim.status not in (None, 0):
-        f = exc_found[-1]
-        items.append(_cited(f))
-        return Kind.PYTHON_EXCEPTION, confidence, f"{who} raised {f.line}"
-    return None
