@@ -6,7 +6,9 @@ process connector reports exits (``on_exit``) and the kernel log its OOM records
 *incident* for its job; a worker thread runs the autopsy a quarter of a second later
 (time for the kernel's records to arrive, well inside the 1 s budget), writes the
 postmortem, and rewrites it as the other ranks' fates become known and when the agent
-exits. The sampler is never blocked: all of this happens on the worker thread.
+exits. The sampler is never blocked: all of this happens on the worker thread. This room
+reads no file itself: ``gather.Gatherer`` does, outside the lock, and ``records.Records``
+keeps what the kernel log, the tracepoint and NVML reported.
 """
 
 from __future__ import annotations
@@ -21,30 +23,19 @@ from typing import Any
 
 from sidecar.autopsy import (
     Evidence,
-    RankState,
-    SignalSent,
-    UserspaceKill,
     Verdict,
     autopsy,
     signal_name,
 )
-from sidecar.autopsy.oom import OomFold
-from sidecar.errors import ProbeError
-from sidecar.gather import Gatherer, Generation, Incident, Known, Plan, Reads, live_parts
+from sidecar.gather import Gatherer
+from sidecar.incidents import Generation, Incident, Known, Plan, Reads, join_evidence, live_parts
 from sidecar.model import Fate, Kind, Snapshot, decode_wait_status
 from sidecar.parse.kernel import (
     KmsgRecord,
-    OomKill,
-    OomMemcgLimit,
-    OomSummary,
-    XidRecord,
-    parse_oom_line,
-    parse_xid_line,
 )
-from sidecar.parse.oomd import parse_userspace_oom_line
 from sidecar.postmortem import PostmortemStore, build, iso, make_id
-from sidecar.probes.outputs import OutputFile, regular_outputs
-from sidecar.probes.proc import read_stat
+from sidecar.probes.outputs import OutputFile
+from sidecar.records import EVERY_INCIDENT, Records
 from sidecar.timeline import Timeline
 from sidecar.watch.exits import ExitEvent
 from sidecar.watch.signals import SignalEvent
@@ -83,11 +74,8 @@ class DeathWatch:
     ) -> None:
         self.store = store
         self.timeline = timeline
-        self.read_oomd_marks = read_oomd_marks
-        self.read_outputs = read_outputs
         self.stacks_of = stacks_of  # the ranks' Python stacks recorded while the job stalled
         self.hostname = hostname or socket.gethostname()
-        self.proc_root = proc_root
         self.gather = Gatherer(
             proc_root=proc_root,
             read_outputs=read_outputs,
@@ -108,11 +96,7 @@ class DeathWatch:
         self.death_times: dict[tuple[str, str, int], tuple[str, float]] = {}
         self._known: dict[int, Known] = {}
         self._snapshots: deque[tuple[int, Snapshot]] = deque(maxlen=8)
-        self._ooms = OomFold(maxlen=512)  # the kernel's OOM kills, each merged from its records
-        self._signals: deque[SignalSent] = deque(maxlen=1024)
-        self._userspace: deque[UserspaceKill] = deque(maxlen=256)  # oomd's kernel-log lines
-        self._xids: deque[tuple[int, XidRecord]] = deque(maxlen=256)  # NVRM Xid records
-        self._lost_gpus: dict[int, tuple[int, str | None]] = {}  # GPU index -> (first seen lost, name)
+        self._records = Records()  # the kernel log's, the tracepoint's and NVML's records
         self._rank_gpus: dict[int, frozenset[int]] = {}  # rank pid -> GPUs NVML ever gave it memory on
         self._reported: dict[int, int] = {}  # pid -> ns: an exit was reported (any status)
         self._clean_exits: dict[int, tuple[int, str | None]] = {}  # pid -> (ns, source), before any incident
@@ -135,11 +119,7 @@ class DeathWatch:
         cgroups = {c.path: c for c in snap.cgroups}
         with self._cv:
             self._snapshots.append((now, snap))
-            for g in snap.gpus:
-                if g.lost:
-                    self._lost_gpus.setdefault(g.index, (now, g.name))
-                else:
-                    self._lost_gpus.pop(g.index, None)
+            self._records.gpus(snap, now)
             for job in snap.jobs:
                 for r in job.ranks:
                     if r.gpu_memory_bytes:  # a lost GPU lists no processes: remember the earlier ones
@@ -173,24 +153,9 @@ class DeathWatch:
             new_cgroups = [
                 (c.path, c.version) for c in snap.cgroups if (c.path, c.version) not in self._oomd_baseline
             ]
-        # Outside the lock (file system calls), once per new job and per new cgroup: where
-        # the agent writes (its log gives exit codes when nothing else does), and the oomd
-        # marks each cgroup had before anything died.
-        outputs = {p: regular_outputs(self.proc_root, p) if self.read_outputs else [] for p in new_agents}
-        marks = {key: self.read_oomd_marks(*key) for key in new_cgroups}
-        # A rank's own stdout/stderr, where they are not the agent's: torchrun --redirects
-        # and --log-dir point them at per-rank files.
-        rank_files: dict[int, tuple[list[OutputFile], float]] = {}
-        if new_ranks:
-            shared = {
-                (f.device, f.inode)
-                for files in (*self._agent_outputs.values(), *outputs.values())
-                for f in files
-            }
-            seen_at = self.wall()
-            for p in new_ranks:
-                own = regular_outputs(self.proc_root, p) if self.read_outputs else []
-                rank_files[p] = ([f for f in own if (f.device, f.inode) not in shared], seen_at)
+            known_files = [f for files in self._agent_outputs.values() for f in files]
+        # Outside the lock (file system calls), once per new job, rank and cgroup
+        outputs, rank_files, marks = self.gather.newcomers(new_agents, new_ranks, new_cgroups, known_files)
         with self._cv:
             self._rank_files.update(rank_files)
             self._agent_outputs.update(outputs)
@@ -237,12 +202,7 @@ class DeathWatch:
                 # only ranks the last round saw alive: older ones ended (or were handled) before
                 if known.seen_ns != latest or any(pid in inc.deaths for inc in self._incidents.values()):
                     continue
-                try:
-                    st = read_stat(proc_root, pid)
-                    alive = st.start_ticks == known.sample.key.start_ticks and st.state not in ("Z", "X")
-                except ProbeError:
-                    alive = False
-                if not alive:
+                if not self.gather.alive(known.sample.key, proc_root):
                     log.warning(
                         "job %s: rank %s (pid %d) vanished while exit events were lost; exit status unknown",
                         known.gen.job,
@@ -272,57 +232,20 @@ class DeathWatch:
         with self._cv:
             if event.target_pid not in self._known:
                 return
-            self._signals.append(
-                SignalSent(
-                    event.sender_comm,
-                    event.sender_pid,
-                    event.target_pid,
-                    event.signal,
-                    event.code,
-                    event.monotonic_ns,
-                )
-            )
+            self._records.signal(event)
 
     def on_kmsg(self, record: KmsgRecord) -> None:
-        """Kernel-log thread: keep the OOM records (merged per pid), and the lines Meta's
-        oomd writes into the kernel log from user space."""
-        if not record.from_kernel:
-            line = parse_userspace_oom_line(record.text) if "oomd" in record.text else None
-            if line is not None:
-                with self._cv:
-                    self._userspace.append(
-                        UserspaceKill(
-                            line.daemon,
-                            line.pid,
-                            line.cgroup,
-                            line.signal,
-                            record.timestamp_us * 1000,
-                            line.text,
-                            "kmsg",
-                        )
-                    )
-                    for inc in self._incidents.values():
-                        if inc.deaths:
-                            self._schedule(inc, self.clock_ns())
-            return
-        if "NVRM: Xid" in record.text:
-            xid = parse_xid_line(record.text)
-            if xid is not None:
-                with self._cv:
-                    self._xids.append((record.timestamp_us * 1000, xid))
-                    for inc in self._incidents.values():
-                        if inc.deaths:
-                            self._schedule(inc, self.clock_ns())
-            return
-        parsed = parse_oom_line(record.text)
-        if not isinstance(parsed, (OomMemcgLimit, OomSummary, OomKill)):
+        """Kernel-log thread: keep the OOM records (merged per pid), the NVRM Xids, and the
+        lines Meta's oomd writes into the kernel log from user space."""
+        parsed = Records.parse(record)
+        if parsed is None:
             return
         with self._cv:
-            merged = self._ooms.feed(parsed, record.text, record.timestamp_us * 1000)
-            if merged is None:
+            touched = self._records.add(parsed)
+            if touched is None:
                 return
             for inc in self._incidents.values():
-                if merged.pid in inc.deaths:
+                if inc.deaths and (touched == EVERY_INCIDENT or touched in inc.deaths):
                     self._schedule(inc, self.clock_ns())
 
     # -- incidents -----------------------------------------------------------------
@@ -438,64 +361,15 @@ class DeathWatch:
 
     def _evidence(self, inc: Incident, reads: Reads) -> Evidence:
         """Under the lock: the round's reads joined with what the feeds recorded."""
-        ranks = []
-        # Without first-hand exits, death times are when a death was noticed: the agent's
-        # log then tells the order (whom it tore down) and the statuses.
-        second_hand = any(d[2] not in ("connector", "pidfd") for d in inc.deaths.values())
-        teardown = reads.teardown if second_hand else frozenset[int]()
-        if second_hand:
-            for pid, d in list(inc.deaths.items()):
-                if d[0] is None and pid in reads.agent_codes:
-                    inc.deaths[pid] = (reads.agent_codes[pid][0], d[1], "agent-log")
-        for pid, k in sorted(
-            inc.ranks.items(), key=lambda kv: (kv[1].sample.rank is None, kv[1].sample.rank or 0)
-        ):
-            code, ns, source = inc.deaths.get(pid, (None, None, None))
-            ranks.append(
-                RankState(
-                    label=k.sample.rank_label,
-                    rank=k.sample.rank,
-                    local_rank=k.sample.local_rank,
-                    pid=pid,
-                    ns_pids=k.sample.ns_pids,
-                    exit_code=code,
-                    died_ns=ns,
-                    cgroup=k.sample.cgroup,
-                    cgroup_limited_by=k.cgroup_limited_by,
-                    exit_source=source,
-                    gpus=tuple(sorted(self._rank_gpus.get(pid, ()))),
-                )
-            )
         latest = self._snapshots[-1][1] if self._snapshots else None
-        after_cg = {c.path: c.oom_kills for c in latest.cgroups if c.oom_kills is not None} if latest else {}
-        after_cg.update(reads.cgroup_oom_after)
-        userspace = [
-            *self._userspace,
-            *reads.oomd,
-            *(rec for _, _, lines in reads.daemons for rec in lines),
-        ]
-        return Evidence(
-            tuple(ranks),
-            kernel=tuple(self._ooms.kills),
-            signals=tuple(self._signals),
-            agent_pid=inc.gen.agent_pid,
-            oom_daemons=tuple((comm, pid) for comm, pid, _ in reads.daemons),
-            host_oom_kills_before=inc.host_oom_before,
-            host_oom_kills_after=reads.host_oom_after,
-            cgroup_oom_kills_before=inc.cgroup_oom_before,
-            cgroup_oom_kills_after=after_cg,
+        return join_evidence(
+            inc,
+            reads,
+            self._records,
+            latest=latest,
+            rank_gpus=self._rank_gpus,
             kernel_log_readable=self.kernel_log_readable,
             exits_first_hand=self.exits_first_hand,
-            userspace=tuple(userspace),
-            agent_teardown=teardown,
-            output=reads.findings,
-            output_read=bool(reads.texts),
-            world_size=inc.gen.world_size,
-            flight=reads.flight,
-            flight_enabled=reads.flight_on,
-            shm=reads.shm,
-            xids=tuple(self._xids),
-            lost_gpus=tuple((ns, index, name) for index, (ns, name) in sorted(self._lost_gpus.items())),
         )
 
     # -- the document --------------------------------------------------------------

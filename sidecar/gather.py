@@ -3,8 +3,7 @@
 ``TORCHELASTIC_ERROR_FILE`` records), the OOM counters after the death, userspace OOM
 daemons and their logs and marks, the flight recorder's dumps and the job's /dev/shm. Each
 read is parsed here into what ``deaths.DeathWatch`` joins into the autopsy's ``Evidence``.
-Also the incident's data (one worker generation, its ranks, what a round plans to read) and,
-at the end, the incident turned into the parts of its postmortem document.
+The incident's data types are in ``incidents.py``.
 """
 
 from __future__ import annotations
@@ -13,11 +12,12 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import replace
 
-from sidecar.autopsy import USERSPACE_OOM_DAEMONS, Evidence, UserspaceKill, Verdict, advice
-from sidecar.model import Fate, RankSample, Snapshot, TimelinePoint, wait_status_from_returncode
+from sidecar.autopsy import USERSPACE_OOM_DAEMONS, UserspaceKill
+from sidecar.errors import ProbeError
+from sidecar.incidents import Incident, Plan, Reads
+from sidecar.model import ProcKey, wait_status_from_returncode
 from sidecar.parse.flight import FlightDump, FlightVerdict, load_dump, summarise
 from sidecar.parse.oomd import parse_userspace_oom_line
 from sidecar.parse.ranks import Finding, parse_rank_output, stamp_to_epoch
@@ -27,81 +27,14 @@ from sidecar.parse.torchrun import (
     parse_agent_text,
     parse_error_file,
 )
-from sidecar.postmortem.document import CgroupAtDeath, Cited, HostAtDeath, JobInfo, Parts, RankRow, Victim
 from sidecar.probes.outputs import OutputFile, read_output, regular_outputs
+from sidecar.probes.proc import read_stat
 
-__all__ = ["OUTPUT_PARSE_BYTES", "Gatherer", "Generation", "Incident", "Known", "Plan", "Reads", "live_parts"]
+__all__ = ["OUTPUT_PARSE_BYTES", "Gatherer"]
 
 log = logging.getLogger("sidecar.deaths")  # the death watch's log, as before the split
 
 OUTPUT_PARSE_BYTES = 2 << 20  # of each output stream, the tail that is parsed at a death
-
-
-@dataclass(frozen=True, slots=True)
-class Generation:
-    """One worker generation of one job: what its ranks share, and an incident's key."""
-
-    job: str
-    agent_pid: int
-    run_id: str | None
-    world_size: int | None
-    restart: int
-    entrypoint: str | None
-
-
-@dataclass(slots=True)
-class Known:
-    gen: Generation
-    sample: RankSample
-    cgroup_limited_by: str | None
-    seen_ns: int
-
-
-@dataclass(slots=True)
-class Incident:
-    gen: Generation
-    ranks: dict[int, Known]
-    # pid -> (wait status or None when unknown, monotonic ns, who told: ExitEvent.source)
-    deaths: dict[int, tuple[int | None, int, str | None]] = field(default_factory=dict)
-    agent_exit: tuple[int | None, int] | None = None
-    doc_id: str | None = None
-    created_at: float | None = None
-    due_ns: int | None = None
-    last_death_ns: int = 0
-    counted: dict[int, str] = field(default_factory=dict)
-    host_oom_before: int | None = None
-    cgroup_oom_before: dict[str, int] = field(default_factory=dict)
-    snapshot_before: Snapshot | None = None
-    shm: tuple[int, int] | None = None  # the job's /dev/shm, read while a process of it lived
-    stacks: dict[str, Any] | None = None  # py-spy stacks recorded while the job stalled
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """What one autopsy round reads, copied from the shared state under the lock."""
-
-    agent_files: tuple[OutputFile, ...]
-    rank_files: tuple[tuple[int, str, tuple[OutputFile, ...]], ...]  # (pid, label, its own files)
-    seen_at: dict[int, float]  # rank pid -> wall time first seen (older dumps are not its)
-    oomd_baseline: dict[tuple[str, int], dict[str, int]]
-    error_files: tuple[tuple[str, str], ...]  # (rank label, its TORCHELASTIC_ERROR_FILE)
-
-
-@dataclass(frozen=True, slots=True)
-class Reads:
-    """What one autopsy round read and parsed, outside the lock."""
-
-    texts: list[tuple[str | None, str]]  # the output read (and the error files')
-    agent_codes: dict[int, tuple[int, str]]  # pid -> (wait status, the agent's line)
-    teardown: frozenset[int]
-    findings: tuple[tuple[str | None, Finding], ...]
-    cgroup_oom_after: dict[str, int]
-    host_oom_after: int | None
-    daemons: list[tuple[str, int, list[UserspaceKill]]]
-    oomd: list[UserspaceKill]
-    flight: FlightVerdict | None
-    flight_on: bool | None
-    shm: tuple[int, int] | None
 
 
 class Gatherer:
@@ -127,6 +60,42 @@ class Gatherer:
         self.read_oomd_marks = read_oomd_marks
         self.clock_ns = clock_ns
         self.wall = wall
+
+    def alive(self, key: ProcKey, proc_root: str | None = None) -> bool:
+        """The process is still the one ``key`` names and not a zombie."""
+        try:
+            st = read_stat(proc_root or self.proc_root, key.pid)
+        except ProbeError:
+            return False
+        return st.start_ticks == key.start_ticks and st.state not in ("Z", "X")
+
+    def newcomers(
+        self,
+        agents: list[int],
+        ranks: list[int],
+        cgroups: list[tuple[str, int]],
+        agent_files: list[OutputFile],
+    ) -> tuple[
+        dict[int, list[OutputFile]],
+        dict[int, tuple[list[OutputFile], float]],
+        dict[tuple[str, int], dict[str, int]],
+    ]:
+        """Read once per new agent, rank and cgroup, before anything died: where each agent
+        writes (its log gives exit codes when nothing else does); each rank's own
+        stdout/stderr where they are not an agent's (torchrun --redirects and --log-dir
+        point them at per-rank files), with when it was first seen; the oomd marks each
+        cgroup had. ``agent_files``: the known agents' files."""
+        outputs = {p: regular_outputs(self.proc_root, p) if self.read_outputs else [] for p in agents}
+        marks = {key: self.read_oomd_marks(*key) for key in cgroups}
+        rank_files: dict[int, tuple[list[OutputFile], float]] = {}
+        if ranks:
+            shared = {(f.device, f.inode) for f in agent_files}
+            shared |= {(f.device, f.inode) for files in outputs.values() for f in files}
+            seen_at = self.wall()
+            for p in ranks:
+                own = regular_outputs(self.proc_root, p) if self.read_outputs else []
+                rank_files[p] = ([f for f in own if (f.device, f.inode) not in shared], seen_at)
+        return outputs, rank_files, marks
 
     def _scan_oom_daemons(self) -> list[tuple[str, int, list[UserspaceKill]]]:
         """Userspace OOM daemons running now (a /proc scan, done only when a rank died):
@@ -352,97 +321,3 @@ class Gatherer:
                         )
                     )
         return found
-
-
-# -- the live document's parts ----------------------------------------------------------
-
-
-def live_parts(
-    inc: Incident,
-    v: Verdict,
-    died_at: float,
-    ev: Evidence,
-    *,
-    points: list[TimelinePoint],
-    wall_of: Callable[[int | None], float | None],
-    updated_at: float,
-    hostname: str,
-    stacks: dict[str, Any] | None,
-) -> Parts:
-    """What the daemon knows of an incident, as the document's parts. ``points``: the job's
-    timeline over the window before the death; ``wall_of``: a monotonic ns time as
-    wall-clock seconds (None stays None)."""
-    before = inc.snapshot_before
-    cgroups = {c.path: c for c in before.cgroups} if before else {}
-    cg_path = (
-        (v.oom.oom_memcg if v.oom and v.oom.oom_memcg else None)
-        or v.victim.cgroup_limited_by
-        or v.victim.cgroup
-    )
-    cg = cgroups.get(cg_path or "")
-    if cg is None and v.victim.cgroup:
-        cg = cgroups.get(v.victim.cgroup)
-    rows = []
-    for r in ev.ranks:
-        k = inc.ranks.get(r.pid)
-        s = k.sample if k else None
-        rows.append(
-            RankRow(
-                rank=r.rank,
-                local_rank=r.local_rank,
-                pid=r.pid,
-                exit_code=r.returncode,
-                signal=r.signal,
-                exit_source=r.exit_source,
-                died_at=wall_of(r.died_ns),
-                fate=v.fates.get(r.label, Fate.UNKNOWN),
-                rss_bytes=s.rss_bytes if s else None,
-                peak_rss_bytes=s.peak_rss_bytes if s else None,
-                tree_rss_bytes=s.tree_rss_bytes if s else None,
-                gpu_memory_bytes=sum(s.gpu_memory_bytes.values()) if s and s.gpu_memory_bytes else None,
-            )
-        )
-    host = before.host if before else None
-    cgroup = None
-    if cg is not None:
-        # counted after the death (the snapshot before it predates the kill); on v1 the
-        # counter is per cgroup, so the kill shows in the victim's own one
-        kills = max(
-            (
-                n
-                for path, n in ev.cgroup_oom_kills_after.items()
-                if path == cg.path or (v.victim.cgroup == path and path.startswith(cg.path.rstrip("/") + "/"))
-            ),
-            default=cg.oom_kills,
-        )
-        cgroup = CgroupAtDeath(sample=cg, oom_kills=kills)
-    return Parts(
-        ident=inc.doc_id or "",
-        created_at=inc.created_at or updated_at,
-        updated_at=updated_at,
-        host=hostname,
-        job=JobInfo(
-            agent_pid=inc.gen.agent_pid,
-            run_id=inc.gen.run_id,
-            world_size=inc.gen.world_size,
-            restart_count=inc.gen.restart,
-            entrypoint=inc.gen.entrypoint,
-            key=inc.gen.job,
-        ),
-        verdict=v,
-        summary=None,
-        victim=Victim(exit_code=v.victim.returncode, died_at=died_at),
-        evidence=[Cited(source=e.source, at=wall_of(e.at_ns), detail=e.detail) for e in v.evidence],
-        ranks=rows,
-        host_memory=HostAtDeath(
-            total_bytes=host.total_bytes if host else None,
-            available_bytes=host.available_bytes if host else None,
-            min_available_bytes=min(
-                (p.host_available_bytes for p in points if p.host_available_bytes is not None), default=None
-            ),
-        ),
-        cgroup=cgroup,
-        timeline=points,
-        stacks=stacks,
-        advice=advice(v, rows, cg, host.total_bytes if host else None, ev.output_read, ev.flight_enabled),
-    )

@@ -87,7 +87,7 @@ def test_the_summary_and_the_kill_line_are_one_oom(tmp_path):
         b"14,569,663845999,-;Killed process 8366 (python3) written by user space, ignored",
     ):
         watch.on_kmsg(parse_kmsg_record(raw))
-    (oom,) = watch._ooms.kills
+    (oom,) = watch._records.ooms.kills
     assert (oom.pid, oom.scope, oom.oom_memcg, oom.rss_bytes) == (
         8366,
         "memcg",

@@ -1,0 +1,259 @@
+"""An incident and its data: one worker generation of a job (``Generation``), its ranks as
+last sampled (``Known``), the deaths and counters of one incident (``Incident``), what an
+autopsy round reads (``Plan``) and what it read (``Reads``). Pure functions turn them into
+the autopsy's ``Evidence`` (``join_evidence``) and into the postmortem document's parts
+(``live_parts``). No I/O: ``gather.py`` reads, ``deaths.py`` decides when.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sidecar.autopsy import Evidence, RankState, UserspaceKill, Verdict, advice
+from sidecar.model import Fate, RankSample, Snapshot, TimelinePoint
+from sidecar.parse.flight import FlightVerdict
+from sidecar.parse.ranks import Finding
+from sidecar.postmortem.document import CgroupAtDeath, Cited, HostAtDeath, JobInfo, Parts, RankRow, Victim
+from sidecar.probes.outputs import OutputFile
+from sidecar.records import Records
+
+__all__ = ["Generation", "Incident", "Known", "Plan", "Reads", "join_evidence", "live_parts"]
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """One worker generation of one job: what its ranks share, and an incident's key."""
+
+    job: str
+    agent_pid: int
+    run_id: str | None
+    world_size: int | None
+    restart: int
+    entrypoint: str | None
+
+
+@dataclass(slots=True)
+class Known:
+    gen: Generation
+    sample: RankSample
+    cgroup_limited_by: str | None
+    seen_ns: int
+
+
+@dataclass(slots=True)
+class Incident:
+    gen: Generation
+    ranks: dict[int, Known]
+    # pid -> (wait status or None when unknown, monotonic ns, who told: ExitEvent.source)
+    deaths: dict[int, tuple[int | None, int, str | None]] = field(default_factory=dict)
+    agent_exit: tuple[int | None, int] | None = None
+    doc_id: str | None = None
+    created_at: float | None = None
+    due_ns: int | None = None
+    last_death_ns: int = 0
+    counted: dict[int, str] = field(default_factory=dict)
+    host_oom_before: int | None = None
+    cgroup_oom_before: dict[str, int] = field(default_factory=dict)
+    snapshot_before: Snapshot | None = None
+    shm: tuple[int, int] | None = None  # the job's /dev/shm, read while a process of it lived
+    stacks: dict[str, Any] | None = None  # py-spy stacks recorded while the job stalled
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one autopsy round reads, copied from the shared state under the lock."""
+
+    agent_files: tuple[OutputFile, ...]
+    rank_files: tuple[tuple[int, str, tuple[OutputFile, ...]], ...]  # (pid, label, its own files)
+    seen_at: dict[int, float]  # rank pid -> wall time first seen (older dumps are not its)
+    oomd_baseline: dict[tuple[str, int], dict[str, int]]
+    error_files: tuple[tuple[str, str], ...]  # (rank label, its TORCHELASTIC_ERROR_FILE)
+
+
+@dataclass(frozen=True, slots=True)
+class Reads:
+    """What one autopsy round read and parsed, outside the lock."""
+
+    texts: list[tuple[str | None, str]]  # the output read (and the error files')
+    agent_codes: dict[int, tuple[int, str]]  # pid -> (wait status, the agent's line)
+    teardown: frozenset[int]
+    findings: tuple[tuple[str | None, Finding], ...]
+    cgroup_oom_after: dict[str, int]
+    host_oom_after: int | None
+    daemons: list[tuple[str, int, list[UserspaceKill]]]
+    oomd: list[UserspaceKill]
+    flight: FlightVerdict | None
+    flight_on: bool | None
+    shm: tuple[int, int] | None
+
+
+# -- the autopsy's evidence -----------------------------------------------------------
+
+
+def join_evidence(
+    inc: Incident,
+    reads: Reads,
+    records: Records,
+    *,
+    latest: Snapshot | None,
+    rank_gpus: dict[int, frozenset[int]],
+    kernel_log_readable: bool,
+    exits_first_hand: bool,
+) -> Evidence:
+    """The autopsy's evidence: one round's reads joined with what the feeds recorded
+    (``records``), the latest snapshot's OOM counters and the GPUs each rank used. Updates
+    ``inc.deaths`` with the exit statuses the agent's log gave where nothing else did."""
+    ranks = []
+    # Without first-hand exits, death times are when a death was noticed: the agent's
+    # log then tells the order (whom it tore down) and the statuses.
+    second_hand = any(d[2] not in ("connector", "pidfd") for d in inc.deaths.values())
+    teardown = reads.teardown if second_hand else frozenset[int]()
+    if second_hand:
+        for pid, d in list(inc.deaths.items()):
+            if d[0] is None and pid in reads.agent_codes:
+                inc.deaths[pid] = (reads.agent_codes[pid][0], d[1], "agent-log")
+    for pid, k in sorted(
+        inc.ranks.items(), key=lambda kv: (kv[1].sample.rank is None, kv[1].sample.rank or 0)
+    ):
+        code, ns, source = inc.deaths.get(pid, (None, None, None))
+        ranks.append(
+            RankState(
+                label=k.sample.rank_label,
+                rank=k.sample.rank,
+                local_rank=k.sample.local_rank,
+                pid=pid,
+                ns_pids=k.sample.ns_pids,
+                exit_code=code,
+                died_ns=ns,
+                cgroup=k.sample.cgroup,
+                cgroup_limited_by=k.cgroup_limited_by,
+                exit_source=source,
+                gpus=tuple(sorted(rank_gpus.get(pid, ()))),
+            )
+        )
+    after_cg = {c.path: c.oom_kills for c in latest.cgroups if c.oom_kills is not None} if latest else {}
+    after_cg.update(reads.cgroup_oom_after)
+    userspace = [
+        *records.userspace,
+        *reads.oomd,
+        *(rec for _, _, lines in reads.daemons for rec in lines),
+    ]
+    return Evidence(
+        tuple(ranks),
+        kernel=tuple(records.ooms.kills),
+        signals=tuple(records.signals),
+        agent_pid=inc.gen.agent_pid,
+        oom_daemons=tuple((comm, pid) for comm, pid, _ in reads.daemons),
+        host_oom_kills_before=inc.host_oom_before,
+        host_oom_kills_after=reads.host_oom_after,
+        cgroup_oom_kills_before=inc.cgroup_oom_before,
+        cgroup_oom_kills_after=after_cg,
+        kernel_log_readable=kernel_log_readable,
+        exits_first_hand=exits_first_hand,
+        userspace=tuple(userspace),
+        agent_teardown=teardown,
+        output=reads.findings,
+        output_read=bool(reads.texts),
+        world_size=inc.gen.world_size,
+        flight=reads.flight,
+        flight_enabled=reads.flight_on,
+        shm=reads.shm,
+        xids=tuple(records.xids),
+        lost_gpus=tuple((ns, index, name) for index, (ns, name) in sorted(records.lost_gpus.items())),
+    )
+
+
+# -- the live document's parts ----------------------------------------------------------
+
+
+def live_parts(
+    inc: Incident,
+    v: Verdict,
+    died_at: float,
+    ev: Evidence,
+    *,
+    points: list[TimelinePoint],
+    wall_of: Callable[[int | None], float | None],
+    updated_at: float,
+    hostname: str,
+    stacks: dict[str, Any] | None,
+) -> Parts:
+    """What the daemon knows of an incident, as the document's parts. ``points``: the job's
+    timeline over the window before the death; ``wall_of``: a monotonic ns time as
+    wall-clock seconds (None stays None)."""
+    before = inc.snapshot_before
+    cgroups = {c.path: c for c in before.cgroups} if before else {}
+    cg_path = (
+        (v.oom.oom_memcg if v.oom and v.oom.oom_memcg else None)
+        or v.victim.cgroup_limited_by
+        or v.victim.cgroup
+    )
+    cg = cgroups.get(cg_path or "")
+    if cg is None and v.victim.cgroup:
+        cg = cgroups.get(v.victim.cgroup)
+    rows = []
+    for r in ev.ranks:
+        k = inc.ranks.get(r.pid)
+        s = k.sample if k else None
+        rows.append(
+            RankRow(
+                rank=r.rank,
+                local_rank=r.local_rank,
+                pid=r.pid,
+                exit_code=r.returncode,
+                signal=r.signal,
+                exit_source=r.exit_source,
+                died_at=wall_of(r.died_ns),
+                fate=v.fates.get(r.label, Fate.UNKNOWN),
+                rss_bytes=s.rss_bytes if s else None,
+                peak_rss_bytes=s.peak_rss_bytes if s else None,
+                tree_rss_bytes=s.tree_rss_bytes if s else None,
+                gpu_memory_bytes=sum(s.gpu_memory_bytes.values()) if s and s.gpu_memory_bytes else None,
+            )
+        )
+    host = before.host if before else None
+    cgroup = None
+    if cg is not None:
+        # counted after the death (the snapshot before it predates the kill); on v1 the
+        # counter is per cgroup, so the kill shows in the victim's own one
+        kills = max(
+            (
+                n
+                for path, n in ev.cgroup_oom_kills_after.items()
+                if path == cg.path or (v.victim.cgroup == path and path.startswith(cg.path.rstrip("/") + "/"))
+            ),
+            default=cg.oom_kills,
+        )
+        cgroup = CgroupAtDeath(sample=cg, oom_kills=kills)
+    return Parts(
+        ident=inc.doc_id or "",
+        created_at=inc.created_at or updated_at,
+        updated_at=updated_at,
+        host=hostname,
+        job=JobInfo(
+            agent_pid=inc.gen.agent_pid,
+            run_id=inc.gen.run_id,
+            world_size=inc.gen.world_size,
+            restart_count=inc.gen.restart,
+            entrypoint=inc.gen.entrypoint,
+            key=inc.gen.job,
+        ),
+        verdict=v,
+        summary=None,
+        victim=Victim(exit_code=v.victim.returncode, died_at=died_at),
+        evidence=[Cited(source=e.source, at=wall_of(e.at_ns), detail=e.detail) for e in v.evidence],
+        ranks=rows,
+        host_memory=HostAtDeath(
+            total_bytes=host.total_bytes if host else None,
+            available_bytes=host.available_bytes if host else None,
+            min_available_bytes=min(
+                (p.host_available_bytes for p in points if p.host_available_bytes is not None), default=None
+            ),
+        ),
+        cgroup=cgroup,
+        timeline=points,
+        stacks=stacks,
+        advice=advice(v, rows, cg, host.total_bytes if host else None, ev.output_read, ev.flight_enabled),
+    )
