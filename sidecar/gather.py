@@ -18,7 +18,7 @@ from sidecar.autopsy import USERSPACE_OOM_DAEMONS, UserspaceKill
 from sidecar.errors import ProbeError
 from sidecar.incidents import Incident, Plan, Reads
 from sidecar.model import ProcKey, wait_status_from_returncode
-from sidecar.parse.flight import FlightDump, FlightVerdict, load_dump, summarise
+from sidecar.parse.flight import MAX_DUMP_BYTES, FlightDump, FlightVerdict, parse_dump, summarise
 from sidecar.parse.oomd import parse_userspace_oom_line
 from sidecar.parse.ranks import Finding, parse_rank_output, stamp_to_epoch
 from sidecar.parse.torchrun import (
@@ -262,7 +262,7 @@ class Gatherer:
             try:
                 if os.path.getmtime(path) < plan.seen_at.get(pid, 0.0) - 60:
                     continue  # an earlier run's dump
-                dumps.append(load_dump(path, rank))
+                dumps.append(parse_dump(_read_capped(path, MAX_DUMP_BYTES), rank, path))
             except FileNotFoundError:
                 continue
             except (OSError, ValueError) as exc:
@@ -321,3 +321,12 @@ class Gatherer:
                         )
                     )
         return found
+
+
+def _read_capped(path: str, cap: int) -> bytes:
+    """A whole file of at most ``cap`` bytes; OSError when it is bigger."""
+    with open(path, "rb") as f:
+        data = f.read(cap + 1)
+    if len(data) > cap:
+        raise OSError(f"{path}: more than {cap} bytes, more than a flight-recorder dump holds")
+    return data

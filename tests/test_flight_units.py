@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.autopsy import Evidence, RankState, autopsy
-from sidecar.parse.flight import load_dump, summarise
+from sidecar.parse.flight import FlightDump, parse_dump, summarise
 from sidecar.parse.ranks import Finding
 from sidecar.probes.proc import ProcReader, parse_rank_env
 from tests.paths import FR_DUMP as DUMP
@@ -20,7 +20,7 @@ S = 10**9
 
 
 def test_the_real_dump_of_a_one_rank_nccl_timeout():
-    d = load_dump(str(DUMP), 0)
+    d = _load(DUMP, 0)
     assert d.version == "2.10"
     assert d.status == {"default_pg": (2, -1, 1)}
     assert d.entries["default_pg"] == {
@@ -32,6 +32,10 @@ def test_the_real_dump_of_a_one_rank_nccl_timeout():
     assert v.lines == (
         "flight recorder, rank 0, default_pg: last enqueued #2, last completed #1 (waiting in #2)",
     )
+
+
+def _load(path: Path | str, rank: int) -> FlightDump:
+    return parse_dump(Path(path).read_bytes(), rank, str(path))
 
 
 def _dump(tmp: Path, rank: int, enqueued: int, completed: int) -> str:
@@ -64,7 +68,7 @@ def _dump(tmp: Path, rank: int, enqueued: int, completed: int) -> str:
 
 
 def test_the_rank_that_never_entered_is_named_by_sequence_numbers(tmp_path):
-    dumps = [load_dump(_dump(tmp_path, r, 1580 if r != 1 else 1579, 1579), r) for r in (0, 1, 2, 3)]
+    dumps = [_load(_dump(tmp_path, r, 1580 if r != 1 else 1579, 1579), r) for r in (0, 1, 2, 3)]
     v = summarise(dumps, (0, 1, 2, 3))
     assert v is not None and (v.seq, v.op, v.laggards) == (1580, "all_reduce", (1,))
     assert "rank 1, default_pg: last enqueued #1579, last completed #1579 (never entered #1580)" in v.lines[1]
@@ -100,13 +104,13 @@ def test_a_hostile_dump_is_refused_not_run(tmp_path):
     path = tmp_path / "nccl_trace_rank_0"
     path.write_bytes(pickle.dumps({"entries": [Boom()]}))
     with pytest.raises(ValueError, match=r"refused (posix|os)\.system"):
-        load_dump(str(path), 0)
+        _load(path, 0)
     assert not (tmp_path / "pwned").exists()
     path.write_bytes(b"\x80\x05garbage")
     with pytest.raises(ValueError, match="not a flight-recorder dump"):
-        load_dump(str(path), 0)
+        _load(path, 0)
     path.write_text('{"version": "2.10", "entries": [], "pg_status": {}}')  # the JSON variant
-    assert load_dump(str(path), 0).status == {}
+    assert _load(path, 0).status == {}
 
 
 def test_the_flight_recorder_settings_in_real_processes_environments(tmp_path):

@@ -303,9 +303,10 @@ def test_the_real_flight_recorder_dump_of_the_h200():
     one, the collective queued behind a long kernel), and the postmortem made of it."""
     from dataclasses import replace
 
-    from sidecar.parse.flight import load_dump, summarise
+    from sidecar.parse.flight import parse_dump, summarise
 
-    dump = load_dump(str(DEVICE / "nccl_trace_rank_0"), 0)
+    path = DEVICE / "nccl_trace_rank_0"
+    dump = parse_dump(path.read_bytes(), 0, str(path))
     assert dump.status == {"default_pg": (2, -1, 1)}
     assert dump.entries["default_pg"][2][:2] == ("all_reduce", "scheduled")
     fr = summarise([dump], (0,))

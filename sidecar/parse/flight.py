@@ -11,19 +11,18 @@ collective sequence numbers; the entries have ``collective_seq_id``, ``profiling
 
 The dumps are files written by the job, read by a daemon that may run as root: they are
 unpickled with an unpickler that refuses every class, so only plain data can load, and
-they are size-capped.
+they are size-capped (``MAX_DUMP_BYTES``) by whoever reads them: this module reads no file.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import os
 import pickle
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FlightDump", "FlightVerdict", "load_dump", "summarise"]
+__all__ = ["MAX_DUMP_BYTES", "FlightDump", "FlightVerdict", "parse_dump", "summarise"]
 
 MAX_DUMP_BYTES = 64 << 20
 
@@ -44,13 +43,9 @@ class FlightDump:
     entries: dict[str, dict[int, tuple[str, str, int | None]]]
 
 
-def load_dump(path: str, rank: int) -> FlightDump:
-    """Raises OSError (unreadable, too large) or ValueError (not a dump)."""
-    size = os.path.getsize(path)
-    if size > MAX_DUMP_BYTES:
-        raise OSError(f"{path}: {size} bytes, more than a flight-recorder dump holds")
-    with open(path, "rb") as f:
-        data = f.read()
+def parse_dump(data: bytes, rank: int, path: str) -> FlightDump:
+    """A dump's bytes (read by the caller, at most ``MAX_DUMP_BYTES``); ``path`` names it
+    in messages. Raises ValueError (not a dump, or a pickle that names a class)."""
     try:
         doc: Any = json.loads(data) if data[:1] == b"{" else _PlainData(io.BytesIO(data)).load()
     except (pickle.UnpicklingError, EOFError, ValueError, IndexError, TypeError) as exc:
