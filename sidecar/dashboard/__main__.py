@@ -1,0 +1,5 @@
+"""``python -m sidecar.dashboard > dashboards/trainwatch.json``."""
+
+from sidecar.dashboard import main
+
+main()
