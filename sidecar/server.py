@@ -19,7 +19,7 @@ from sidecar import __version__
 from sidecar.daemon import Daemon
 from sidecar.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT, render
 from sidecar.metrics import TrainwatchCollector
-from sidecar.model import Snapshot
+from sidecar.model import CgroupSample, Snapshot
 from sidecar.postmortem import render_text
 from sidecar.postmortem.html import render_html
 
@@ -123,6 +123,21 @@ def _prefers_html(accept: str) -> bool:
     return quality("text/html") > quality("application/json")
 
 
+def _cgroup_view(c: CgroupSample) -> dict[str, Any]:
+    """A memory cgroup as ``/ranks`` shows it, in the job list and under each rank alike."""
+    return {
+        "path": c.path,
+        "version": c.version,
+        "usage_bytes": c.usage_bytes,
+        "limit_bytes": c.limit_bytes,
+        "peak_bytes": c.peak_bytes,
+        "oom_kills": c.oom_kills,
+        "limited_by": c.limited_by,
+        "effective_limit_bytes": c.effective_limit_bytes,
+        "ancestors": [{"path": a.path, "limit_bytes": a.limit_bytes} for a in c.ancestors],
+    }
+
+
 def ranks_view(
     snap: Snapshot | None,
     stall_after: float = 60.0,
@@ -152,16 +167,7 @@ def ranks_view(
                     "cpu_seconds": round(r.cpu_seconds, 3),
                     "threads": r.threads,
                     "gpu_memory_bytes": {str(k): v for k, v in r.gpu_memory_bytes.items()} or None,
-                    "cgroup": None
-                    if cg is None
-                    else {
-                        "path": cg.path,
-                        "version": cg.version,
-                        "usage_bytes": cg.usage_bytes,
-                        "limit_bytes": cg.limit_bytes,
-                        "limited_by": cg.limited_by,
-                        "effective_limit_bytes": cg.effective_limit_bytes,
-                    },
+                    "cgroup": None if cg is None else _cgroup_view(cg),
                 }
             )
         jobs.append(
@@ -208,20 +214,7 @@ def ranks_view(
             }
             for d in snap.gpus
         ],
-        "cgroups": [
-            {
-                "path": c.path,
-                "version": c.version,
-                "usage_bytes": c.usage_bytes,
-                "limit_bytes": c.limit_bytes,
-                "peak_bytes": c.peak_bytes,
-                "oom_kills": c.oom_kills,
-                "limited_by": c.limited_by,
-                "effective_limit_bytes": c.effective_limit_bytes,
-                "ancestors": [{"path": a.path, "limit_bytes": a.limit_bytes} for a in c.ancestors],
-            }
-            for c in snap.cgroups
-        ],
+        "cgroups": [_cgroup_view(c) for c in snap.cgroups],
         "probes": {
             name: {"success": s.success, "duration_seconds": s.duration_seconds, "message": s.message}
             for name, s in snap.probes.items()
