@@ -10,3 +10,5 @@ FIXTURES = REPO / "tests" / "fixtures"
 PUBLIC_CASES = FIXTURES / "public-logs" / "cases.jsonl"
 CAPTURES = FIXTURES / "device-captures"
 FR_DUMP = CAPTURES / "fr-dump-nccl-timeout-rank0.pickle"
+DEVICE_H200 = FIXTURES / "device-h200"  # a real NCCL timeout and CUDA OOM under trainwatch run
+RANK_OUTPUT = FIXTURES / "rank-output"

@@ -8,8 +8,9 @@ import signal
 
 import pytest
 
-from sidecar.autopsy import Evidence, KernelOom, RankState, autopsy
+from sidecar.autopsy import Evidence, KernelOom, RankState, UserspaceKill, autopsy
 from tests.paths import CAPTURES
+from tests.test_parse_oomd import EARLYOOM_18, SYSTEMD_OOMD  # the daemons' real lines
 
 S = 10**9
 
@@ -156,3 +157,42 @@ def test_a_running_oom_daemon_makes_an_unexplained_kill_only_possible():
     v = autopsy(Evidence((_r("1", 102, 9, 10.0),), oom_daemons=(("earlyoom", 812),)))
     assert v.kind == "external_signal" and v.confidence == "possible"  # never guessed as an OOM
     assert "earlyoom (pid 812)" in v.summary and any(e.source == "proc" for e in v.evidence)
+
+
+def _rank(label: str, pid: int, code: int | None, died: int | None, cgroup: str = "/job") -> RankState:
+    return RankState(label, int(label), int(label), pid, (), code, died, cgroup, None, "connector")
+
+
+def test_autopsy_userspace_records():
+    r0, r1 = _rank("0", 100, 9, 10 * S + 5), _rank("1", 101, 9, 10 * S)
+    by_pid = UserspaceKill("earlyoom", 101, None, 9, None, EARLYOOM_18, "log")
+    v = autopsy(Evidence((r0, r1), userspace=(by_pid,)))
+    assert v is not None and (v.kind, v.confidence, v.victim.pid) == ("userspace_oom", "certain", 101)
+    assert v.fates == {"1": "root_cause", "0": "terminated_by_agent"}  # the line names 101 only
+    by_cgroup = UserspaceKill("systemd-oomd", None, "/", 9, None, SYSTEMD_OOMD, "xattr")
+    v = autopsy(Evidence((r0, r1), userspace=(by_cgroup,)))
+    assert v is not None and (v.kind, v.confidence) == ("userspace_oom", "likely")
+    assert v.fates == {"1": "root_cause", "0": "same_cause"}
+    elsewhere = UserspaceKill("systemd-oomd", None, "/other", 9, None, SYSTEMD_OOMD, "xattr")
+    other_pid = UserspaceKill("earlyoom", 555, None, 9, None, EARLYOOM_18, "log")
+    v = autopsy(Evidence((r0, r1), userspace=(elsewhere, other_pid)))
+    assert v is not None and v.kind == "external_signal"  # never a guess from another's record
+    # a SIGSEGV is not what OOM daemons send, even when a record names the cgroup
+    v = autopsy(Evidence((_rank("0", 100, 11, S),), userspace=(by_cgroup,)))
+    assert v is not None and v.kind == "segfault"
+    # the exit's source is told in the first evidence item
+    told = autopsy(Evidence((RankState("0", 0, 0, 7, (), 9, S, None, None, "agent-log"),)))
+    assert told is not None and told.evidence[0].source == "agent-log"
+    assert "from the agent's log" in told.evidence[0].detail
+
+
+def test_without_first_hand_times_the_agents_teardown_decides_the_root_cause():
+    """Both deaths noticed in one sampler round, rank 0 "first": the agent's log says it
+    sent rank 0 its closing SIGTERM, so rank 1 is the root cause."""
+    r0 = RankState("0", 0, 0, 100, (), 15, 10 * S, "/job", None, "agent-log")
+    r1 = RankState("1", 1, 1, 101, (), 9, 10 * S + 1, "/job", None, "agent-log")
+    v = autopsy(Evidence((r0, r1), agent_teardown=frozenset({100})))
+    assert v is not None and v.victim.pid == 101 and v.kind == "external_signal"
+    assert v.fates == {"0": "terminated_by_agent", "1": "root_cause"}
+    v = autopsy(Evidence((r0, r1)))
+    assert v is not None and v.victim.pid == 100  # without it, the noticed order decides

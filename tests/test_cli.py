@@ -217,3 +217,17 @@ def test_stall_after_and_py_spy():
         parse_args(["--attach-torchrun", "--stall-after", "0"], {})
     with pytest.raises(ConfigError, match="TRAINWATCH_PY_SPY"):
         parse_args(["--attach-torchrun"], {"TRAINWATCH_PY_SPY": "maybe"})
+
+
+def test_disable_flag_and_variable():
+    s = parse_args(["--attach-torchrun", "--disable", "connector", "--disable", "kmsg,tracepoint"], {})
+    assert s.disabled == {"connector", "kmsg", "tracepoint"}
+    assert parse_args(["--attach-torchrun"], {"TRAINWATCH_DISABLE": "pidfd,outputs"}).disabled == {
+        "pidfd",
+        "outputs",
+    }
+    assert parse_args(["--attach-torchrun"], {}).disabled == frozenset()
+    with pytest.raises(ConfigError, match=r"--disable: expected one of connector, .*got 'ebpf'"):
+        parse_args(["--attach-torchrun", "--disable", "ebpf"], {})
+    with pytest.raises(ConfigError, match="TRAINWATCH_DISABLE"):
+        parse_args(["--attach-torchrun"], {"TRAINWATCH_DISABLE": "kmsg,nope"})

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
+from sidecar.demo import memory_cgroup
 from sidecar.errors import NoSuchProcess, ParseError
 from sidecar.probes.cgroup import (
     CgroupReader,
@@ -15,7 +18,7 @@ from sidecar.probes.cgroup import (
 from tests import cgtrees
 from tests.cgtrees import MIB, MOUNTINFO_HYBRID, MOUNTINFO_V1_CONTAINER, MOUNTINFO_V2
 from tests.conftest import PROC_TORCHRUN, RANK0
-from tests.skips import skip
+from tests.skips import requires, skip
 
 
 def test_mountinfo_of_this_hybrid_machine():
@@ -164,3 +167,19 @@ def test_ancestor_limits_are_reread_after_their_ttl(tmp_path):
     # the cgroup's own limit is read every round
     (mem / "slurm/uid_1000/job_42/step_0/memory.limit_in_bytes").write_text(str(1_024 * MIB))
     assert reader.sample(ref).effective_limit_bytes == 1_024 * MIB
+
+
+@pytest.mark.root
+@requires("memcg")
+def test_oomd_marks_on_a_real_cgroup_and_its_ancestors():
+    reader = CgroupReader.for_host()
+    with memory_cgroup(1 << 30, "trainwatch-xattr") as (version, parent, child):
+        root = parent.parent
+        path = "/" + str(child.relative_to(root))
+        before = reader.oomd_marks(path, version)
+        assert not any(parent.name in k for k in before)
+        os.setxattr(child, "user.oomd_ooms", b"2")
+        os.setxattr(parent, "trusted.oomd_kill", b"5")
+        marks = reader.oomd_marks(path, version)
+        assert marks[f"user.oomd_ooms {path}"] == 2
+        assert marks[f"trusted.oomd_kill /{parent.name}"] == 5

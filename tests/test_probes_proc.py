@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
+
 import pytest
 
 from sidecar.errors import AccessDenied, NoSuchProcess, ParseError, read_bytes
@@ -140,3 +144,38 @@ def test_other_read_errors_are_not_absent(tmp_path):
     with pytest.raises(ProbeError) as info:
         read_bytes(str(tmp_path))  # EISDIR
     assert not isinstance(info.value, (NoSuchProcess, AccessDenied))
+
+
+def test_the_flight_recorder_settings_in_real_processes_environments(tmp_path):
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TORCH_NCCL_TRACE_BUFFER_SIZE="2000", TORCH_NCCL_DEBUG_INFO_TEMP_FILE="/x/trace_")
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"], env=env) as p:
+        try:
+            deadline = time.monotonic() + 10  # until it has exec'd (before, environ is ours)
+            while (
+                b"time.sleep" not in Path(f"/proc/{p.pid}/cmdline").read_bytes()
+                and time.monotonic() < deadline
+            ):
+                time.sleep(0.01)
+            env = parse_rank_env(ProcReader("/proc").environ(p.pid))
+            assert env.flight_recorder == (2000, "/x/trace_")  # the older names
+        finally:
+            p.kill()
+    with subprocess.Popen(["sleep", "5"], env={"PATH": os.environ["PATH"]}) as p:
+        try:
+            while Path(f"/proc/{p.pid}/cmdline").read_bytes()[:5] != b"sleep":
+                time.sleep(0.01)
+            env = parse_rank_env(ProcReader("/proc").environ(p.pid))
+            assert env.flight_recorder == (0, "/tmp/nccl_trace_rank_")
+        finally:
+            p.kill()
+    new = parse_rank_env(
+        {
+            "TORCH_FR_BUFFER_SIZE": "500",
+            "TORCH_NCCL_TRACE_BUFFER_SIZE": "9",
+            "TORCH_FR_DUMP_TEMP_FILE": "/d/r_",
+        }
+    )
+    assert new.flight_recorder == (500, "/d/r_")  # the new names win

@@ -1,19 +1,20 @@
 """Flight-recorder dumps: the real one-rank dump the H200 wrote on an NCCL timeout, dumps
-of a four-rank job where rank 1 never entered the collective, and hostile files."""
+of a four-rank job where rank 1 never entered the collective, hostile files, and the
+postmortem the H200's dump gives."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
-import time
 from pathlib import Path
 
 import pytest
 
 from sidecar.autopsy import Evidence, RankState, autopsy
 from sidecar.parse.flight import FlightDump, parse_dump, summarise
-from sidecar.parse.ranks import Finding
-from sidecar.probes.proc import ProcReader, parse_rank_env
+from sidecar.parse.ranks import Finding, parse_rank_output
+from tests.paths import DEVICE_H200
 from tests.paths import FR_DUMP as DUMP
 
 S = 10**9
@@ -113,36 +114,39 @@ def test_a_hostile_dump_is_refused_not_run(tmp_path):
     assert _load(path, 0).status == {}
 
 
-def test_the_flight_recorder_settings_in_real_processes_environments(tmp_path):
-    import subprocess
-    import sys
+def _rank(label: str, pid: int, code: int | None, died: int | None) -> RankState:
+    return RankState(label, int(label), int(label), pid, (), code, died, "/job", None, "connector")
 
-    env = dict(os.environ, TORCH_NCCL_TRACE_BUFFER_SIZE="2000", TORCH_NCCL_DEBUG_INFO_TEMP_FILE="/x/trace_")
-    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"], env=env) as p:
-        try:
-            deadline = time.monotonic() + 10  # until it has exec'd (before, environ is ours)
-            while (
-                b"time.sleep" not in Path(f"/proc/{p.pid}/cmdline").read_bytes()
-                and time.monotonic() < deadline
-            ):
-                time.sleep(0.01)
-            env = parse_rank_env(ProcReader("/proc").environ(p.pid))
-            assert env.flight_recorder == (2000, "/x/trace_")  # the older names
-        finally:
-            p.kill()
-    with subprocess.Popen(["sleep", "5"], env={"PATH": os.environ["PATH"]}) as p:
-        try:
-            while Path(f"/proc/{p.pid}/cmdline").read_bytes()[:5] != b"sleep":
-                time.sleep(0.01)
-            env = parse_rank_env(ProcReader("/proc").environ(p.pid))
-            assert env.flight_recorder == (0, "/tmp/nccl_trace_rank_")
-        finally:
-            p.kill()
-    new = parse_rank_env(
-        {
-            "TORCH_FR_BUFFER_SIZE": "500",
-            "TORCH_NCCL_TRACE_BUFFER_SIZE": "9",
-            "TORCH_FR_DUMP_TEMP_FILE": "/d/r_",
-        }
-    )
-    assert new.flight_recorder == (500, "/d/r_")  # the new names win
+
+def test_the_real_flight_recorder_dump_of_the_h200():
+    """The dump torch 2.11 wrote on the H200 when its all_reduce #2 timed out (a world of
+    one, the collective queued behind a long kernel), and the postmortem made of it."""
+    from dataclasses import replace
+
+    from sidecar.parse.flight import parse_dump, summarise
+
+    path = DEVICE_H200 / "nccl_trace_rank_0"
+    dump = parse_dump(path.read_bytes(), 0, str(path))
+    assert dump.status == {"default_pg": (2, -1, 1)}
+    assert dump.entries["default_pg"][2][:2] == ("all_reduce", "scheduled")
+    fr = summarise([dump], (0,))
+    assert fr is not None and (fr.seq, fr.op, fr.laggards) == (2, "all_reduce", ())
+    # that rank alone of a world of two: the other wrote no dump, so it is the one missing
+    two = summarise([dump], (0, 1))
+    assert two is not None and two.laggards == (1,)
+    doc = json.loads((DEVICE_H200 / "nccl-timeout.postmortem.json").read_text())
+    assert doc["killer"]["kind"] == "collective_timeout" and "whole world" in doc["killer"]["summary"]
+    cited = {e["source"] for e in doc["killer"]["evidence"]}
+    assert {"exit", "output", "flight_recorder"} <= cited
+    assert all(e["at"] for e in doc["killer"]["evidence"] if e["source"] == "output")  # each line's own time
+    # the verdict again from the fixture, with the dump
+    nccl = [("0", f) for f in parse_rank_output((DEVICE_H200 / "nccl-timeout.stderr").read_text())]
+    ranks = (_rank("0", 510, 6, S),)
+    v = autopsy(Evidence(ranks, output=tuple(nccl), world_size=1, flight=fr, flight_enabled=True))
+    assert v is not None and "it is the whole world" in v.summary, v.summary
+    assert any(e.source == "flight_recorder" and "waiting in #2" in e.detail for e in v.evidence)
+    # two ranks whose dumps both say "waiting in #2": every rank entered it
+    both = summarise([dump, replace(dump, rank=1)], (0, 1))
+    ranks = (*ranks, _rank("1", 511, 6, S + 1))
+    v = autopsy(Evidence(ranks, output=tuple(nccl), world_size=2, flight=both, flight_enabled=True))
+    assert v is not None and "every rank entered it (flight recorder)" in v.summary, v.summary

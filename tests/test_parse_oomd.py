@@ -1,0 +1,43 @@
+"""Userspace OOM daemons' lines (a real earlyoom's output, systemd-oomd, oomd, nohang)."""
+
+from __future__ import annotations
+
+import signal
+
+from sidecar.parse.oomd import parse_userspace_oom_line
+
+# printed by the real earlyoom 1.7 binary here (--dryrun); the newer form as earlyoom 1.8
+# writes it (oom_score, cmdline)
+EARLYOOM_17 = 'sending SIGTERM to process 1137 uid 0 "bash": badness 666, VmRSS 4 MiB'
+EARLYOOM_18 = (
+    'sending SIGKILL to process 4242 uid 1000 "python": oom_score 1000, VmRSS 20480 MiB, '
+    'cmdline "/usr/bin/python train.py --lr 1e-4"'
+)
+SYSTEMD_OOMD = (
+    "Killed /user.slice/user-1000.slice/user@1000.service/app.slice/train.scope due to memory "
+    "pressure for /user.slice/user-1000.slice/user@1000.service being 52.34% > 50.00% for > 20s "
+    "with reclaim activity"
+)
+OOMD = (
+    "oomd kill: 81.28 80.05 42.78 workload.slice/train.service 1000 ruleset:[protect host] detector:pressure"
+)
+
+
+def test_userspace_oom_lines():
+    a = parse_userspace_oom_line(EARLYOOM_17)
+    assert a is not None and (a.daemon, a.pid, a.signal, a.comm, a.rss_bytes) == (
+        "earlyoom",
+        1137,
+        signal.SIGTERM,
+        "bash",
+        4 << 20,
+    )
+    b = parse_userspace_oom_line(EARLYOOM_18)
+    assert b is not None and (b.pid, b.signal, b.rss_bytes) == (4242, signal.SIGKILL, 20480 << 20)
+    c = parse_userspace_oom_line(SYSTEMD_OOMD)
+    assert c is not None and c.daemon == "systemd-oomd" and c.pid is None
+    assert c.cgroup == "/user.slice/user-1000.slice/user@1000.service/app.slice/train.scope"
+    d = parse_userspace_oom_line(OOMD)
+    assert d is not None and (d.daemon, d.cgroup) == ("oomd", "/workload.slice/train.service")
+    for other in ("low memory! at or below SIGTERM limits: mem 10.00%", "oomd: running", ""):
+        assert parse_userspace_oom_line(other) is None

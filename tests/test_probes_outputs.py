@@ -1,0 +1,66 @@
+"""Other processes' output files, found through /proc/PID/fd and read from where they were."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from sidecar.probes.outputs import read_output, regular_outputs
+
+# -- userspace OOM daemons' lines ---------------------------------------------------
+
+# printed by the real earlyoom 1.7 binary here (--dryrun); the newer form as earlyoom 1.8
+# writes it (oom_score, cmdline)
+EARLYOOM_17 = 'sending SIGTERM to process 1137 uid 0 "bash": badness 666, VmRSS 4 MiB'
+EARLYOOM_18 = (
+    'sending SIGKILL to process 4242 uid 1000 "python": oom_score 1000, VmRSS 20480 MiB, '
+    'cmdline "/usr/bin/python train.py --lr 1e-4"'
+)
+SYSTEMD_OOMD = (
+    "Killed /user.slice/user-1000.slice/user@1000.service/app.slice/train.scope due to memory "
+    "pressure for /user.slice/user-1000.slice/user@1000.service being 52.34% > 50.00% for > 20s "
+    "with reclaim activity"
+)
+OOMD = (
+    "oomd kill: 81.28 80.05 42.78 workload.slice/train.service 1000 ruleset:[protect host] detector:pressure"
+)
+
+
+def test_regular_outputs_and_reading_what_was_written_since(tmp_path):
+    log = tmp_path / "agent.log"
+    log.write_text("an earlier run: failed (exitcode: -9) local_rank: 0 (pid: 1)\n")
+    with open(log, "a") as out:
+        p = subprocess.Popen(
+            [sys.executable, "-c", "import sys, time; input(); print('now', flush=True); time.sleep(30)"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.PIPE,
+            text=True,
+        )
+    try:
+        found = regular_outputs("/proc", p.pid)  # Popen returned: the child's fds are in place
+        assert len(found) == 1 and found[0].path == str(log)  # one file for stdout and stderr
+        assert found[0].offset == log.stat().st_size
+        assert p.stdin is not None
+        p.stdin.write("\n")
+        p.stdin.flush()
+        deadline = time.monotonic() + 5
+        while "now" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert read_output("/proc", found[0]) == "now\n"
+        assert read_output("/proc", found[0], since_offset=False).startswith("an earlier run")
+        with subprocess.Popen(["sleep", "30"], stdout=subprocess.PIPE, stderr=subprocess.PIPE) as piped:
+            assert regular_outputs("/proc", piped.pid) == []  # pipes cannot be read back
+            piped.kill()
+    finally:
+        p.kill()
+        p.wait()
+        assert p.stdin is not None
+        p.stdin.close()
+    # the process is gone: the file is read by its path, and a replaced file is not read
+    assert read_output("/proc", found[0]) == "now\n"
+    (tmp_path / "new.log").write_text("another file\n")
+    os.replace(tmp_path / "new.log", log)  # logrotate's way: another file under the name
+    assert read_output("/proc", found[0]) == ""

@@ -1,0 +1,102 @@
+"""pidfds on real processes: a kill told with its status, a reused pid ignored, the status after
+the reap."""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from sidecar.watch.exits import ExitEvent
+from sidecar.watch.pidfds import PidfdWatcher, pidfd_exit_status
+
+
+def _kernel() -> tuple[int, int]:
+    major, minor = re.match(r"(\d+)\.(\d+)", os.uname().release).groups()  # type: ignore[union-attr]
+    return int(major), int(minor)
+
+
+def _start_ticks(pid: int) -> int:
+    data = Path(f"/proc/{pid}/stat").read_bytes()
+    return int(data[data.rindex(b")") + 2 :].split()[19])
+
+
+class _Collect:
+    def __init__(self) -> None:
+        self.exits: list[ExitEvent] = []
+        self.unknown: list[int] = []
+        self.done = threading.Event()
+
+    def on_exit(self, e: ExitEvent) -> None:
+        self.exits.append(e)
+        self.done.set()
+
+    def on_unknown(self, pid: int, ns: int) -> None:
+        self.unknown.append(pid)
+        self.done.set()
+
+
+@pytest.mark.parametrize("reap_at_once", [False, True])
+def test_pidfd_watcher_tells_a_kill_with_its_status(reap_at_once):
+    """A real process SIGKILLed: the status comes from the zombie, or (reaped at once,
+    before the watcher looks) from PIDFD_GET_INFO on 6.15+; otherwise it is unknown."""
+    got = _Collect()
+    watcher = PidfdWatcher(got.on_exit, got.on_unknown)
+    watcher.start()
+    try:
+        p = subprocess.Popen(["sleep", "60"])
+        watcher.track(p.pid, _start_ticks(p.pid))
+        assert watcher.watched == 1
+        os.kill(p.pid, signal.SIGKILL)
+        if reap_at_once:
+            p.wait()
+        assert got.done.wait(5)
+        if not reap_at_once:
+            p.wait()
+        if got.exits:
+            e = got.exits[0]
+            assert (e.pid, e.exit_code, e.source, e.signal) == (p.pid, 9, "pidfd", 9)
+        else:
+            assert got.unknown == [p.pid] and _kernel() < (6, 15)
+        assert watcher.watched == 0
+    finally:
+        watcher.stop()
+
+
+def test_pidfd_watcher_ignores_a_reused_pid_and_reports_clean_exits():
+    got = _Collect()
+    watcher = PidfdWatcher(got.on_exit, got.on_unknown)
+    watcher.start()
+    try:
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+        watcher.track(p.pid, _start_ticks(p.pid) + 1)  # not the process we meant
+        assert watcher.watched == 0
+        watcher.track(p.pid, _start_ticks(p.pid))
+        watcher.track(p.pid, _start_ticks(p.pid))  # idempotent
+        assert watcher.watched == 1
+        assert got.done.wait(5)
+        p.wait()
+        assert got.exits and got.exits[0].exit_code == 0 and got.exits[0].returncode == 0
+    finally:
+        watcher.stop()
+
+
+def test_pidfd_exit_status_after_the_reap():
+    p = subprocess.Popen(["sh", "-c", "exit 3"])
+    fd = os.pidfd_open(p.pid)
+    try:
+        p.wait()
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        assert poller.poll(2000)
+        code = pidfd_exit_status(fd)
+        assert code == (3 << 8 if _kernel() >= (6, 15) else None)
+    finally:
+        os.close(fd)
