@@ -4,6 +4,7 @@ beside the clone, and a skip the allow-list does not name fails a strict run."""
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -75,3 +76,55 @@ def test_an_allowed_skip_passes_a_strict_run(tmp_path):
     r = _strict_run(tmp_path, "def test_x():\n    skip('gpu')\n\ndef test_y():\n    pass\n")
     assert r.returncode == 0, r.stdout
     assert "[gpu]" in r.stdout
+
+
+def _imports(tree: ast.Module) -> set[str]:
+    """Every ``sidecar`` module a file imports, at module level or inside a function (a lazy
+    import is still a dependency), leaving out ``if TYPE_CHECKING:`` blocks."""
+    skip = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for child in node.body
+        for n in ast.walk(child)
+    }
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sidecar"):
+            out |= {f"{node.module}.{a.name}" for a in node.names} | {node.module}
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("sidecar")}
+    return out
+
+
+def test_the_package_has_no_import_cycle():
+    """Imports go one way (docs/architecture.md): no module reaches itself through others."""
+    root = REPO / "sidecar"
+    mods = {}
+    for path in root.rglob("*.py"):
+        parts = list(path.relative_to(REPO).with_suffix("").parts)
+        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        deps = {d for d in _imports(ast.parse(path.read_text())) if d in mods}
+        # a package's own __init__ re-exports its rooms: not an edge back from them
+        graph[name] = {d for d in deps if d != name and not name.startswith(d + ".")}
+    assert len(graph) > 40 and sum(map(len, graph.values())) > 60  # the walk found the package
+
+    cycles = []
+
+    def visit(node: str, path: list[str], done: set[str]) -> None:
+        for dep in sorted(graph[node]):
+            if dep in path:
+                cycles.append(path[path.index(dep) :] + [dep])
+            elif dep not in done:
+                visit(dep, [*path, dep], done)
+        done.add(node)
+
+    done: set[str] = set()
+    for name in sorted(graph):
+        if name not in done:
+            visit(name, [name], done)
+    assert not cycles, cycles[:5]
