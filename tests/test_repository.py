@@ -118,7 +118,7 @@ def test_the_package_has_no_import_cycle():
     def visit(node: str, path: list[str], done: set[str]) -> None:
         for dep in sorted(graph[node]):
             if dep in path:
-                cycles.append(path[path.index(dep) :] + [dep])
+                cycles.append([*path[path.index(dep) :], dep])
             elif dep not in done:
                 visit(dep, [*path, dep], done)
         done.add(node)
