@@ -22,6 +22,7 @@ from sidecar.metrics import TrainwatchCollector
 from sidecar.model import CgroupSample, Snapshot
 from sidecar.postmortem import render_text
 from sidecar.postmortem.html import render_html
+from sidecar.redact import redact_doc
 
 __all__ = ["create_app", "ranks_view"]
 
@@ -170,22 +171,25 @@ def ranks_view(
                     "cgroup": None if cg is None else _cgroup_view(cg),
                 }
             )
+        # what a job chose (its entrypoint, run id, the stacks of its ranks) goes through the redactor
         jobs.append(
-            {
-                "job": job.key,
-                "agent_pid": job.agent.pid,
-                "run_id": job.run_id,
-                "world_size": job.world_size,
-                "restart_count": job.restart_count,
-                "max_restarts": job.max_restarts,
-                "entrypoint": job.entrypoint,
-                "started_at": job.started_at,
-                "agent_alive": job.agent_alive,
-                "stalled_seconds": job.stalled_seconds,
-                "stalled": job.stalled_seconds >= stall_after,
-                "stacks": (stacks_of(job.key)[0] or None) if stacks_of is not None else None,
-                "ranks": ranks,
-            }
+            redact_doc(
+                {
+                    "job": job.key,
+                    "agent_pid": job.agent.pid,
+                    "run_id": job.run_id,
+                    "world_size": job.world_size,
+                    "restart_count": job.restart_count,
+                    "max_restarts": job.max_restarts,
+                    "entrypoint": job.entrypoint,
+                    "started_at": job.started_at,
+                    "agent_alive": job.agent_alive,
+                    "stalled_seconds": job.stalled_seconds,
+                    "stalled": job.stalled_seconds >= stall_after,
+                    "stacks": (stacks_of(job.key)[0] or None) if stacks_of is not None else None,
+                    "ranks": ranks,
+                }
+            )
         )
     host = snap.host
     return {

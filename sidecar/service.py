@@ -16,6 +16,7 @@ from types import FrameType
 
 from sidecar import __version__
 from sidecar.errors import ConfigError
+from sidecar.redact import RedactingFilter
 from sidecar.settings import Settings
 
 __all__ = ["Service", "configure_logging", "serve"]
@@ -27,6 +28,9 @@ def configure_logging(level: str) -> None:
     logging.basicConfig(
         level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    for handler in logging.getLogger().handlers:  # a rank's line quoted in a warning, an argv
+        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())
     if level != "DEBUG":
         for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
             logging.getLogger(name).setLevel(logging.WARNING)

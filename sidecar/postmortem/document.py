@@ -15,6 +15,7 @@ from typing import Any
 
 from sidecar.autopsy.evidence import Verdict, signal_name
 from sidecar.model import CgroupSample, Confidence, Kind, TimelinePoint
+from sidecar.redact import redact_doc
 
 __all__ = [
     "ID_PATTERN",
@@ -174,7 +175,9 @@ def _cgroup(c: CgroupAtDeath | None) -> dict[str, Any] | None:
 
 
 def build(p: Parts) -> dict[str, Any]:
-    """The document, in the contract's key order."""
+    """The document, in the contract's key order, with every string a job could have put
+    there (evidence lines, rank output, error files, summaries, the entrypoint, stacks)
+    through the redactor; the timeline holds only the daemon's numbers and times."""
     v = p.verdict
     if v is None:
         killer: dict[str, Any] = {"kind": Kind.UNKNOWN, "confidence": Confidence.POSSIBLE}
@@ -182,7 +185,7 @@ def build(p: Parts) -> dict[str, Any]:
         killer = {"kind": v.kind, "confidence": v.confidence}
     killer["summary"] = p.summary if p.summary is not None else (v.summary if v else NO_DEATH)
     killer["evidence"] = [{"source": e.source, "at": iso(e.at), "detail": e.detail} for e in p.evidence]
-    return {
+    doc = {
         "schema": SCHEMA,
         "id": p.ident,
         "created_at": iso(p.created_at),
@@ -231,3 +234,7 @@ def build(p: Parts) -> dict[str, Any]:
         "advice": p.advice,
         **p.extra,
     }
+    timeline, doc["timeline"] = doc["timeline"], []
+    clean: dict[str, Any] = redact_doc(doc)  # keeps the key order
+    clean["timeline"] = timeline
+    return clean
