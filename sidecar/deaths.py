@@ -149,6 +149,7 @@ class DeathWatch:
             for gone in [p for p in self._agent_outputs if p not in agents]:
                 if not any(inc.gen.agent_pid == gone for inc in self._incidents.values()):
                     del self._agent_outputs[gone]
+                    self.gather.forget(gone)
             new_agents = [p for p in agents if p not in self._agent_outputs]
             new_cgroups = [
                 (c.path, c.version) for c in snap.cgroups if (c.path, c.version) not in self._oomd_baseline
@@ -347,7 +348,9 @@ class DeathWatch:
             if (cg.path, cg.version) in self._oomd_baseline
         }
         errors = tuple(
-            (k.sample.rank_label, k.sample.error_file) for k in inc.ranks.values() if k.sample.error_file
+            (k.sample.rank_label, k.sample.error_file, k.sample.uid)
+            for k in inc.ranks.values()
+            if k.sample.error_file
         )
         return Plan(agent, rank_files, seen_at, baseline, errors)
 

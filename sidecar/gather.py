@@ -14,8 +14,9 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from sidecar import saferead
 from sidecar.autopsy import USERSPACE_OOM_DAEMONS, UserspaceKill
-from sidecar.errors import ProbeError
+from sidecar.errors import ProbeError, read_bytes
 from sidecar.incidents import Incident, Plan, Reads
 from sidecar.model import ProcKey, wait_status_from_returncode
 from sidecar.parse.flight import MAX_DUMP_BYTES, FlightDump, FlightVerdict, parse_dump, summarise
@@ -35,6 +36,11 @@ __all__ = ["OUTPUT_PARSE_BYTES", "Gatherer"]
 log = logging.getLogger("sidecar.deaths")  # the death watch's log, as before the split
 
 OUTPUT_PARSE_BYTES = 2 << 20  # of each output stream, the tail that is parsed at a death
+ERROR_FILE_BYTES = 1 << 20
+# What one autopsy round may spend on files a job named (each read also has its own
+# deadline): with the quarter-second wait before it, a postmortem is out within ~1 s
+# whatever the job put in its way.
+READ_BUDGET_S = 0.6
 
 
 class Gatherer:
@@ -60,6 +66,21 @@ class Gatherer:
         self.read_oomd_marks = read_oomd_marks
         self.clock_ns = clock_ns
         self.wall = wall
+        self.roots: dict[int, saferead.JobRoot] = {}  # agent pid -> its job's file-system root
+        self._budget_end = 0.0
+
+    def forget(self, agent_pid: int) -> None:
+        root = self.roots.pop(agent_pid, None)
+        if root is not None:
+            root.close()
+
+    def _deadline(self) -> float:
+        """The deadline of the next read of a job-named file: what is left of the round's
+        budget, at most one read's own."""
+        left = self._budget_end - time.monotonic()
+        if left <= 0:
+            raise saferead.Refused(f"the round's {READ_BUDGET_S:g} s for reading the job's files was spent")
+        return min(saferead.DEFAULT_DEADLINE_S, left)
 
     def alive(self, key: ProcKey, proc_root: str | None = None) -> bool:
         """The process is still the one ``key`` names and not a zombie."""
@@ -86,6 +107,14 @@ class Gatherer:
         point them at per-rank files), with when it was first seen; the oomd marks each
         cgroup had. ``agent_files``: the known agents' files."""
         outputs = {p: regular_outputs(self.proc_root, p) if self.read_outputs else [] for p in agents}
+        for p in agents:  # kept so that paths resolve in the job's mount namespace after it is gone
+            if p not in self.roots:
+                try:
+                    self.roots[p] = saferead.JobRoot(self.proc_root, p)
+                except OSError as exc:
+                    log.info(
+                        "agent %d: its root cannot be opened (%s); its ranks' files will not be read", p, exc
+                    )
         marks = {key: self.read_oomd_marks(*key) for key in cgroups}
         rank_files: dict[int, tuple[list[OutputFile], float]] = {}
         if ranks:
@@ -105,7 +134,11 @@ class Gatherer:
             lines: list[UserspaceKill] = []
             if self.read_outputs:
                 for f in regular_outputs(self.proc_root, pid):
-                    text = read_output(self.proc_root, f, limit=256 << 10, since_offset=False)
+                    try:
+                        deadline = self._deadline()
+                    except saferead.Refused:
+                        break
+                    text = read_output(self.proc_root, f, 256 << 10, since_offset=False, deadline_s=deadline)
                     for raw in text.splitlines():
                         parsed = parse_userspace_oom_line(raw)
                         if parsed is not None:
@@ -124,6 +157,8 @@ class Gatherer:
         return out
 
     def _oom_daemon_pids(self) -> tuple[tuple[str, int], ...]:
+        """The OOM daemons running as root: a process any user can start and call
+        ``earlyoom`` is not one, and its log could name another user's rank."""
         found = []
         try:
             names = [n for n in os.listdir(self.proc_root) if n.isdigit()]
@@ -131,18 +166,24 @@ class Gatherer:
             return ()
         for name in names:
             try:
-                with open(f"{self.proc_root}/{name}/comm", "rb") as f:
-                    comm = f.read().decode("utf-8", "replace").strip()
-            except OSError:
+                comm = read_bytes(f"{self.proc_root}/{name}/comm", 64).decode("utf-8", "replace").strip()
+            except ProbeError:
                 continue
             if comm in USERSPACE_OOM_DAEMONS:
+                try:
+                    if os.stat(f"{self.proc_root}/{name}").st_uid != 0:
+                        continue
+                except OSError:
+                    continue
                 found.append((comm, int(name)))
         return tuple(sorted(found))
 
     def read(self, inc: Incident, plan: Plan) -> Reads:
         """Outside the lock: every file this autopsy round reads, read and parsed."""
+        self._budget_end = time.monotonic() + READ_BUDGET_S
+        skipped: list[str] = []
         texts = self._texts(inc, plan)
-        errors = self._error_files(inc, plan)
+        errors = self._error_files(inc, plan, skipped)
         codes, teardown = self._agent_log(inc, texts)
         after_cg: dict[str, int] = {}
         # The cgroups the ranks were in may hold no live rank any more (so no snapshot
@@ -152,7 +193,7 @@ class Gatherer:
             now = self.read_cgroup_oom_kills(cg.path, cg.version)
             if now is not None:
                 after_cg[cg.path] = now
-        flight, flight_on = self._flight(inc, plan)
+        flight, flight_on = self._flight(inc, plan, skipped)
         return Reads(
             texts + [(owner, text) for owner, text, _ in errors],
             codes,
@@ -165,6 +206,7 @@ class Gatherer:
             flight,
             flight_on,
             self._shm(inc),
+            tuple(skipped),
         )
 
     def _texts(self, inc: Incident, plan: Plan) -> list[tuple[str | None, str]]:
@@ -174,35 +216,43 @@ class Gatherer:
         if self.job_output is not None:
             texts.append((None, self.job_output(inc.gen.agent_pid)[-OUTPUT_PARSE_BYTES:]))
         if self.read_outputs:
-            for f in plan.agent_files:
-                texts.append((None, read_output(self.proc_root, f, limit=OUTPUT_PARSE_BYTES)))
-            for _, label, files in plan.rank_files:
-                for f in files:
-                    texts.append((label, read_output(self.proc_root, f, limit=OUTPUT_PARSE_BYTES)))
+            files: list[tuple[str | None, OutputFile]] = [(None, f) for f in plan.agent_files]
+            files += [(label, f) for _, label, own in plan.rank_files for f in own]
+            for owner, f in files:
+                try:
+                    deadline = self._deadline()
+                except saferead.Refused:
+                    break
+                texts.append((owner, read_output(self.proc_root, f, OUTPUT_PARSE_BYTES, deadline_s=deadline)))
         return [(owner, text) for owner, text in texts if text]
 
-    def _error_files(self, inc: Incident, plan: Plan) -> list[tuple[str | None, str, str | None]]:
+    def _error_files(
+        self, inc: Incident, plan: Plan, skipped: list[str]
+    ) -> list[tuple[str | None, str, str | None]]:
         """The ranks' TORCHELASTIC_ERROR_FILE records (written where the entrypoint has
-        ``@record``): (rank label, the traceback or message, the file)."""
+        ``@record``): (rank label, the traceback or message, the file). The path is the
+        rank's: resolved in the job's mount namespace, and the file must be the rank's."""
         out: list[tuple[str | None, str, str | None]] = []
-        for label, path in plan.error_files:
-            # a rank in a container wrote it in the container's file system: the agent's view
-            for where in (path, f"{self.proc_root}/{inc.gen.agent_pid}/root{path}"):
-                try:
-                    with open(where, "rb") as f:
-                        text = f.read(1 << 20).decode("utf-8", "replace")
-                except OSError:
-                    continue
-                try:
-                    record = parse_error_file(text)
-                except ValueError as exc:
-                    log.warning(
-                        "job %s: error file %s of rank %s not used: %s", inc.gen.job, path, label, exc
-                    )
-                    break
-                # the traceback gives the exception line and the collective it was in
-                out.append((label, record.traceback or record.message, path))
-                break
+        root = self.roots.get(inc.gen.agent_pid)
+        for label, path, uid in plan.error_files:
+            try:
+                if root is None:
+                    raise saferead.Refused("the job's file system root could not be opened")
+                if uid is None:
+                    raise saferead.Refused("the rank's user is not known")
+                got = root.read(path, owner=uid, cap=ERROR_FILE_BYTES, deadline_s=self._deadline())
+            except FileNotFoundError:
+                continue  # no exception was recorded
+            except (OSError, saferead.Refused) as exc:
+                skipped.append(f"error file {path} of rank {label} not read: {_why(exc)}")
+                continue
+            try:
+                record = parse_error_file(got.data.decode("utf-8", "replace"))
+            except ValueError as exc:
+                skipped.append(f"error file {path} of rank {label} not used: {exc}")
+                continue
+            # the traceback gives the exception line and the collective it was in
+            out.append((label, record.traceback or record.message, path))
         return out
 
     def _findings(
@@ -244,7 +294,9 @@ class Gatherer:
                     found.append((label, f))
         return found
 
-    def _flight(self, inc: Incident, plan: Plan) -> tuple[FlightVerdict | None, bool | None]:
+    def _flight(
+        self, inc: Incident, plan: Plan, skipped: list[str]
+    ) -> tuple[FlightVerdict | None, bool | None]:
         """The flight recorder's dumps of this generation's ranks: the verdict, and whether
         the recorder was on (None: no rank's environment could be read)."""
         envs = {pid: k.sample.flight_recorder for pid, k in inc.ranks.items()}
@@ -259,14 +311,18 @@ class Gatherer:
                 continue
             world.append(rank)
             path = f"{env[1]}{rank}"
+            root, uid = self.roots.get(inc.gen.agent_pid), inc.ranks[pid].sample.uid
             try:
-                if os.path.getmtime(path) < plan.seen_at.get(pid, 0.0) - 60:
+                if root is None or uid is None:
+                    raise saferead.Refused("the job's root or the rank's user is not known")
+                got = root.read(path, owner=uid, cap=MAX_DUMP_BYTES, deadline_s=self._deadline())
+                if got.mtime < plan.seen_at.get(pid, 0.0) - 60:
                     continue  # an earlier run's dump
-                dumps.append(parse_dump(_read_capped(path, MAX_DUMP_BYTES), rank, path))
+                dumps.append(parse_dump(got.data, rank, path))
             except FileNotFoundError:
                 continue
-            except (OSError, ValueError) as exc:
-                log.warning("job %s: flight-recorder dump not used: %s", inc.gen.job, exc)
+            except (OSError, ValueError, saferead.Refused) as exc:
+                skipped.append(f"flight-recorder dump {path} of rank {rank} not used: {_why(exc)}")
         on = any(buffer > 0 for buffer, _ in known)
         return (summarise(dumps, tuple(sorted(world))) if dumps else None), on
 
@@ -278,8 +334,8 @@ class Gatherer:
             return inc.shm
         for pid in [*inc.ranks, inc.gen.agent_pid]:
             try:
-                st = os.statvfs(f"{self.proc_root}/{pid}/root/dev/shm")
-            except OSError:
+                st = saferead.statvfs_in_root(self.proc_root, pid, "/dev/shm")
+            except (OSError, saferead.Refused):
                 continue
             inc.shm = st.f_blocks * st.f_frsize, (st.f_blocks - st.f_bfree) * st.f_frsize
             return inc.shm
@@ -323,10 +379,7 @@ class Gatherer:
         return found
 
 
-def _read_capped(path: str, cap: int) -> bytes:
-    """A whole file of at most ``cap`` bytes; OSError when it is bigger."""
-    with open(path, "rb") as f:
-        data = f.read(cap + 1)
-    if len(data) > cap:
-        raise OSError(f"{path}: more than {cap} bytes, more than a flight-recorder dump holds")
-    return data
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror.lower()
+    return str(exc)

@@ -69,7 +69,7 @@ class Plan:
     rank_files: tuple[tuple[int, str, tuple[OutputFile, ...]], ...]  # (pid, label, its own files)
     seen_at: dict[int, float]  # rank pid -> wall time first seen (older dumps are not its)
     oomd_baseline: dict[tuple[str, int], dict[str, int]]
-    error_files: tuple[tuple[str, str], ...]  # (rank label, its TORCHELASTIC_ERROR_FILE)
+    error_files: tuple[tuple[str, str, int | None], ...]  # (rank label, its TORCHELASTIC_ERROR_FILE, uid)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +87,7 @@ class Reads:
     flight: FlightVerdict | None
     flight_on: bool | None
     shm: tuple[int, int] | None
+    skipped: tuple[str, ...] = ()  # job-named files not read, each with why
 
 
 # -- the autopsy's evidence -----------------------------------------------------------
@@ -160,6 +161,7 @@ def join_evidence(
         flight=reads.flight,
         flight_enabled=reads.flight_on,
         shm=reads.shm,
+        skipped=reads.skipped,
         xids=tuple(records.xids),
         lost_gpus=tuple((ns, index, name) for index, (ns, name) in sorted(records.lost_gpus.items())),
     )

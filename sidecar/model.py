@@ -222,6 +222,7 @@ class RankSample:
     ns_pids: tuple[int, ...] = ()
     flight_recorder: tuple[int, str] | None = None  # RankEnv's; None when the env was unreadable
     error_file: str | None = None  # TORCHELASTIC_ERROR_FILE: where @record writes the rank's exception
+    uid: int | None = None  # its real user: the owner its error file and dump must have
 
 
 @dataclass(frozen=True, slots=True)

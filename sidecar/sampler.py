@@ -68,6 +68,7 @@ class _RankRead(NamedTuple):
     tree_processes: int
     tree: list[int]
     ns_pids: tuple[int, ...]
+    uid: int | None
 
 
 def _rank_sample(
@@ -95,6 +96,7 @@ def _rank_sample(
         ns_pids=read.ns_pids,
         flight_recorder=tracked.env.flight_recorder if tracked.env else None,
         error_file=tracked.env.error_file if tracked.env else None,
+        uid=read.uid,
     )
 
 
@@ -310,7 +312,15 @@ class Sampler:
             tree_rss += child_rss
             members += 1
         return tracked, _RankRead(
-            rss, status.peak_rss_bytes, st.cpu_seconds, st.threads, tree_rss, members, tree, status.ns_pids
+            rss,
+            status.peak_rss_bytes,
+            st.cpu_seconds,
+            st.threads,
+            tree_rss,
+            members,
+            tree,
+            status.ns_pids,
+            status.uid,
         )
 
     # -- cgroups ------------------------------------------------------------------------

@@ -208,12 +208,17 @@ class TorchrunJob:
         launcher: str = "torchrun",
         launcher_args: tuple[str, ...] = (),
         rdzv_id: str | None = None,
+        mode: int | None = None,
+        env: dict[str, str] | None = None,
+        python: str | None = None,
         **workload: Any,
     ) -> None:
         """``rdzv_id``: a c10d rendezvous of one node with this run id instead of
         ``--standalone`` (whose run id is random): jobs that share it are one job's nodes."""
         self.dir = tmp / name
         self.dir.mkdir(parents=True)
+        if mode is not None:  # a job run as another user writes its ready files here
+            self.dir.chmod(mode)
         self.stop_file = self.dir / "stop"
         self.nproc = nproc
         args = [f"--ready-dir={self.dir}", f"--stop-file={self.stop_file}"]
@@ -228,8 +233,13 @@ class TorchrunJob:
                 f"--rdzv-endpoint=127.0.0.1:{free_port()}",
                 f"--rdzv-id={rdzv_id}",
             ]
+        launch = list(self.LAUNCHERS[launcher])
+        if python is not None:  # another interpreter (one another user may run): python -m ...
+            launch = (
+                [python, *launch[1:]] if launcher != "torchrun" else [python, "-m", "torch.distributed.run"]
+            )
         cmd = [
-            *self.LAUNCHERS[launcher],
+            *launch,
             *rendezvous,
             f"--nproc-per-node={nproc}",
             f"--max-restarts={max_restarts}",
@@ -241,8 +251,8 @@ class TorchrunJob:
         if wrap:
             cmd = [*wrap, *cmd]
         self._out = open(self.dir / "torchrun.log", "w")  # noqa: SIM115
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+        run_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, cwd=REPO, env=run_env)
 
     @property
     def agent_pid(self) -> int:
@@ -284,6 +294,29 @@ class TorchrunJob:
                 self.proc.kill()
                 self.proc.wait()
         self._out.close()
+
+
+def python_for_user(uid: int) -> tuple[str, str] | None:
+    """An interpreter of this Python version that user ``uid`` may execute, and the
+    PYTHONPATH that gives it this environment's packages (torch): (python, pythonpath).
+    The test environment's own interpreter may live where only root can reach it."""
+    import sysconfig
+
+    site = sysconfig.get_paths()["purelib"]
+    for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
+        try:
+            out = subprocess.run(
+                ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", candidate, "-c",
+                 # the agent starts its workers with sys.executable: that must work too
+                 "import subprocess, sys, torch; subprocess.run([sys.executable, '-c', ''], check=True); "
+                 "print(sys.version_info[:2])"],
+                capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=site), cwd="/",
+            )  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if out.returncode == 0 and out.stdout.strip() == str(sys.version_info[:2]):
+            return candidate, site
+    return None
 
 
 def descendants(pid: int) -> list[int]:

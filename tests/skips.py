@@ -10,6 +10,7 @@ precondition missing on CI is a broken CI machine or setup, never a silent pass.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -94,6 +95,10 @@ REQUIREMENTS = {
         lambda: "needs systemd-analyze",
     ),
     "setpriv": (lambda: shutil.which("setpriv") is not None, lambda: "needs setpriv (util-linux)"),
+    "other-user": (
+        lambda: os.geteuid() == 0 and shutil.which("setpriv") is not None and _nobody_python() is not None,
+        lambda: "needs root, setpriv and a python3 of this version that user nobody may run with torch",
+    ),
     "kmsg-write": (lambda: os.access("/dev/kmsg", os.W_OK), lambda: "needs write access to /dev/kmsg"),
     "free-memory": (
         lambda: _meminfo()["MemAvailable"] >= 6 * GIB,
@@ -144,3 +149,10 @@ def allowed() -> dict[str, str]:
             key, _, why = line.partition(" ")
             out[key] = why.strip()
     return out
+
+
+@functools.lru_cache(maxsize=1)
+def _nobody_python() -> tuple[str, str] | None:
+    from tests.e2e import python_for_user
+
+    return python_for_user(65534)

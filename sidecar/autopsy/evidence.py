@@ -204,6 +204,9 @@ class Evidence:
     # The ranks' labels and pids come from logs (trainwatch diagnose): a rank is named by what
     # the logs told ("the process (pid 4242)", "local rank 1"), never by an invented label or pid.
     from_logs: bool = False
+    # files the job named that were not read (a FIFO, a link, another user's file, too big,
+    # too slow), each with why: shown with the evidence, never used as evidence
+    skipped: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

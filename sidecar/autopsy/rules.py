@@ -99,6 +99,8 @@ def autopsy(ev: Evidence) -> Verdict | None:
         for f in findings_of(r, ev, *WAITING, "exception")[:2]:
             said = f"then {rank_label(r.label, ev.from_logs)}: {f.line}"
             items.append(EvidenceItem("output", f.at_ns or r.died_ns, said))
+    # what the job named but could not be read safely, so the reader knows it was not used
+    items += [EvidenceItem("skipped", None, why) for why in ev.skipped]
     return Verdict(victim, kind, confidence, summary, tuple(items), fates, oom, Facts(**facts))
 
 

@@ -3,8 +3,8 @@ Slurm's output file, a service's log file): found through /proc/PID/fd/1 and /2.
 
 Reading /proc/PID/fd needs the same access as ptrace-read (the same user, or root). A
 terminal or a pipe cannot be read back; journald's socket neither. Reads are bounded
-(``limit`` bytes from the end) and never block the writer: a regular file is opened
-read-only on its own file description.
+(``limit`` bytes from the end), never block the writer, and go through
+``sidecar.saferead``: a regular file, opened read-only on its own file description.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import stat
 from dataclasses import dataclass
+
+from sidecar import saferead
 
 __all__ = ["OutputFile", "read_output", "regular_outputs"]
 
@@ -51,21 +53,36 @@ def regular_outputs(proc_root: str, pid: int, fds: tuple[int, ...] = (1, 2)) -> 
 
 
 def read_output(
-    proc_root: str, out: OutputFile, limit: int = DEFAULT_LIMIT, since_offset: bool = True
+    proc_root: str,
+    out: OutputFile,
+    limit: int = DEFAULT_LIMIT,
+    since_offset: bool = True,
+    deadline_s: float = saferead.DEFAULT_DEADLINE_S,
 ) -> str:
     """The text written since ``out.offset`` (at most the last ``limit`` bytes; the whole
-    tail when ``since_offset`` is False), through the process's own descriptor while it
-    lives, else by path; "" when the file is gone or is another file now."""
-    for candidate in (f"{proc_root}/{out.pid}/fd/{out.fd}", out.path):
+    tail when ``since_offset`` is False): through the process's own descriptor while it
+    lives, else by the path the daemon saw it at. Either way it goes through the safe-read
+    helper (no blocking open, a regular file, read with a deadline) and must still be the
+    same file (device and inode), so a path swapped for a FIFO, a symlink or another file
+    reads nothing. "" when it cannot be read."""
+    since = out.offset if since_offset else 0
+    same = (out.device, out.inode)
+    try:
+        got = saferead.read_fd_file(
+            proc_root, out.pid, out.fd, owner=None, cap=limit, expect=same, since=since, deadline_s=deadline_s
+        )
+    except (OSError, saferead.Refused):
         try:
-            with open(candidate, "rb") as f:
-                st = os.fstat(f.fileno())
-                if (st.st_dev, st.st_ino) != (out.device, out.inode):
-                    continue
-                start = out.offset if since_offset and out.offset <= st.st_size else 0
-                start = max(start, st.st_size - limit)
-                f.seek(start)
-                return f.read(limit).decode("utf-8", "replace")
-        except OSError:
-            continue
-    return ""
+            got = saferead.read_job_file(
+                saferead.HOST_ROOT,
+                out.path,
+                owner=None,
+                cap=limit,
+                tail=True,
+                expect=same,
+                since=since,
+                deadline_s=deadline_s,
+            )
+        except (OSError, saferead.Refused):
+            return ""
+    return got.data.decode("utf-8", "replace")

@@ -105,7 +105,18 @@ def main() -> int:
         help="this rank iterates a DataLoader (2 workers, shared memory)",
     )
     ap.add_argument("--loader-mb", type=int, default=8, help="MiB per batch the --loader-rank's workers pass")
+    ap.add_argument(
+        "--error-file",
+        default=None,
+        help="name PATH as this rank's TORCHELASTIC_ERROR_FILE (by re-executing itself with it, as "
+        "any process may: the path in its environment is the job's choice)",
+    )
+    ap.add_argument("--hf-token", default=None, help="ignored: a credential on the command line")
+    ap.add_argument("--print-secrets", type=int, default=0, help="1: print credentials before the loop")
     args = ap.parse_args()
+    if args.error_file and os.environ.get("TW_REEXECUTED") != "1":
+        env = dict(os.environ, TW_REEXECUTED="1", TORCHELASTIC_ERROR_FILE=args.error_file)
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
     import torch
     import torch.distributed as dist
@@ -150,6 +161,11 @@ def main() -> int:
         with open(path + ".tmp", "w") as f:
             f.write(" ".join(str(x) for x in [os.getpid(), *[p.pid for p in procs]]))
         os.rename(path + ".tmp", path)
+    if args.print_secrets:  # shapes of real credentials (none is one), as careless code prints them
+        print("export HF_TOKEN=hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ012345", flush=True)
+        print("wandb login 0123456789abcdef0123456789abcdef01234567", file=sys.stderr, flush=True)
+        print("db: postgres://trainer:pgpass123SECRET@db:5432/runs", file=sys.stderr, flush=True)
+        print("args: --hf-key hf_ZyXwVuTsRqPoNmLkJiHgFeDcBa543210 --lr 1e-4", file=sys.stderr, flush=True)
     start = time.monotonic()
     grown: list[bytearray] = []
     model: list[bytearray] = []
@@ -181,6 +197,8 @@ def main() -> int:
         if rank == args.loader_rank and restart == 0 and elapsed > args.raise_after:
             load_batches(args.loader_mb)  # through /dev/shm: a small one ends in SIGBUS
         if rank == args.raise_rank and restart == 0 and elapsed > args.raise_after:
+            if args.print_secrets:  # careless code puts a credential in its exception
+                raise ValueError("login failed for HF_TOKEN=hf_QwErTyUiOpAsDfGhJkLzXcVbNm987654")
             raise ValueError(f"rank {rank}: a bad batch on purpose (shape mismatch)")
         if rank == args.grow_rank and restart == 0 and elapsed > args.grow_after:
             if stop:

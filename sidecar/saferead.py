@@ -1,0 +1,306 @@
+"""The safe-read helper: the only way the daemon opens a file whose path a job chose.
+
+The daemon runs as root on nodes shared by many users; a rank's environment names its
+error file (``TORCHELASTIC_ERROR_FILE``) and its flight-recorder dump, and its stdout may
+be any file. Such a path is
+
+* resolved in the job's own mount namespace, through an ``O_PATH`` descriptor of
+  ``/proc/PID/root`` taken while a process of the job lived (``JobRoot``), with symbolic
+  links kept inside that root (``openat2`` ``RESOLVE_IN_ROOT``; where the kernel lacks it,
+  a walk that follows no link at all), never in the daemon's;
+* opened ``O_RDONLY|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC``: a final symbolic link is refused,
+  a FIFO cannot block the open;
+* read only when ``fstat`` says it is a regular file owned by the rank's user, and no
+  bigger than the caller's cap (or only its tail, for logs);
+* read on a thread of its own with a deadline, so a hung file system (FUSE, NFS) costs
+  one stuck thread, never the autopsy.
+
+Anything else raises ``Refused`` with a reason the postmortem shows as evidence.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import stat
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+__all__ = [
+    "HOST_ROOT",
+    "MAX_STUCK",
+    "JobRoot",
+    "Read",
+    "Refused",
+    "read_fd_file",
+    "read_job_file",
+    "statvfs_in_root",
+]
+
+T = TypeVar("T")
+
+DEFAULT_DEADLINE_S = 0.3
+MAX_STUCK = 4  # reads still hung on a file system before further reads are refused outright
+_stuck = 0
+_stuck_lock = threading.Lock()
+
+_SYS_OPENAT2 = 437  # one number on every architecture (the unified syscall table, Linux 5.6+)
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_IN_ROOT = 0x10
+
+
+class Refused(Exception):
+    """A job-named file that was not read, and why (one short phrase)."""
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_libc: ctypes.CDLL | None
+try:
+    _libc = ctypes.CDLL(None, use_errno=True)
+    _libc.syscall.restype = ctypes.c_long
+except (OSError, AttributeError):  # pragma: no cover - every glibc and musl has syscall()
+    _libc = None
+_openat2_works: bool | None = None
+
+
+def _openat2(dir_fd: int, path: str, flags: int) -> int:
+    """``openat2`` with the path resolved inside ``dir_fd``; raises OSError, and
+    ``NotImplementedError`` where the kernel has no openat2."""
+    global _openat2_works
+    if _libc is None or _openat2_works is False:
+        raise NotImplementedError
+    how = _OpenHow(flags, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
+    fd = _libc.syscall(_SYS_OPENAT2, dir_fd, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
+    if fd < 0:
+        err = ctypes.get_errno()
+        if err in (errno.ENOSYS, errno.EPERM) and _openat2_works is None:  # EPERM: a seccomp filter
+            _openat2_works = False
+            raise NotImplementedError
+        raise OSError(err, os.strerror(err), path)
+    _openat2_works = True
+    return int(fd)
+
+
+def _walk(dir_fd: int, parts: list[str], flags: int) -> int:
+    """Where openat2 is missing: one component at a time, following no symbolic link."""
+    cur = os.dup(dir_fd)
+    try:
+        for part in parts[:-1]:
+            try:
+                nxt = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=cur)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise Refused(f"a symbolic link or a non-directory in the path ({part})") from None
+                raise
+            os.close(cur)
+            cur = nxt
+        return os.open(parts[-1], flags, dir_fd=cur)
+    finally:
+        os.close(cur)
+
+
+def _open_in(root_fd: int, path: str) -> int:
+    if not path.startswith("/") or "\0" in path or len(path) > 4096:
+        raise Refused("not an absolute path")
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        raise Refused("a path with '..'")
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    try:
+        try:
+            return _openat2(root_fd, "/".join(parts), flags)
+        except NotImplementedError:
+            return _walk(root_fd, parts, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Refused("a symbolic link (not followed)") from None
+        if exc.errno == errno.EXDEV:
+            raise Refused("it leaves the job's root") from None
+        raise
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a directory"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    data: bytes
+    size: int  # the file's size when read
+    mtime: float
+
+
+def _read_checked(
+    fd: int, owner: int | None, cap: int, tail: bool, expect: tuple[int, int] | None, since: int = 0
+) -> Read:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise Refused(f"{_kind(st.st_mode)}, not a regular file")
+    if expect is not None and (st.st_dev, st.st_ino) != expect:
+        raise Refused("another file now")
+    if owner is not None and st.st_uid != owner:
+        raise Refused(f"owned by uid {st.st_uid}, not by the rank's user (uid {owner})")
+    if st.st_size > cap and not tail:
+        raise Refused(f"{st.st_size} bytes, more than the {cap} read")
+    start = max(since if since <= st.st_size else 0, st.st_size - cap) if tail else 0
+    chunks, left = [], cap
+    while left > 0:
+        chunk = os.pread(fd, min(left, 1 << 20), start)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        start += len(chunk)
+        left -= len(chunk)
+    return Read(b"".join(chunks), st.st_size, st.st_mtime)
+
+
+def _with_deadline(fn: Callable[[], T], seconds: float) -> T:
+    """``fn()`` on a thread of its own; Refused when it has not returned in ``seconds``."""
+    global _stuck
+    with _stuck_lock:
+        if _stuck >= MAX_STUCK:
+            raise Refused(f"{_stuck} earlier reads are still hung on a file system")
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        global _stuck
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the caller
+            box["error"] = exc
+        finally:
+            if box.get("late"):
+                with _stuck_lock:
+                    _stuck -= 1
+
+    t = threading.Thread(target=run, name="trainwatch-read", daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        with _stuck_lock:
+            box["late"] = True
+            _stuck += 1
+        raise Refused(f"the read did not finish within {seconds:g} s (a hung file system?)")
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["value"]  # type: ignore[return-value]
+
+
+class _HostRoot:
+    """The daemon's own root, opened on first use: for paths the daemon saw itself
+    (``readlink`` of a process's descriptor), checked against the file they must be."""
+
+    _fd = -1
+
+    def __index__(self) -> int:
+        if _HostRoot._fd < 0:
+            _HostRoot._fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        return _HostRoot._fd
+
+
+HOST_ROOT = _HostRoot()
+
+
+class JobRoot:
+    """A job's file-system root: an ``O_PATH`` descriptor of ``/proc/PID/root``, taken while
+    a process of the job lives and kept until ``close``, so paths resolve in the job's mount
+    namespace even after its processes are gone."""
+
+    def __init__(self, proc_root: str, pid: int) -> None:
+        self.pid = pid
+        self.fd = os.open(f"{proc_root}/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def read(
+        self,
+        path: str,
+        *,
+        owner: int | None,
+        cap: int,
+        tail: bool = False,
+        expect: tuple[int, int] | None = None,
+        since: int = 0,
+        deadline_s: float = DEFAULT_DEADLINE_S,
+    ) -> Read:
+        return read_job_file(
+            self.fd, path, owner=owner, cap=cap, tail=tail, expect=expect, since=since, deadline_s=deadline_s
+        )
+
+
+def read_job_file(
+    root_fd: int | _HostRoot,
+    path: str,
+    *,
+    owner: int | None,
+    cap: int,
+    tail: bool = False,
+    expect: tuple[int, int] | None = None,
+    since: int = 0,
+    deadline_s: float = DEFAULT_DEADLINE_S,
+) -> Read:
+    """The file at ``path`` in the root ``root_fd``: all of it (at most ``cap`` bytes, else
+    Refused) or, with ``tail``, what was written after byte ``since``, at most the last
+    ``cap`` bytes. ``owner``: the uid that must own it (None: any). ``expect``: the
+    (device, inode) it must be. Raises Refused, or OSError (ENOENT: it does not exist)."""
+
+    def go() -> Read:
+        fd = _open_in(root_fd.__index__(), path)
+        try:
+            return _read_checked(fd, owner, cap, tail, expect, since)
+        finally:
+            os.close(fd)
+
+    return _with_deadline(go, deadline_s)
+
+
+def read_fd_file(
+    proc_root: str,
+    pid: int,
+    fd_number: int,
+    *,
+    owner: int | None,
+    cap: int,
+    expect: tuple[int, int] | None,
+    since: int = 0,
+    deadline_s: float = DEFAULT_DEADLINE_S,
+) -> Read:
+    """What a live process wrote to the file it has open as ``fd_number`` after byte
+    ``since`` (at most the last ``cap`` bytes), through ``/proc/PID/fd``: the process's own
+    open file, so no path is resolved. The same checks."""
+
+    def go() -> Read:
+        fd = os.open(
+            f"{proc_root}/{pid}/fd/{fd_number}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+        )
+        try:
+            return _read_checked(fd, owner, cap, True, expect, since)
+        finally:
+            os.close(fd)
+
+    return _with_deadline(go, deadline_s)
+
+
+def statvfs_in_root(
+    proc_root: str, pid: int, path: str, deadline_s: float = DEFAULT_DEADLINE_S
+) -> os.statvfs_result:
+    """``statvfs`` of a path in a live process's mount namespace, with a deadline."""
+    return _with_deadline(lambda: os.statvfs(f"{proc_root}/{pid}/root{path}"), deadline_s)
