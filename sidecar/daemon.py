@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from sidecar import guard
 from sidecar.deaths import DeathWatch
 from sidecar.model import Snapshot
 from sidecar.postmortem import PostmortemStore
@@ -93,6 +94,7 @@ class Daemon:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_done: float | None = None
+        self.protection: list[guard.Grant] = []  # what the kernel granted the daemon at start
 
     @property
     def snapshot(self) -> Snapshot | None:
@@ -102,9 +104,29 @@ class Daemon:
     def start(self) -> None:
         if self._thread is not None:
             return
+        s = self.settings
+        if s.oom_score_adj is not None:
+            self.protection.append(guard.set_oom_score_adj(s.oom_score_adj, f"{s.proc_root}/self"))
+        if s.self_protection:
+            self.protection.append(guard.lock_memory())
         if self.watch_deaths:
             self._start_watchers()
         self.deaths.start()
+        if s.self_protection:
+            death_path = [
+                t
+                for t in (
+                    self.deaths.thread,
+                    *(w.thread for w in (self.connector, self.kmsg, self.signals, self.pidfds) if w),
+                )
+                if t is not None
+            ]
+            self.protection.append(guard.raise_priority(death_path))
+        for g in self.protection:
+            if g.granted:
+                log.info("self-protection: %s: %s", g.kind, g.detail)
+            else:
+                log.warning("self-protection: %s not granted: %s", g.kind, g.detail)
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="trainwatch-sampler", daemon=True)
         self._thread.start()

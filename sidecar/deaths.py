@@ -290,6 +290,11 @@ class DeathWatch:
             inc.due_ns = due
         self._cv.notify()
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The thread this runs on, once started (for its priority)."""
+        return self._thread
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="trainwatch-deaths", daemon=True)
         self._thread.start()

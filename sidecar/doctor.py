@@ -231,6 +231,7 @@ def checks(settings: Settings, *, connector: bool = True) -> list[Check]:
             "" if in_user else "run without user-namespace remapping",
         )
     )
+    out += _self_protection(settings)
     for source in sorted(settings.disabled):
         out.append(
             Check(
@@ -239,6 +240,53 @@ def checks(settings: Settings, *, connector: bool = True) -> list[Check]:
                 "turned off by --disable",
                 EVIDENCE_SOURCES[source],
                 f"drop --disable {source}",
+            )
+        )
+    return out
+
+
+CAP_IPC_LOCK, CAP_SYS_NICE, CAP_SYS_RESOURCE = 14, 23, 24
+
+
+def _self_protection(settings: Settings) -> list[Check]:
+    """What the daemon will be granted to survive the OOM it explains (guard.py)."""
+    import resource
+
+    root = settings.proc_root
+    out = []
+    if settings.oom_score_adj is not None and settings.oom_score_adj < 0:
+        ok = _has_capability(root, CAP_SYS_RESOURCE)
+        out.append(
+            Check(
+                "oom_score_adj",
+                ok,
+                f"{settings.oom_score_adj} will be set" if ok else "no CAP_SYS_RESOURCE: cannot go below 0",
+                "the daemon may be the OOM killer's choice in the OOM it should explain",
+                "run as root, or grant CAP_SYS_RESOURCE (systemd: OOMScoreAdjust=-1000)",
+            )
+        )
+    if settings.self_protection:
+        soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+        ok = _has_capability(root, CAP_IPC_LOCK) or soft == resource.RLIM_INFINITY
+        out.append(
+            Check(
+                "memory lock",
+                ok,
+                "mlockall will lock the daemon's pages"
+                if ok
+                else f"no CAP_IPC_LOCK, RLIMIT_MEMLOCK {soft} bytes",
+                "under memory pressure the death path may wait for its own pages",
+                "grant CAP_IPC_LOCK or LimitMEMLOCK=infinity (docker --cap-add IPC_LOCK)",
+            )
+        )
+        ok = _has_capability(root, CAP_SYS_NICE)
+        out.append(
+            Check(
+                "priority",
+                ok,
+                "the death path's threads will run at nice -10" if ok else "no CAP_SYS_NICE",
+                "on busy cores a postmortem may wait for CPU",
+                "grant CAP_SYS_NICE (docker --cap-add SYS_NICE)",
             )
         )
     return out

@@ -157,6 +157,11 @@ METRICS: dict[str, Spec] = {
         "gauge", (), "Worker processes whose environment could not be read (permission denied)"
     ),
     "trainwatch_attached_jobs": Spec("gauge", (), "torchrun jobs currently attached"),
+    "trainwatch_self_protection": Spec(
+        "gauge",
+        ("kind",),
+        "1 when the kernel granted the daemon this protection at start (oom_score_adj, mlock, priority), else 0",
+    ),
 }
 
 
@@ -185,7 +190,9 @@ class TrainwatchCollector(Collector):
         deaths: Callable[[], dict[tuple[str, str], int]] = dict,
         postmortems: Callable[[], int] = lambda: 0,
         death_times: Callable[[], dict[tuple[str, str, int], tuple[str, float]]] = dict,
+        protection: Callable[[], list[tuple[str, bool]]] = list,
     ) -> None:
+        self._protection = protection
         self._snapshot = snapshot
         self._deaths = deaths
         self._death_times = death_times
@@ -198,6 +205,8 @@ class TrainwatchCollector(Collector):
         f = _Families()
         f.add("trainwatch_build_info", 1, __version__)
         f.add("trainwatch_postmortems_written_total", self._postmortems())
+        for kind, granted in self._protection():
+            f.add("trainwatch_self_protection", 1 if granted else 0, kind)
         for (job, killer), count in sorted(self._deaths().items()):
             f.add("trainwatch_rank_deaths_total", count, job, killer)
         for (job, rank, restart), (killer, at) in sorted(self._death_times().items()):

@@ -134,6 +134,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="turn an evidence source off, repeatable: " + ", ".join(EVIDENCE_SOURCES),
     )
+    p.add_argument(
+        "--oom-score-adj",
+        metavar="N",
+        default=None,
+        help="the daemon's own oom_score_adj, -1000 to 1000, or 'keep' (default -1000: never the "
+        "OOM killer's choice)",
+    )
+    p.add_argument(
+        "--no-self-protection",
+        action="store_true",
+        default=None,
+        help="do not lock the daemon's memory or raise its death path's priority",
+    )
     p.add_argument("--version", action="version", version=f"trainwatch {__version__}")
     return p
 
@@ -225,6 +238,19 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
     if not py_spy and env.get("TRAINWATCH_PY_SPY"):
         py_spy = _truthy(env["TRAINWATCH_PY_SPY"], "TRAINWATCH_PY_SPY")
 
+    raw, name = _pick(ns.oom_score_adj, env, "TRAINWATCH_OOM_SCORE_ADJ", "--oom-score-adj")
+    oom_score_adj: int | None = -1000
+    if raw is not None:
+        if raw.strip() == "keep":
+            oom_score_adj = None
+        elif not raw.strip().lstrip("-").isdigit() or not -1000 <= int(raw) <= 1000:
+            raise ConfigError(f"{name}: expected a number from -1000 to 1000 or 'keep', got {raw!r}")
+        else:
+            oom_score_adj = int(raw)
+    protect = not ns.no_self_protection
+    if protect and env.get("TRAINWATCH_SELF_PROTECTION"):
+        protect = _truthy(env["TRAINWATCH_SELF_PROTECTION"], "TRAINWATCH_SELF_PROTECTION")
+
     disabled: set[str] = set()
     raw_disabled = [(d, "--disable") for d in ns.disable or []]
     if not raw_disabled and env.get("TRAINWATCH_DISABLE"):
@@ -242,6 +268,8 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
         disabled=frozenset(disabled),
         stall_after_seconds=stall_after,
         py_spy=py_spy,
+        oom_score_adj=oom_score_adj,
+        self_protection=protect,
         pids=tuple(pids),
         interval_seconds=interval,
         host=host,

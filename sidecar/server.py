@@ -48,6 +48,7 @@ def create_app(daemon: Daemon, *, manage_daemon: bool = True) -> FastAPI:
         deaths=lambda: dict(daemon.deaths.deaths_total),
         postmortems=lambda: daemon.store.written_total,
         death_times=lambda: daemon.deaths.death_times,
+        protection=lambda: [(g.kind, g.granted) for g in daemon.protection],
     )
     app.state.daemon = daemon
 

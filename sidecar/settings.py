@@ -55,6 +55,8 @@ class Settings:
     disabled: frozenset[str] = frozenset()
     stall_after_seconds: float = 60.0  # a job whose ranks all idle this long is "stalled"
     py_spy: bool = False  # record each rank's Python stack (py-spy dump) when a job stalls
+    oom_score_adj: int | None = -1000  # set at start; None leaves it as inherited
+    self_protection: bool = True  # lock memory, raise the death path's priority
 
     @property
     def stall_seconds(self) -> float:

@@ -231,3 +231,15 @@ def test_disable_flag_and_variable():
         parse_args(["--attach-torchrun", "--disable", "ebpf"], {})
     with pytest.raises(ConfigError, match="TRAINWATCH_DISABLE"):
         parse_args(["--attach-torchrun"], {"TRAINWATCH_DISABLE": "kmsg,nope"})
+
+
+def test_self_protection_flags():
+    s = parse_args(["--attach-torchrun"], {})
+    assert s.oom_score_adj == -1000 and s.self_protection is True
+    assert parse_args(["--attach-torchrun", "--oom-score-adj", "keep"], {}).oom_score_adj is None
+    assert parse_args(["--attach-torchrun"], {"TRAINWATCH_OOM_SCORE_ADJ": "-500"}).oom_score_adj == -500
+    assert parse_args(["--attach-torchrun", "--no-self-protection"], {}).self_protection is False
+    assert parse_args(["--attach-torchrun"], {"TRAINWATCH_SELF_PROTECTION": "0"}).self_protection is False
+    for bad in ("-1001", "1001", "low"):
+        with pytest.raises(ConfigError, match="--oom-score-adj: expected a number from -1000 to 1000"):
+            parse_args(["--attach-torchrun", "--oom-score-adj", bad], {})

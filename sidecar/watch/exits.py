@@ -136,6 +136,11 @@ class ProcConnector:
         self._stop_r, self._stop_w = os.pipe()
         self._thread: threading.Thread | None = None
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The thread this runs on, once started (for its priority)."""
+        return self._thread
+
     def start(self, timeout: float = 1.0) -> None:
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_CONNECTOR)
         try:

@@ -38,6 +38,11 @@ class KmsgWatcher:
         self._stop_r, self._stop_w = os.pipe()
         self._thread: threading.Thread | None = None
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The thread this runs on, once started (for its priority)."""
+        return self._thread
+
     def start(self) -> None:
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:

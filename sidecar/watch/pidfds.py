@@ -89,6 +89,11 @@ class PidfdWatcher:
         self._thread: threading.Thread | None = None
         self._stop = False
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The thread this runs on, once started (for its priority)."""
+        return self._thread
+
     def start(self) -> None:
         """Raises OSError when pidfds do not work here (Linux < 5.3, a seccomp filter)."""
         if not hasattr(os, "pidfd_open"):

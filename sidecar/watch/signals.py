@@ -105,6 +105,11 @@ class SignalWatcher:
                 except OSError:
                     pass
 
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The thread this runs on, once started (for its priority)."""
+        return self._thread
+
     def start(self) -> None:
         if not os.path.isdir(f"{self.tracefs}/events/signal/signal_generate"):
             raise OSError(2, f"tracefs is not mounted at {self.tracefs}")
