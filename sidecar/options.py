@@ -135,6 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="turn an evidence source off, repeatable: " + ", ".join(EVIDENCE_SOURCES),
     )
     p.add_argument(
+        "--web-config",
+        metavar="FILE",
+        default=None,
+        help="TLS and basic auth for HTTP, in the Prometheus exporter-toolkit format "
+        "(tls_server_config, basic_auth_users); needs trainwatch[web]",
+    )
+    p.add_argument(
         "--oom-score-adj",
         metavar="N",
         default=None,
@@ -251,6 +258,9 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
     if protect and env.get("TRAINWATCH_SELF_PROTECTION"):
         protect = _truthy(env["TRAINWATCH_SELF_PROTECTION"], "TRAINWATCH_SELF_PROTECTION")
 
+    raw, name = _pick(ns.web_config, env, "TRAINWATCH_WEB_CONFIG", "--web-config")
+    web_config = None if raw is None else os.path.abspath(os.path.expanduser(raw))
+
     disabled: set[str] = set()
     raw_disabled = [(d, "--disable") for d in ns.disable or []]
     if not raw_disabled and env.get("TRAINWATCH_DISABLE"):
@@ -269,6 +279,7 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
         stall_after_seconds=stall_after,
         py_spy=py_spy,
         oom_score_adj=oom_score_adj,
+        web_config=web_config,
         self_protection=protect,
         pids=tuple(pids),
         interval_seconds=interval,

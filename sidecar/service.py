@@ -13,6 +13,7 @@ import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 from sidecar import __version__
 from sidecar.errors import ConfigError
@@ -120,23 +121,46 @@ class Service:
         for pid in settings.pids:
             if not os.path.exists(f"{settings.proc_root}/{pid}"):
                 raise ConfigError(f"--pid {pid}: no such process (give the pid of a running torchrun agent)")
+        web = None
+        if settings.web_config is not None:
+            from sidecar import webconfig
+
+            web = webconfig.load(settings.web_config)
         self._sock = _listen(settings)
         host, port = self._sock.getsockname()[:2]
         _prepare_postmortem_dir(settings.postmortem_dir)
         # the daemon subscribes to the connector itself and logs how that went
         log.info("%s", summary_line(checks(settings, connector=False)))
         self.daemon = Daemon(settings, job_output=self.job_output)
+        app: Any = create_app(self.daemon)
+        if web is not None and web.users:
+            from sidecar.webconfig import BasicAuth
+
+            app = BasicAuth(app, web.users)
         config = uvicorn.Config(
-            create_app(self.daemon),
+            app,
             log_config=None,
             access_log=False,
             lifespan="on",
             log_level="debug" if settings.log_level == "DEBUG" else "warning",
             timeout_graceful_shutdown=5,
         )
+        if web is not None and web.tls:
+            config.load()
+            config.ssl = web.ssl_context()  # uvicorn's own has no minimum version or client CA
         self.server = _quiet_server_class()(config)
         shown = host if ":" not in host else f"[{host}]"
-        self.url = f"http://{shown}:{port}"
+        scheme = "https" if web is not None and web.tls else "http"
+        self.url = f"{scheme}://{shown}:{port}"
+        if web is not None:
+            log.info(
+                "web config %s: %s, %s",
+                web.path,
+                f"TLS (min {web.min_version}, client certificates: {web.client_auth})"
+                if web.tls
+                else "no TLS",
+                f"basic auth for {len(web.users)} user(s), /healthz open" if web.users else "no basic auth",
+            )
 
         def run_server() -> None:
             try:

@@ -57,6 +57,7 @@ class Settings:
     py_spy: bool = False  # record each rank's Python stack (py-spy dump) when a job stalls
     oom_score_adj: int | None = -1000  # set at start; None leaves it as inherited
     self_protection: bool = True  # lock memory, raise the death path's priority
+    web_config: str | None = None  # exporter-toolkit web config: TLS and basic auth
 
     @property
     def stall_seconds(self) -> float:

@@ -81,11 +81,12 @@ class DaemonProc:
         ]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO)
         match = wait_for(
-            lambda: re.search(r"serving http://([\d.]+):(\d+)/metrics", self.log()),
+            lambda: re.search(r"serving (https?)://([\d.]+):(\d+)/metrics", self.log()),
             30,
             "the daemon to listen",
         )
-        self.base = f"http://{match.group(1)}:{match.group(2)}"
+        self.base = f"{match.group(1)}://{match.group(2)}:{match.group(3)}"
+        self.port = int(match.group(3))
 
     def log(self) -> str:
         return self.log_path.read_text()

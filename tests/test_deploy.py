@@ -145,6 +145,8 @@ def test_kubernetes_manifests_validate(name, doc):
 # The fields of prometheus-operator's PodMonitor and ServiceMonitor (monitoring.coreos.com/v1)
 # that these manifests use; the schemas ship only with the operator's CRDs.
 _ENDPOINT = {"port", "path", "interval", "honorLabels", "relabelings", "scheme", "scrapeTimeout"}
+_ENDPOINT |= {"tlsConfig", "basicAuth"}
+_TLS = {"ca", "cert", "keySecret", "serverName", "insecureSkipVerify"}
 _MONITOR = {
     "PodMonitor": ("podMetricsEndpoints", {"selector", "namespaceSelector", "podMetricsEndpoints"}),
     "ServiceMonitor": ("endpoints", {"selector", "namespaceSelector", "endpoints"}),
@@ -162,6 +164,13 @@ def _check_monitor(doc: dict) -> None:
         assert ep["port"] == "metrics" and ep["path"] == "/metrics" and ep["honorLabels"] is True
         for rl in ep.get("relabelings", []):
             assert set(rl) <= {"sourceLabels", "targetLabel", "regex", "replacement", "action", "separator"}
+        tls = ep.get("tlsConfig", {})
+        assert set(tls) <= _TLS, tls
+        for ref in [tls[k] for k in ("ca", "cert") if k in tls]:
+            (source,) = ref  # a SecretOrConfigMap: one of them
+            assert source in ("secret", "configMap") and set(ref[source]) == {"name", "key"}, ref
+        for selector in ep.get("basicAuth", {}).values():
+            assert set(selector) == {"name", "key"}, selector
 
 
 def test_the_monitors_select_the_pods_that_serve_metrics():
@@ -183,6 +192,13 @@ def test_the_monitors_select_the_pods_that_serve_metrics():
     assert sidecar["restartPolicy"] == "Always" and sidecar["ports"][0]["name"] == "metrics"
     for c in (sidecar, ds["spec"]["template"]["spec"]["containers"][0]):
         assert "--attach-torchrun" in c["args"] and "0.0.0.0" in c["args"]
+        # beyond loopback only with TLS and basic auth, the probes on HTTPS
+        assert "--web-config" in c["args"]
+        for probe in ("readinessProbe", "livenessProbe"):
+            if probe in c:
+                assert c[probe]["httpGet"]["scheme"] == "HTTPS" and c[probe]["httpGet"]["path"] == "/healthz"
+    for ep in (*sm["spec"]["endpoints"], *pm["spec"]["podMetricsEndpoints"]):
+        assert ep["scheme"] == "https" and set(ep["basicAuth"]) == {"username", "password"}, ep
 
 
 def test_the_dockerfile_installs_this_package_and_runs_the_daemon():
