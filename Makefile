@@ -2,7 +2,7 @@
 #   make demo   set up, then run the demo (a real torchrun job dies; its postmortem is printed)
 #   make test   set up, then lint, type-check and run every test
 # and `make run`: set up, then run the daemon (trainwatch --attach-torchrun).
-.PHONY: setup demo run test lint bench bench-gpu readme dashboard
+.PHONY: setup demo run test lint bench bench-gpu readme dashboard fuzz
 
 setup:
 	@scripts/dev-setup
@@ -27,6 +27,7 @@ test: setup lint
 bench: setup
 	.venv/bin/python benchmarks/diagnose_accuracy.py
 	.venv/bin/python benchmarks/deaths.py
+	.venv/bin/python benchmarks/loaded_deaths.py
 	.venv/bin/python benchmarks/overhead.py $(ARGS)
 	.venv/bin/python benchmarks/render.py
 
@@ -39,6 +40,11 @@ bench-gpu:
 
 readme:
 	.venv/bin/python benchmarks/render.py
+
+# Every parser and input the daemon reads, on many random inputs (tests/fuzz.py); CI runs
+# the same targets on a small budget. EXAMPLES per target (default 5000).
+fuzz: setup
+	.venv/bin/python scripts/fuzz --examples $${EXAMPLES:-5000}
 
 dashboard: setup
 	.venv/bin/python -m sidecar.dashboard > dashboards/trainwatch.json

@@ -43,6 +43,21 @@ class FlightDump:
     entries: dict[str, dict[int, tuple[str, str, int | None]]]
 
 
+def _mapping(value: Any) -> dict[Any, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _int(value: Any, default: int = -1) -> int:
+    """A sequence number as the recorder writes it (an int, or its decimal string)."""
+    if isinstance(value, bool):
+        return default
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit() and len(value) < 20:
+        return int(value)
+    return default
+
+
 def parse_dump(data: bytes, rank: int, path: str) -> FlightDump:
     """A dump's bytes (read by the caller, at most ``MAX_DUMP_BYTES``); ``path`` names it
     in messages. Raises ValueError (not a dump, or a pickle that names a class)."""
@@ -52,20 +67,28 @@ def parse_dump(data: bytes, rank: int, path: str) -> FlightDump:
         raise ValueError(f"{path}: not a flight-recorder dump ({exc})") from None
     if not isinstance(doc, dict) or "entries" not in doc:
         raise ValueError(f"{path}: not a flight-recorder dump (no entries)")
+    try:
+        return _read_dump(doc, rank, path)
+    except RecursionError:  # a structure nested too deeply to print: not the recorder's
+        raise ValueError(f"{path}: not a flight-recorder dump (nested too deeply)") from None
+
+
+def _read_dump(doc: dict[Any, Any], rank: int, path: str) -> FlightDump:
     names: dict[str, str] = {}
-    for key, cfg in (doc.get("pg_config") or {}).items():
+    for key, cfg in _mapping(doc.get("pg_config")).items():
         if isinstance(cfg, dict):
             names[str(key)] = str(cfg.get("desc") or cfg.get("name") or key)
     status: dict[str, tuple[int, int, int]] = {}
-    for key, st in (doc.get("pg_status") or {}).items():
+    for key, st in _mapping(doc.get("pg_status")).items():
         if isinstance(st, dict):
             status[names.get(str(key), str(key))] = (
-                int(st.get("last_enqueued_collective", -1)),
-                int(st.get("last_started_collective", -1)),
-                int(st.get("last_completed_collective", -1)),
+                _int(st.get("last_enqueued_collective")),
+                _int(st.get("last_started_collective")),
+                _int(st.get("last_completed_collective")),
             )
     entries: dict[str, dict[int, tuple[str, str, int | None]]] = {}
-    for e in doc.get("entries") or []:
+    listed = doc.get("entries")
+    for e in listed if isinstance(listed, list) else []:
         if not isinstance(e, dict) or e.get("is_p2p"):
             continue
         pg = e.get("process_group")

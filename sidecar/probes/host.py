@@ -64,7 +64,7 @@ def parse_vmstat_oom_kill(data: bytes) -> int | None:
 def parse_psi(data: bytes) -> Psi:
     """Parse a PSI file: ``some avg10=0.00 avg60=0.00 avg300=0.00 total=0`` and ``full ...``."""
     values: dict[str, dict[str, float]] = {}
-    for line in data.decode().splitlines():
+    for line in data.decode("utf-8", "replace").splitlines():
         parts = line.split()
         if not parts:
             continue
