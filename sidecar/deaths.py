@@ -52,6 +52,7 @@ TIMELINE_WINDOW_S = 300.0
 # waits this long for the agent's log or the agent's own exit before it is judged: at a
 # clean end of training every rank "vanishes" too, and that is no incident.
 UNKNOWN_EXIT_WAIT_S = 3.0
+RETRY_WRITE_NS = 5 * 10**9  # while a postmortem is in memory only, how often to write it again
 DEATH_TIMES = 64  # deaths whose time is exported (trainwatch_rank_death_timestamp_seconds)
 
 
@@ -310,7 +311,10 @@ class DeathWatch:
 
     def _run(self) -> None:
         while True:
+            if self.store.unwritten:
+                self.store.retry()
             with self._cv:
+                ready = []
                 while True:
                     due = [inc for inc in self._incidents.values() if inc.due_ns is not None]
                     now = self.clock_ns()
@@ -321,6 +325,11 @@ class DeathWatch:
                         ready = due
                         break
                     wait = min((inc.due_ns - now for inc in due if inc.due_ns is not None), default=None)
+                    if self.store.unwritten:  # a full or read-only directory: try again soon
+                        wait = min(wait if wait is not None else RETRY_WRITE_NS, RETRY_WRITE_NS)
+                        if not self._cv.wait(wait / 1e9):
+                            break  # timed out: retry the writes below
+                        continue
                     self._cv.wait(None if wait is None else wait / 1e9)
                 if not ready and self._stop:
                     return

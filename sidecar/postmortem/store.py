@@ -2,7 +2,8 @@
 
 It writes each document atomically (temp file, fsync, rename) with mode 0640 into
 the postmortem directory and keeps the newest ones in memory too, so a full disk or a
-read-only directory loses nothing that is being served (the error is logged once). At
+read-only directory loses nothing that is being served (the error is logged once), and
+writes them when the directory takes them again (``retry``, every few seconds). At
 start it loads what earlier runs wrote. Ids are validated before any file is touched.
 """
 
@@ -34,6 +35,7 @@ class PostmortemStore:
         self._lock = threading.Lock()
         self.written_total = 0
         self._disk_error: str | None = None
+        self._unwritten: set[str] = set()  # ids whose newest version is in memory only
         self._load()
 
     def _load(self) -> None:
@@ -80,16 +82,35 @@ class PostmortemStore:
             finally:
                 os.close(fd)
             os.replace(tmp, path)
+            with self._lock:
+                self._unwritten.discard(ident)
             if self._disk_error is not None:
                 log.info("postmortem directory %s is writable again", self.directory)
                 self._disk_error = None
         except OSError as exc:
+            with self._lock:
+                self._unwritten.add(ident)
             message = f"cannot write postmortem {path}: {exc.strerror}; it is kept in memory and served"
             if message != self._disk_error:
                 log.error("%s", message)
                 self._disk_error = message
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+    @property
+    def unwritten(self) -> int:
+        """Postmortems served from memory whose file could not be written yet."""
+        with self._lock:
+            return len(self._unwritten)
+
+    def retry(self) -> None:
+        """Write again what could not be written (the directory was full or read-only):
+        called every few seconds while anything is pending."""
+        with self._lock:
+            pending = [(i, self._docs[i]) for i in sorted(self._unwritten) if i in self._docs]
+            self._unwritten &= {i for i, _ in pending}
+        for ident, doc in pending:
+            self._write(ident, doc)
 
     def get(self, ident: str) -> dict[str, Any] | None:
         if not ID_PATTERN.match(ident):

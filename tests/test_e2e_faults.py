@@ -1,0 +1,106 @@
+"""Faults around a real death, each made for real: the postmortem directory full (a tiny
+tmpfs) or read-only when a rank dies, and two daemons on one node."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e import DaemonProc, TorchrunJob, job_postmortem, wait_for
+from tests.skips import requires
+
+pytestmark = [pytest.mark.slow]
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0750", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def _files(d: Path) -> list[str]:
+    return sorted(p.name for p in d.glob("*.json"))
+
+
+@pytest.mark.root
+@requires("root")
+@pytest.mark.parametrize("fault", ["full", "read-only"])
+def test_a_postmortem_directory_that_takes_nothing_loses_nothing(tmp_path, fault):
+    """The rank dies while the directory takes no file: the postmortem is served from
+    memory at once, and written as soon as the directory takes it again."""
+    with tmpfs(tmp_path / "pm", "64k") as pm:
+        filler = pm / "filler"
+        if fault == "full":
+            with contextlib.suppress(OSError), open(filler, "wb") as f:
+                while True:
+                    f.write(b"\0" * 4096)
+        with (
+            DaemonProc(tmp_path, "--postmortem-dir", str(pm)) as daemon,
+            TorchrunJob(tmp_path, f"pm-{fault}", hold_mb=30, workers=0) as job,
+        ):
+            pids = job.ready()
+            daemon.wait_sampled(job, pids)
+            if fault == "read-only":
+                subprocess.run(["mount", "-o", "remount,ro", str(pm)], check=True)
+            os.kill(pids[1][0], signal.SIGKILL)
+            doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
+            job.proc.wait(60)
+            assert doc["killer"]["kind"] == "external_signal"
+            wait_for(lambda: "cannot write postmortem" in daemon.log(), 30, "the write error in the log")
+            assert _files(pm) == [], "nothing could be written"
+            status, body = daemon.get(f"/postmortems/{doc['id']}")
+            assert status == 200 and json.loads(body)["id"] == doc["id"]  # served from memory
+            if fault == "full":
+                filler.unlink()
+            else:
+                subprocess.run(["mount", "-o", "remount,rw", str(pm)], check=True)
+            wait_for(
+                lambda: f"{doc['id']}.json" in _files(pm), 30, "the postmortem written once there is room"
+            )
+            written = json.loads((pm / f"{doc['id']}.json").read_text())
+            assert written["id"] == doc["id"] and written["killer"] == json.loads(body)["killer"]
+            assert "is writable again" in daemon.log()
+            assert daemon.stop() == 0
+
+
+@pytest.mark.root
+@requires("root", "tracefs")
+def test_two_daemons_on_one_node_both_explain_the_death(tmp_path):
+    """Each has its own tracefs instance and its own store: neither blinds the other."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with (
+        DaemonProc(tmp_path / "a") as first,
+        DaemonProc(tmp_path / "b") as second,
+        TorchrunJob(tmp_path, "two", hold_mb=30, workers=0) as job,
+    ):
+        pids = job.ready()
+        first.wait_sampled(job, pids)
+        second.wait_sampled(job, pids)
+        killer = subprocess.run(
+            ["sh", "-c", f"kill -9 {pids[1][0]}; echo $$"], capture_output=True, text=True
+        )
+        docs = [job_postmortem(d, victim_rank=1, want_fates=2, job=job) for d in (first, second)]
+        job.proc.wait(60)
+        for d, doc in zip((first, second), docs, strict=True):
+            k = doc["killer"]
+            assert (k["kind"], k["confidence"]) == ("external_signal", "certain"), k
+            assert f"pid {killer.stdout.strip()} (sh)" in k["summary"], k  # each one's tracepoint
+            assert "Traceback" not in d.log()
+        tracing = Path("/sys/kernel/tracing/instances")
+        mine = [tracing / f"trainwatch-{d.proc.pid}" for d in (first, second)]
+        assert all(p.is_dir() for p in mine), mine  # one tracefs instance each
+        assert docs[0]["victim"] == docs[1]["victim"]
+        assert first.stop() == 0 and second.stop() == 0
+        assert not any(p.exists() for p in mine)  # each removed its own, and only its own
