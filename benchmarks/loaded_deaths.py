@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -67,8 +68,10 @@ def main() -> int:
     lat: dict[str, dict[str, list[float]]] = {k: {"protected": [], "unprotected": []} for k in kinds}
     verdicts: dict[str, list[str]] = {k: [] for k in kinds}
     grants: dict[str, str] = {}
-    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        t = Path(tmp)
+    keep = os.environ.get("TRAINWATCH_KEEP_BENCH_DIR")  # keep the daemons' logs and postmortems
+    with contextlib.ExitStack() as stack:
+        t = Path(keep) if keep else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        t.mkdir(parents=True, exist_ok=True)
         (t / "a").mkdir()
         (t / "b").mkdir()
         spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(args.busy)]

@@ -246,12 +246,63 @@ def steps() -> str:
     return "\n".join(out) + "\n"
 
 
+def loaded() -> str:
+    doc = _load("loaded-deaths")
+    if doc is None:
+        return _missing("loaded-deaths", "run `make bench` (as root)")
+    r = doc["results"]
+    names = {"cgroup": "cgroup OOM (1.5 GiB limit)", "global": "global OOM (the whole machine)"}
+    out = [
+        f"`benchmarks/loaded_deaths.py` ({_provenance(doc)}): {r['runs']} real OOM deaths of each kind"
+        f" while {r['busy_processes']} processes spin on the CPU, watched by two daemons side by side:"
+        " one as shipped, one with `--no-self-protection --oom-score-adj keep`. What the shipped one"
+        f" was granted here: {'; '.join(r['grants'])}.",
+        "",
+        "| death | daemon | p50 | p95 | max |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for kind, row in r["kinds"].items():
+        for name in ("protected", "unprotected"):
+            s = row[name]
+            out.append(
+                f"| {names.get(kind, kind)} | {name} | {s['p50_ms']:.0f} ms | {s['p95_ms']:.0f} ms |"
+                f" {s['max_ms']:.0f} ms |"
+            )
+    return "\n".join(out) + "\n"
+
+
+def fuzzing() -> str:
+    doc = _load("fuzz")
+    if doc is None:
+        return _missing("fuzz", "run `make fuzz`")
+    r = doc["results"]
+    rows = r["rows"]
+    worst = max(rows, key=lambda x: x["worst_ms_per_kib"])
+    crashed = [x["target"] for x in rows if x["crashers"]]
+    return (
+        f"`make fuzz` ({_provenance(doc)}): {r['targets']} targets (every parser and input the daemon"
+        f" reads), {r['inputs']} inputs ({r['examples_per_target']} per target, mutated from the"
+        f" repository's real logs and /proc files): "
+        + (
+            f"**crashers in {', '.join(crashed)}**"
+            if crashed
+            else "**no exception outside a parser's contract**"
+        )
+        + f"; the slowest input, timed alone, took {worst['worst_ms_per_kib']:.3f} ms per KiB"
+        f" ({worst['target']}; the limit is {r['limit_ms_per_kib']:g}). The CI suite runs the same targets"
+        " on 150 inputs each and replays every crasher found so far"
+        " (`tests/fixtures/fuzz-regressions/`).\n"
+    )
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     "overhead": overhead,
     "deaths": deaths,
     "diagnose": diagnose,
     "gpu": gpu,
     "steps": steps,
+    "loaded": loaded,
+    "fuzz": fuzzing,
 }
 BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated: \2 -->)", re.S)
 

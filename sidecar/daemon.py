@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from sidecar import guard
+from sidecar import guard, saferead
 from sidecar.deaths import DeathWatch
 from sidecar.model import Snapshot
 from sidecar.postmortem import PostmortemStore
@@ -109,6 +109,7 @@ class Daemon:
             self.protection.append(guard.set_oom_score_adj(s.oom_score_adj, f"{s.proc_root}/self"))
         if s.self_protection:
             self.protection.append(guard.lock_memory())
+        saferead.prestart()  # the death path's reader threads exist before any death
         if self.watch_deaths:
             self._start_watchers()
         self.deaths.start()

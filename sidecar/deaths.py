@@ -338,7 +338,15 @@ class DeathWatch:
                 plans = [(inc, self._plan(inc)) for inc in ready]
             # The files (outputs, dumps, cgroup counters, /proc) are read and parsed outside
             # the lock: the sampler and the exit threads never wait on a 2 MiB log.
-            reads = [(inc, self.gather.read(inc, plan)) for inc, plan in plans]
+            # Nothing a round meets may end this thread: a failed read gives a postmortem
+            # from what the feeds recorded (the exits, the kernel's records) without it.
+            reads = []
+            for inc, plan in plans:
+                try:
+                    reads.append((inc, self.gather.read(inc, plan)))
+                except Exception:
+                    log.exception("job %s: reading the job's files failed; writing without them", inc.gen.job)
+                    reads.append((inc, Reads.nothing()))
             with self._cv:
                 work = [(inc, self._evidence(inc, r)) for inc, r in reads]
             for inc, evidence in work:

@@ -89,6 +89,11 @@ class Reads:
     shm: tuple[int, int] | None
     skipped: tuple[str, ...] = ()  # job-named files not read, each with why
 
+    @classmethod
+    def nothing(cls) -> Reads:
+        """A round whose reads failed: the postmortem comes from the feeds alone."""
+        return cls([], {}, frozenset(), (), {}, None, [], [], None, None, None)
+
 
 # -- the autopsy's evidence -----------------------------------------------------------
 

@@ -12,8 +12,9 @@ be any file. Such a path is
   a FIFO cannot block the open;
 * read only when ``fstat`` says it is a regular file owned by the rank's user, and no
   bigger than the caller's cap (or only its tail, for logs);
-* read on a thread of its own with a deadline, so a hung file system (FUSE, NFS) costs
-  one stuck thread, never the autopsy.
+* read on a reader thread with a deadline, so a hung file system (FUSE, NFS) costs one
+  stuck thread, never the autopsy. Reader threads are started before any death
+  (``prestart``) and reused: at the moment of an OOM there may be no memory for a new one.
 
 Anything else raises ``Refused`` with a reason the postmortem shows as evidence.
 """
@@ -23,11 +24,12 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import queue
 import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 __all__ = [
     "HOST_ROOT",
@@ -169,36 +171,70 @@ def _read_checked(
     return Read(b"".join(chunks), st.st_size, st.st_mtime)
 
 
+class _Reader:
+    """A reader thread, kept between reads: started before a death (``prestart``), so an
+    OOM never has to find memory for a new thread at the moment a postmortem is due."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[tuple[Callable[[], Any], dict[str, Any], threading.Event]] = (
+            queue.SimpleQueue()
+        )
+        self.thread = threading.Thread(target=self._loop, name="trainwatch-read", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        global _stuck
+        while True:
+            fn, box, done = self.jobs.get()
+            try:
+                box["value"] = fn()
+            except BaseException as exc:  # handed to the caller
+                box["error"] = exc
+            with _stuck_lock:
+                if box.get("late"):  # the caller gave up on it; it is free again
+                    _stuck -= 1
+                done.set()
+                _idle.append(self)
+
+
+_idle: list[_Reader] = []
+
+
+def prestart(n: int = 2) -> None:
+    """Start ``n`` reader threads now (the daemon does at start)."""
+    with _stuck_lock:
+        missing = max(0, n - len(_idle))
+    for _ in range(missing):
+        reader = _Reader()
+        with _stuck_lock:
+            _idle.append(reader)
+
+
 def _with_deadline(fn: Callable[[], T], seconds: float) -> T:
-    """``fn()`` on a thread of its own; Refused when it has not returned in ``seconds``."""
+    """``fn()`` on a reader thread; Refused when it has not returned in ``seconds`` (the
+    thread is left to finish, and counted as stuck until it does)."""
     global _stuck
     with _stuck_lock:
         if _stuck >= MAX_STUCK:
             raise Refused(f"{_stuck} earlier reads are still hung on a file system")
-    box: dict[str, object] = {}
-
-    def run() -> None:
-        global _stuck
+        reader = _idle.pop() if _idle else None
+    if reader is None:
         try:
-            box["value"] = fn()
-        except BaseException as exc:  # handed to the caller
-            box["error"] = exc
-        finally:
-            if box.get("late"):
-                with _stuck_lock:
-                    _stuck -= 1
-
-    t = threading.Thread(target=run, name="trainwatch-read", daemon=True)
-    t.start()
-    t.join(seconds)
-    if t.is_alive():
+            reader = _Reader()
+        except RuntimeError as exc:  # no memory for another thread (the OOM this is explaining)
+            raise Refused(f"no thread to read it with ({exc})") from None
+    box: dict[str, Any] = {}
+    done = threading.Event()
+    reader.jobs.put((fn, box, done))
+    if not done.wait(seconds):
         with _stuck_lock:
-            box["late"] = True
-            _stuck += 1
-        raise Refused(f"the read did not finish within {seconds:g} s (a hung file system?)")
+            if not done.is_set():
+                box["late"] = True
+                _stuck += 1
+                raise Refused(f"the read did not finish within {seconds:g} s (a hung file system?)")
     if "error" in box:
-        raise box["error"]  # type: ignore[misc]
-    return box["value"]  # type: ignore[return-value]
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
 
 
 class _HostRoot:

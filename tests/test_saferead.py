@@ -13,6 +13,7 @@ import pytest
 
 from sidecar import saferead
 from sidecar.saferead import JobRoot, Refused, read_fd_file, read_job_file
+from tests.e2e import wait_for
 
 ME = os.getuid()
 
@@ -153,12 +154,21 @@ def test_a_read_that_hangs_costs_a_thread_not_the_autopsy(monkeypatch):
             saferead._with_deadline(lambda: release.wait(30), 0.05)
     with pytest.raises(Refused, match="earlier reads are still hung"):
         saferead._with_deadline(lambda: 1, 0.05)
-    release.set()
-    saferead_threads = [t for t in threading.enumerate() if t.name == "trainwatch-read"]
-    for t in saferead_threads:
-        t.join(5)
-    assert saferead._stuck == 0
+    release.set()  # the hung reads return: their threads are free again
+    wait_for(lambda: saferead._stuck == 0, 10, "the stuck readers to come back")
     assert saferead._with_deadline(lambda: 7, 0.5) == 7
+    readers = [t for t in threading.enumerate() if t.name == "trainwatch-read"]
+    assert len(readers) <= saferead.MAX_STUCK + 2  # reused, not one per read
+
+
+def test_reader_threads_exist_before_any_read():
+    saferead.prestart(2)
+    before = {t.ident for t in threading.enumerate() if t.name == "trainwatch-read"}
+    assert len(before) >= 2
+    for _ in range(20):
+        assert saferead._with_deadline(lambda: 1, 1.0) == 1
+    after = {t.ident for t in threading.enumerate() if t.name == "trainwatch-read"}
+    assert after == before  # twenty reads, no new thread
 
 
 def test_errors_inside_the_read_reach_the_caller():
