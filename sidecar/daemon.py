@@ -172,7 +172,7 @@ class Daemon:
             self.sampler.discovery.on_gone = lambda key: self.deaths.on_unknown(key.pid, time.monotonic_ns())
             self.sampler.on_zombie = self.deaths.on_exit
         if "kmsg" not in off:
-            kmsg = KmsgWatcher(self.deaths.on_kmsg)
+            kmsg = KmsgWatcher(self.deaths.on_kmsg, on_loss=self.deaths.on_kmsg_loss)
             try:
                 kmsg.start()
                 self.kmsg = kmsg

@@ -250,6 +250,15 @@ class DeathWatch:
                 if inc.deaths and (touched == EVERY_INCIDENT or touched in inc.deaths):
                     self._schedule(inc, self.clock_ns())
 
+    def on_kmsg_loss(self, count: int, timestamp_us: int) -> None:
+        """Kernel-log thread: records were overwritten unread (an overrun): a death near
+        them may lack the record that would explain it."""
+        with self._cv:
+            self._records.kmsg_losses.append((timestamp_us * 1000, count))
+            for inc in self._incidents.values():
+                if inc.deaths:
+                    self._schedule(inc, self.clock_ns())
+
     # -- incidents -----------------------------------------------------------------
 
     def _open(self, known: Known, pid: int, exit_code: int | None, at_ns: int) -> Incident:

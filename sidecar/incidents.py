@@ -167,6 +167,7 @@ def join_evidence(
         flight_enabled=reads.flight_on,
         shm=reads.shm,
         skipped=reads.skipped,
+        kernel_losses=tuple(records.kmsg_losses),
         xids=tuple(records.xids),
         lost_gpus=tuple((ns, index, name) for index, (ns, name) in sorted(records.lost_gpus.items())),
     )

@@ -48,6 +48,8 @@ class Records:
         self.userspace: deque[UserspaceKill] = deque(maxlen=256)  # oomd's kernel-log lines
         self.xids: deque[tuple[int, XidRecord]] = deque(maxlen=256)  # (kernel time ns, record)
         self.lost_gpus: dict[int, tuple[int, str | None]] = {}  # GPU index -> (first seen lost, name)
+        # kernel log records overwritten before they were read: (kernel time ns, how many)
+        self.kmsg_losses: deque[tuple[int, int]] = deque(maxlen=256)
 
     @staticmethod
     def parse(record: KmsgRecord) -> Parsed | None:

@@ -196,3 +196,27 @@ def test_without_first_hand_times_the_agents_teardown_decides_the_root_cause():
     assert v.fates == {"0": "terminated_by_agent", "1": "root_cause"}
     v = autopsy(Evidence((r0, r1)))
     assert v is not None and v.victim.pid == 100  # without it, the noticed order decides
+
+
+def test_kernel_records_lost_near_a_death_make_no_record_no_evidence():
+    """An overrun of the kernel log near the death: the missing OOM record may be among the
+    lost ones, so an unexplained SIGKILL is only possible, and the evidence says why."""
+    victim = _r("1", 102, 9, 10.0)
+    plain = autopsy(Evidence((victim,)))
+    assert (plain.kind, plain.confidence) == ("external_signal", "likely")
+    lost = autopsy(Evidence((victim,), kernel_losses=((int(9.5 * S), 37),)))
+    assert (lost.kind, lost.confidence) == ("external_signal", "possible"), lost
+    assert "37 kernel log records near the death were lost unread" in lost.summary
+    assert any(e.source == "kmsg" and "may have been among them" in e.detail for e in lost.evidence)
+    far = autopsy(Evidence((victim,), kernel_losses=((int(700 * S), 37),)))  # ten minutes later
+    assert far.confidence == "likely"
+
+
+def test_the_watch_hands_kernel_log_losses_to_the_autopsy(tmp_path):
+    from sidecar.deaths import DeathWatch
+    from sidecar.postmortem import PostmortemStore
+    from sidecar.timeline import Timeline
+
+    watch = DeathWatch(PostmortemStore(str(tmp_path)), Timeline(60, 1), hostname="h")
+    watch.on_kmsg_loss(12, 5_000_000)
+    assert list(watch._records.kmsg_losses) == [(5_000_000_000, 12)]

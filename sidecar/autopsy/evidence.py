@@ -207,6 +207,9 @@ class Evidence:
     # files the job named that were not read (a FIFO, a link, another user's file, too big,
     # too slow), each with why: shown with the evidence, never used as evidence
     skipped: tuple[str, ...] = ()
+    # kernel log records overwritten before they were read: (kernel time ns, how many); near
+    # a death, the absence of an OOM record there is no longer evidence of no OOM
+    kernel_losses: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -104,6 +104,13 @@ def autopsy(ev: Evidence) -> Verdict | None:
     return Verdict(victim, kind, confidence, summary, tuple(items), fates, oom, Facts(**facts))
 
 
+def _lost_near(victim: RankState, ev: Evidence, window_ns: int = 60 * 10**9) -> int:
+    """Kernel log records lost to an overrun within a minute of the victim's death."""
+    if victim.died_ns is None:
+        return 0
+    return sum(n for at, n in ev.kernel_losses if abs(at - victim.died_ns) <= window_ns)
+
+
 def _same_cause(rank: RankState, kind: str, ev: Evidence) -> bool:
     """Killed by the same OOM as the victim (a kernel record or a userspace daemon's), or
     a rank that timed out waiting for the collective the victim's death (or hang) broke."""
@@ -311,6 +318,17 @@ def _victim_verdict(
         why = "no kernel OOM record named it, no OOM counter moved"
         if not ev.kernel_log_readable:
             why = "the kernel log was not readable and no OOM counter moved"
+        lost = _lost_near(victim, ev)
+        if lost:
+            why = f"no OOM counter moved, but {lost} kernel log records near the death were lost unread"
+            items.append(
+                EvidenceItem(
+                    "kmsg",
+                    None,
+                    f"{lost} kernel log records were overwritten before trainwatch read them, around this "
+                    "death: a record naming the pid may have been among them",
+                )
+            )
         items.append(EvidenceItem("counters", None, "vmstat oom_kill and the cgroup's oom_kill did not move"))
         for comm, pid in ev.oom_daemons:
             items.append(
@@ -325,7 +343,9 @@ def _victim_verdict(
             why += f"; {names} runs here and may have sent it"
         return (
             Kind.EXTERNAL_SIGNAL,
-            Confidence.LIKELY if ev.kernel_log_readable and not ev.oom_daemons else Confidence.POSSIBLE,
+            Confidence.LIKELY
+            if ev.kernel_log_readable and not ev.oom_daemons and not lost
+            else Confidence.POSSIBLE,
             f"{who} was killed by a SIGKILL from outside: {why}. The sender is unknown.",
         )
     told_facts: dict[str, Any] = {}

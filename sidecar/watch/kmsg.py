@@ -29,8 +29,16 @@ class KmsgWatcher:
     """Calls ``on_record`` (from its own thread) for every kernel record written after
     ``start()``. ``start()`` raises OSError when /dev/kmsg cannot be opened."""
 
-    def __init__(self, on_record: Callable[[KmsgRecord], None], path: str = "/dev/kmsg") -> None:
+    def __init__(
+        self,
+        on_record: Callable[[KmsgRecord], None],
+        path: str = "/dev/kmsg",
+        on_loss: Callable[[int, int], None] | None = None,
+    ) -> None:
+        """``on_loss(count, timestamp_us)``: records were overwritten before they were read;
+        the timestamp is the first record read after them."""
         self.on_record = on_record
+        self.on_loss = on_loss
         self.path = path
         self.lost = 0
         self._fd: int | None = None
@@ -80,7 +88,13 @@ class KmsgWatcher:
                 if record is None:
                     continue
                 if self._last_seq is not None and record.sequence > self._last_seq + 1:
-                    self.lost += record.sequence - self._last_seq - 1
+                    gap = record.sequence - self._last_seq - 1
+                    self.lost += gap
+                    if self.on_loss is not None:
+                        try:
+                            self.on_loss(gap, record.timestamp_us)
+                        except Exception:
+                            log.exception("kernel log loss handler failed")
                 self._last_seq = record.sequence
                 try:
                     self.on_record(record)
