@@ -268,6 +268,17 @@ def loaded() -> str:
                 f"| {names.get(kind, kind)} | {name} | {s['p50_ms']:.0f} ms | {s['p95_ms']:.0f} ms |"
                 f" {s['max_ms']:.0f} ms |"
             )
+    goals = {"global": 1000.0, "cgroup": 500.0}
+    verdicts = []
+    for kind, goal in goals.items():
+        if kind in r["kinds"]:
+            p95 = r["kinds"][kind]["protected"]["p95_ms"]
+            slow = sum(1 for x in r["kinds"][kind]["protected_ms"] if x > goal)
+            verdicts.append(
+                f"{kind} p95 {'within' if p95 <= goal else 'over'} its {goal:g} ms goal"
+                + (f" ({slow} of {len(r['kinds'][kind]['protected_ms'])} runs over it)" if slow else "")
+            )
+    out += ["", f"With {r['runs']} runs the p95 is the slowest run. As shipped: {'; '.join(verdicts)}."]
     return "\n".join(out) + "\n"
 
 
