@@ -60,10 +60,12 @@ def _sig(name: str) -> int | None:
 
 
 _SLURM_OOM = re.compile(
-    r"Detected (\d+) oom[-_ ]kill event\(s\) in (?:StepId=|step )?(\S+?)(?: cgroup|\.?$|\s)"
+    r"Detected (\d{1,20}) oom[-_ ]kill event\(s\) in (?:StepId=|step )?(\S+?)(?: cgroup|\.?$|\s)"
 )
-_SLURM_LIMIT = re.compile(r"(?:Job|Step) (\S+) exceeded (?:job )?memory limit(?: \((\d+) > (\d+)\))?")
-_SRUN_OOM = re.compile(r"srun: error: (\S+): task (\d+): Out Of Memory")
+_SLURM_LIMIT = re.compile(
+    r"(?:Job|Step) (\S+) exceeded (?:job )?memory limit(?: \((\d{1,20}) > (\d{1,20})\))?"
+)
+_SRUN_OOM = re.compile(r"srun: error: (\S+): task (\d{1,20}): Out Of Memory")
 _SRUN_KILLED = re.compile(
     r"srun: error: (\S+): tasks? ([\d,-]+): (Killed|Terminated|Segmentation fault|Aborted)"
 )
@@ -73,24 +75,24 @@ _SLURM_CANCEL = re.compile(
 )
 _K8S_OOM = re.compile(r"(?:Reason|reason)\"?:\s*\"?OOMKilled|\bOOMKilled\b(?!\"?:\s*false)")
 _K8S_EVICTED = re.compile(r"[Tt]he node was low on resource: (memory|ephemeral-storage|\w+)")
-_K8S_EXIT = re.compile(r"Exit Code:\s+(\d+)")
+_K8S_EXIT = re.compile(r"Exit Code:\s+(\d{1,20})")
 _DOCKER_OOM = re.compile(r"\"OOMKilled\":\s*true")
-_DOCKER_EXIT = re.compile(r"exited with code (\d+)|\bExited \((\d+)\)")
+_DOCKER_EXIT = re.compile(r"exited with code (\d{1,20})|\bExited \((\d{1,20})\)")
 _RAY_OOM = re.compile(
     r"killed due to memory pressure \(OOM\)|node running low on memory|ray\.exceptions\.OutOfMemoryError|"
     r"exceeds the memory usage threshold"
 )
 _RAY_DIED = re.compile(r"Worker unexpectedly exits|The actor is dead because its worker process has died")
-_DS_KILLING = re.compile(r"sigkill_handler\] Killing subprocess (\d+)")
-_DS_EXITS = re.compile(r"sigkill_handler\] (\[.*\]) exits with return code = (-?\d+)")
+_DS_KILLING = re.compile(r"sigkill_handler\] Killing subprocess (\d{1,20})")
+_DS_EXITS = re.compile(r"sigkill_handler\] (\[.*\]) exits with return code = (-?\d{1,20})")
 _DS_MEMORY = re.compile(r"CPU Virtual Memory:\s+used = ([\d.]+) GB, percent = ([\d.]+)%")
 _CALLED = re.compile(
     r"CalledProcessError: Command (.*?) "
-    r"(?:died with <Signals\.(SIG\w+): (\d+)>|returned non-zero exit status (-?\d+))"
+    r"(?:died with <Signals\.(SIG\w+): (\d{1,20})>|returned non-zero exit status (-?\d{1,20}))"
 )
-_LOCAL_RANK = re.compile(r"--local[_-]rank[= ',]+(\d+)")
+_LOCAL_RANK = re.compile(r"--local[_-]rank[= ',]+(\d{1,20})")
 _SHELL = re.compile(
-    r"(?:line \d+:\s+)?(\d+) (Killed|Terminated|Segmentation fault|Bus error|Aborted)"
+    r"(?:line \d+:\s+)?(\d{1,20}) (Killed|Terminated|Segmentation fault|Bus error|Aborted)"
     r"(?: \(core dumped\))?\s+(\S.*)$"
 )
 # bash's message for a foreground child killed by a signal, in the locales seen in the wild

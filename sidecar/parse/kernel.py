@@ -123,25 +123,31 @@ _SUMMARY = re.compile(
     r"(?:,[^,]*?)*?"
     r",(?:oom_memcg=(?P<oom_memcg>[^,]*)|(?P<global>global_oom))"
     r"(?:,task_memcg=(?P<task_memcg>[^,]*))?"
-    r",task=(?P<comm>.*?),pid=(?P<pid>\d+)(?:,uid=(?P<uid>\d+))?"
+    r",task=(?P<comm>.*?),pid=(?P<pid>\d{1,20})(?:,uid=(?P<uid>\d{1,20}))?"
 )
 _KILLED = re.compile(
     r"(?:(?P<prefix>Out of memory(?: \(oom_kill_allocating_task\))?|Memory cgroup out of memory): )?"
-    r"Killed process (?P<pid>\d+) \((?P<comm>.*?)\)"
-    r"(?:,? total-vm:(?P<vm>\d+)kB)?(?:, anon-rss:(?P<anon>\d+)kB)?(?:, file-rss:(?P<file>\d+)kB)?"
-    r"(?:, shmem-rss:(?P<shmem>\d+)kB)?(?:, UID:(?P<uid>\d+))?(?: pgtables:\d+kB)?"
-    r"(?: oom_score_adj:(?P<adj>-?\d+))?"
+    r"Killed process (?P<pid>\d{1,20}) \((?P<comm>.*?)\)"
+    r"(?:,? total-vm:(?P<vm>\d{1,20})kB)?(?:, anon-rss:(?P<anon>\d{1,20})kB)?"
+    r"(?:, file-rss:(?P<file>\d{1,20})kB)?"
+    r"(?:, shmem-rss:(?P<shmem>\d{1,20})kB)?(?:, UID:(?P<uid>\d{1,20}))?(?: pgtables:\d+kB)?"
+    r"(?: oom_score_adj:(?P<adj>-?\d{1,20}))?"
 )
 _CHOICE = re.compile(
-    r"(?P<prefix>Out of memory|Memory cgroup out of memory): Kill process (?P<pid>\d+) \((?P<comm>.*?)\) "
+    r"(?P<prefix>Out of memory|Memory cgroup out of memory): "
+    r"Kill process (?P<pid>\d{1,20}) \((?P<comm>.*?)\) "
     r"score -?\d+ or sacrifice child"
 )
 _TASK_IN = re.compile(r"Task in (?P<task>\S+) killed as a result of limit of (?P<limit>\S+)")
+# gfp_mask=0x140dca(GFP_HIGHUSER_MOVABLE|__GFP_ZERO|__GFP_COMP), order=0, ... (5.x+);
+# gfp_mask=0x14200ca(GFP_HIGHUSER_MOVABLE), nodemask=(null), order=0, ... (4.x); every part
+# bounded and free of nested repetition, so a glued or hostile line cannot make it backtrack
 _HEADER = re.compile(
-    r"(?P<comm>.+?) invoked oom-killer: gfp_mask=\S+(?:,.*?)? order=(?P<order>-?\d+),"
-    r" oom_score_adj=(?P<adj>-?\d+)"
+    r"(?<!\S)(?P<comm>\S{1,64}) invoked oom-killer: gfp_mask=[^ ]{1,256}(?: nodemask=[^ ]{1,256})?"
+    r" order=(?P<order>-?\d{1,3}), oom_score_adj=(?P<adj>-?\d{1,4})"
 )
-_USAGE = re.compile(r"^memory: usage (?P<usage>\d+)kB, limit (?P<limit>\d+)kB")
+LINE_MAX = 4096  # a kernel record is at most 1 KiB of text; longer is glued or hostile
+_USAGE = re.compile(r"^memory: usage (?P<usage>\d{1,20})kB, limit (?P<limit>\d{1,20})kB")
 
 
 def _int(value: str | None) -> int | None:
@@ -165,7 +171,8 @@ class XidRecord:
 
 
 _XID = re.compile(
-    r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d+)(?:, pid=(\d+|'<unknown>'))?(?:, name=([^,]*))?,?\s*(.*)"
+    r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d{1,20})(?:, pid=(\d{1,20}|'<unknown>'))?"
+    r"(?:, name=([^,]*))?,?\s*(.*)"
 )
 # Xids that mean the GPU (or its memory, or its link) failed, not the program on it.
 GPU_FAULT_XIDS = frozenset({48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 121, 123, 140, 143, 154})
@@ -181,7 +188,9 @@ def parse_xid_line(text: str) -> XidRecord | None:
 
 def parse_oom_line(text: str) -> OomSummary | OomKill | OomMemcgLimit | OomHeader | OomMemcgUsage | None:
     """The OOM event a kernel log line carries, or None. ``text`` may have a timestamp or
-    syslog prefix before the kernel's own text (the patterns are searched, not anchored)."""
+    syslog prefix before the kernel's own text (the patterns are searched, not anchored).
+    Only the first ``LINE_MAX`` characters are read."""
+    text = text[:LINE_MAX]
     if "oom-kill:" in text:
         m = _SUMMARY.search(text)
         if m:

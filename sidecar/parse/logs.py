@@ -48,10 +48,10 @@ class KernelLine:
 _RAW = re.compile(r"^(?:<\d+>)?\[\s*(\d+\.\d+)\]\s?(.*)$")
 _LEVEL = re.compile(r"^[a-z]+\s*:[a-z]+\s*:\s\[\s*(\d+\.\d+)\]\s?(.*)$")  # dmesg -x
 _HUMAN = re.compile(
-    r"^\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) ([A-Z][a-z]{2}) +(\d+) (\d\d):(\d\d):(\d\d) (\d{4})\]\s?(.*)$"
+    r"^\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) ([A-Z][a-z]{2}) +(\d{1,20}) (\d\d):(\d\d):(\d\d) (\d{4})\]\s?(.*)$"
 )
 _SYSLOG = re.compile(
-    r"^([A-Z][a-z]{2}) +(\d+) (\d\d):(\d\d):(\d\d) (\S+) kernel: (?:\[\s*(\d+\.\d+)\]\s?)?(.*)$"
+    r"^([A-Z][a-z]{2}) +(\d{1,20}) (\d\d):(\d\d):(\d\d) (\S+) kernel: (?:\[\s*(\d+\.\d+)\]\s?)?(.*)$"
 )
 _ISO = re.compile(
     r"^(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(\.\d+)?(Z|[+-]\d\d:?\d\d)? (\S+) kernel: "
@@ -165,7 +165,7 @@ class TaskRow:
 
 
 # [ pid ] uid tgid total_vm rss [rss_anon rss_file rss_shmem] pgtables_bytes swapents oom_score_adj name
-_TASK = re.compile(r"^\[\s*(\d+)\]\s+\d+\s+\d+\s+\d+\s+(\d+)((?:\s+-?\d+)+)\s+(\S.*)$")
+_TASK = re.compile(r"^\[\s*(\d{1,20})\]\s+\d+\s+\d+\s+\d+\s+(\d{1,20})((?:\s+-?\d+)+)\s+(\S.*)$")
 
 
 def parse_task_row(text: str) -> TaskRow | None:
@@ -176,7 +176,7 @@ def parse_task_row(text: str) -> TaskRow | None:
     return TaskRow(int(m[1]), int(m[2]), int(rest[-1]), m[4].strip())
 
 
-_ANY_SYSLOG = re.compile(r"^([A-Z][a-z]{2}) +(\d+) (\d\d):(\d\d):(\d\d) \S+ \S+?(?:\[\d+\])?: ")
+_ANY_SYSLOG = re.compile(r"^([A-Z][a-z]{2}) +(\d{1,20}) (\d\d):(\d\d):(\d\d) \S+ \S+?(?:\[\d+\])?: ")
 _ANY_ISO = re.compile(r"^\[?(\d{4})-(\d\d)-(\d\d)[T _](\d\d):(\d\d):(\d\d)")
 
 

@@ -32,8 +32,8 @@ class UserspaceKillLine:
 
 
 _EARLYOOM = re.compile(
-    r"sending (SIG[A-Z]+) to process (\d+)(?: uid \d+)? \"(.*?)\": (?:badness|oom_score) -?\d+, "
-    r"VmRSS (\d+) MiB"
+    r"sending (SIG[A-Z]+) to process (\d{1,20})(?: uid \d+)? \"(.*?)\": (?:badness|oom_score) -?\d+, "
+    r"VmRSS (\d{1,20}) MiB"
 )
 _SYSTEMD_OOMD = re.compile(r"Killed (/\S*) due to (?:memory pressure|swap used)")
 _OOMD = re.compile(r"oomd kill: \S+ \S+ \S+ (\S+)")

@@ -68,8 +68,8 @@ Stamp = tuple[int | None, int, int, int, int, int, int]
 
 # glog (torch's C++ and, since 2.4, its Python logs): "E1202 18:15:56.797176003 ...", also
 # "[E1202 ...]"; Python logging and the 2.1-2.3 agent: "2026-12-02 18:24:01,331"
-_GLOG_STAMP = re.compile(r"^\[?[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d+))? ")
-_ISO_STAMP = re.compile(r"^\[?(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[,.](\d+))?")
+_GLOG_STAMP = re.compile(r"^\[?[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,20}))? ")
+_ISO_STAMP = re.compile(r"^\[?(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[,.](\d{1,20}))?")
 
 
 def line_stamp(body: str) -> Stamp | None:
@@ -112,22 +112,23 @@ def stamp_to_epoch(stamp: Stamp, near: float, max_gap_s: float = 2 * 86400) -> f
 
 
 # an optional "[80746] " in front (some launchers add the pid), then the rank prefixes
-_PREFIX = re.compile(r"^(?:\[\d+\] )?(?:\[(?:rank(\d+)|([a-z_]+?)(\d+))\]:)+")
+_PREFIX = re.compile(r"^(?:\[\d+\] )?(?:\[(?:rank(\d{1,20})|([a-z_]+?)(\d{1,20}))\]:)+")
 _NCCL_TIMEOUT = re.compile(
-    r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d+), OpType=(\w+)"
-    r"(?:, NumelIn=(\d+), NumelOut=(\d+))?, Timeout\(ms\)=(\d+)\) ran for (\d+) milliseconds"
+    r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d{1,20}), OpType=(\w+)"
+    r"(?:, NumelIn=(\d{1,20}), NumelOut=(\d{1,20}))?, Timeout\(ms\)=(\d{1,20})\)"
+    r" ran for (\d{1,20}) milliseconds"
 )
-_NCCL_RANK = re.compile(r"\[(?:PG (?:ID )?\d+ (?:PG GUID \S+ )?)?Rank (\d+)\]")
+_NCCL_RANK = re.compile(r"\[(?:PG (?:ID )?\d+ (?:PG GUID \S+ )?)?Rank (\d{1,20})\]")
 _NCCL_PROGRESS = re.compile(
-    r"[Ll]ast enqueued (?:NCCL )?work: (-?\d+), last completed (?:NCCL )?work: (-?\d+)"
+    r"[Ll]ast enqueued (?:NCCL )?work: (-?\d{1,20}), last completed (?:NCCL )?work: (-?\d{1,20})"
 )
 _NCCL_ABORTED = re.compile(r"NCCL communicator was aborted|communicator was aborted on rank")
 _HEARTBEAT = re.compile(r"[Hh]eartbeat monitor timed out|watchdog (?:thread )?got stuck")
-_GLOO_TIMEOUT = re.compile(r"gloo/\S+\] Timed out waiting (\d+)ms for (\w+) operation to complete")
-_PEER_CLOSED = re.compile(r"gloo/\S+\] Connection closed by peer \[?([\w.:]+?)\]?:(\d+)")
+_GLOO_TIMEOUT = re.compile(r"gloo/\S+\] Timed out waiting (\d{1,20})ms for (\w+) operation to complete")
+_PEER_CLOSED = re.compile(r"gloo/\S+\] Connection closed by peer \[?([\w.:]+?)\]?:(\d{1,20})")
 _CUDA_OOM = re.compile(
     r"CUDA out of memory\. Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)"
-    r"(?:[ .(]+GPU (\d+)(?:; | has a total capacity of )([\d.]+) (B|KiB|MiB|GiB|TiB)"
+    r"(?:[ .(]+GPU (\d{1,20})(?:; | has a total capacity of )([\d.]+) (B|KiB|MiB|GiB|TiB)"
     r"(?: total capacity| of which ([\d.]+) (B|KiB|MiB|GiB|TiB) is free)?)?"
 )
 _DATALOADER = re.compile(

@@ -102,14 +102,16 @@ class FailureEntry:
 
 AgentRecord = WorkerFailed | ClosingSignal | Escalation | DeathSignal | FailureEntry
 
-_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
-_CLOSING = re.compile(r"Sending process (\d+) closing signal (SIG[A-Z0-9]+|\d+)")
-_ESCALATE = re.compile(r"Unable to shutdown process (\d+) via (\d+), forcefully exiting via (\d+)")
+_FAILED = re.compile(r"failed \(exitcode: (-?\d{1,20})\) local_rank: (\d{1,20}) \(pid: (\d{1,20})\)")
+_CLOSING = re.compile(r"Sending process (\d{1,20}) closing signal (SIG[A-Z0-9]+|\d+)")
+_ESCALATE = re.compile(
+    r"Unable to shutdown process (\d{1,20}) via (\d{1,20}), forcefully exiting via (\d{1,20})"
+)
 _DEATH = re.compile(r"Received (\S+) death signal, shutting down workers")
 # The table's fields, tolerant of glued lines ("rank2 (local rank: 2)exitcode: -9 (pid: 36071)")
 _ENTRY = re.compile(
-    r"rank\s*:?\s*(?P<rank>\d+)\s*\(local[ _]rank:\s*(?P<local>\d+)\)"
-    r"[\s\S]{0,80}?exitcode\s*:\s*(?P<code>-?\d+)\s*\(pid:\s*(?P<pid>\d+)\)"
+    r"rank\s*:?\s*(?P<rank>\d{1,20})\s*\(local[ _]rank:\s*(?P<local>\d{1,20})\)"
+    r"[\s\S]{0,80}?exitcode\s*:\s*(?P<code>-?\d{1,20})\s*\(pid:\s*(?P<pid>\d{1,20})\)"
     r"(?:[\s\S]{0,80}?error[ _]file\s*:\s*(?P<error_file>\S+))?"
     r"(?:[\s\S]{0,40}?traceback\s*:\s*(?P<traceback>[^\n]*))?"
 )

@@ -36,10 +36,13 @@ def parse_meminfo(data: bytes) -> Meminfo:
     """Parse /proc/meminfo. MemAvailable exists since 3.14; older kernels are refused."""
     total = available = None
     for line in data.split(b"\n"):
-        if line.startswith(b"MemTotal:"):
-            total = int(line.split()[1]) * 1024
-        elif line.startswith(b"MemAvailable:"):
-            available = int(line.split()[1]) * 1024
+        try:
+            if line.startswith(b"MemTotal:"):
+                total = int(line.split()[1]) * 1024
+            elif line.startswith(b"MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+        except (IndexError, ValueError) as exc:
+            raise ParseError(f"malformed meminfo line {line[:80]!r}") from exc
         if total is not None and available is not None:
             return Meminfo(total, available)
     raise ParseError("meminfo without MemTotal/MemAvailable")
