@@ -127,9 +127,9 @@ _HEARTBEAT = re.compile(r"[Hh]eartbeat monitor timed out|watchdog (?:thread )?go
 _GLOO_TIMEOUT = re.compile(r"gloo/\S+\] Timed out waiting (\d{1,20})ms for (\w+) operation to complete")
 _PEER_CLOSED = re.compile(r"gloo/\S+\] Connection closed by peer \[?([\w.:]+?)\]?:(\d{1,20})")
 _CUDA_OOM = re.compile(
-    r"CUDA out of memory\. Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)"
-    r"(?:[ .(]+GPU (\d{1,20})(?:; | has a total capacity of )([\d.]+) (B|KiB|MiB|GiB|TiB)"
-    r"(?: total capacity| of which ([\d.]+) (B|KiB|MiB|GiB|TiB) is free)?)?"
+    r"CUDA out of memory\. Tried to allocate (\d{1,15}(?:\.\d{1,6})?) (B|KiB|MiB|GiB|TiB)"
+    r"(?:[ .(]+GPU (\d{1,20})(?:; | has a total capacity of )(\d{1,15}(?:\.\d{1,6})?) (B|KiB|MiB|GiB|TiB)"
+    r"(?: total capacity| of which (\d{1,15}(?:\.\d{1,6})?) (B|KiB|MiB|GiB|TiB) is free)?)?"
 )
 _DATALOADER = re.compile(
     r"DataLoader worker \(pids?\(?s?\)? ?([\d, ]+)\) (?:is killed by signal: ([\w ]+)|exited)"
