@@ -44,7 +44,8 @@ trainwatch demo runs a small real torchrun job in which a rank exceeds a memory 
 Every option can also be set by an environment variable: TRAINWATCH_ATTACH_TORCHRUN=1,
 TRAINWATCH_PID (comma-separated), TRAINWATCH_INTERVAL, TRAINWATCH_HOST, TRAINWATCH_PORT,
 TRAINWATCH_POSTMORTEM_DIR, TRAINWATCH_HISTORY, TRAINWATCH_LOG_LEVEL, TRAINWATCH_STALL_AFTER,
-TRAINWATCH_PY_SPY=1, TRAINWATCH_DISABLE (comma-separated). Options win over variables.
+TRAINWATCH_PY_SPY=1, TRAINWATCH_DISABLE (comma-separated), TRAINWATCH_WEB_CONFIG,
+TRAINWATCH_OOM_SCORE_ADJ, TRAINWATCH_SELF_PROTECTION=0. Options win over variables.
 
 Evidence sources (--disable turns one off; trainwatch doctor says which work here):
   connector   the netlink process connector: exit statuses from the kernel (root)
