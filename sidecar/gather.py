@@ -240,7 +240,9 @@ class Gatherer:
                     raise saferead.Refused("the job's file system root could not be opened")
                 if uid is None:
                     raise saferead.Refused("the rank's user is not known")
-                got = root.read(path, owner=uid, cap=ERROR_FILE_BYTES, deadline_s=self._deadline())
+                got = saferead.read_job_file(
+                    root, path, owner=uid, cap=ERROR_FILE_BYTES, deadline_s=self._deadline()
+                )
             except FileNotFoundError:
                 continue  # no exception was recorded
             except (OSError, saferead.Refused) as exc:
@@ -315,7 +317,9 @@ class Gatherer:
             try:
                 if root is None or uid is None:
                     raise saferead.Refused("the job's root or the rank's user is not known")
-                got = root.read(path, owner=uid, cap=MAX_DUMP_BYTES, deadline_s=self._deadline())
+                got = saferead.read_job_file(
+                    root, path, owner=uid, cap=MAX_DUMP_BYTES, deadline_s=self._deadline()
+                )
                 if got.mtime < plan.seen_at.get(pid, 0.0) - 60:
                     continue  # an earlier run's dump
                 dumps.append(parse_dump(got.data, rank, path))

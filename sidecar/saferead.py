@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import operator
 import os
 import queue
 import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, SupportsIndex, TypeVar
 
 __all__ = [
     "HOST_ROOT",
@@ -266,24 +267,12 @@ class JobRoot:
             os.close(self.fd)
             self.fd = -1
 
-    def read(
-        self,
-        path: str,
-        *,
-        owner: int | None,
-        cap: int,
-        tail: bool = False,
-        expect: tuple[int, int] | None = None,
-        since: int = 0,
-        deadline_s: float = DEFAULT_DEADLINE_S,
-    ) -> Read:
-        return read_job_file(
-            self.fd, path, owner=owner, cap=cap, tail=tail, expect=expect, since=since, deadline_s=deadline_s
-        )
+    def __index__(self) -> int:  # passed as the root of read_job_file
+        return self.fd
 
 
 def read_job_file(
-    root_fd: int | _HostRoot,
+    root: SupportsIndex,
     path: str,
     *,
     owner: int | None,
@@ -293,13 +282,14 @@ def read_job_file(
     since: int = 0,
     deadline_s: float = DEFAULT_DEADLINE_S,
 ) -> Read:
-    """The file at ``path`` in the root ``root_fd``: all of it (at most ``cap`` bytes, else
-    Refused) or, with ``tail``, what was written after byte ``since``, at most the last
-    ``cap`` bytes. ``owner``: the uid that must own it (None: any). ``expect``: the
-    (device, inode) it must be. Raises Refused, or OSError (ENOENT: it does not exist)."""
+    """The file at ``path`` in ``root`` (a descriptor: a ``JobRoot``, ``HOST_ROOT``): all of
+    it (at most ``cap`` bytes, else Refused) or, with ``tail``, what was written after byte
+    ``since``, at most the last ``cap`` bytes. ``owner``: the uid that must own it (None:
+    any). ``expect``: the (device, inode) it must be. Raises Refused, or OSError (ENOENT:
+    it does not exist)."""
 
     def go() -> Read:
-        fd = _open_in(root_fd.__index__(), path)
+        fd = _open_in(operator.index(root), path)
         try:
             return _read_checked(fd, owner, cap, tail, expect, since)
         finally:

@@ -214,9 +214,12 @@ def test_kernel_records_lost_near_a_death_make_no_record_no_evidence():
 
 def test_the_watch_hands_kernel_log_losses_to_the_autopsy(tmp_path):
     from sidecar.deaths import DeathWatch
+    from sidecar.incidents import Generation, Incident, Reads
     from sidecar.postmortem import PostmortemStore
     from sidecar.timeline import Timeline
 
     watch = DeathWatch(PostmortemStore(str(tmp_path)), Timeline(60, 1), hostname="h")
-    watch.on_kmsg_loss(12, 5_000_000)
-    assert list(watch._records.kmsg_losses) == [(5_000_000_000, 12)]
+    watch.on_kmsg_loss(12, 5_000_000)  # 12 records lost, 5 s after boot on the printk clock
+    inc = Incident(Generation("j", 1, None, 2, 0, None), {})
+    ev = watch._evidence(inc, Reads.nothing())  # the join the autopsy round makes
+    assert ev.kernel_losses == ((5_000_000_000, 12),)

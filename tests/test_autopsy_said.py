@@ -8,14 +8,9 @@ import json
 
 from sidecar.autopsy import Evidence, KernelOom, RankState, autopsy
 from sidecar.parse.ranks import Finding, parse_rank_output
-from tests.paths import DEVICE_H200, PUBLIC_CASES, RANK_OUTPUT
+from tests.paths import DEVICE_H200, PUBLIC_CASES
 
-GLOO = RANK_OUTPUT / "gloo-timeout-torch2.13.log"
 S = 10**9
-
-
-def _kinds(findings: list[Finding]) -> list[tuple[str, int | None]]:
-    return [(f.kind, f.rank) for f in findings]
 
 
 def _rank(label: str, pid: int, code: int | None, died: int | None) -> RankState:

@@ -13,7 +13,6 @@ from sidecar.parse.ranks import Finding, parse_rank_output
 from tests.paths import CAPTURES, DEVICE_H200, PUBLIC_CASES, RANK_OUTPUT
 
 GLOO = RANK_OUTPUT / "gloo-timeout-torch2.13.log"
-S = 10**9
 
 
 def _kinds(findings: list[Finding]) -> list[tuple[str, int | None]]:

@@ -23,8 +23,6 @@ from sidecar.watch.exits import ExitEvent
 from tests.paths import CAPTURES
 from tests.paths import PUBLIC_CASES as PUBLIC
 
-S = 10**9
-
 
 def test_agent_output_of_torch_2_11_gives_every_ranks_exit_code():
     """Capture A (H200, torch 2.11): rank 2 SIGKILLed itself; rank 0 ignored SIGTERM and was

@@ -139,7 +139,7 @@ def test_a_job_root_outlives_the_process_it_was_taken_from(tmp_path):
         p.kill()
         p.wait()
     try:  # the process is gone; its root (here the host's) still resolves
-        assert job.read(str(tmp_path / "f"), owner=ME, cap=100).data == b"kept"
+        assert read_job_file(job, str(tmp_path / "f"), owner=ME, cap=100).data == b"kept"
     finally:
         job.close()
 
