@@ -17,9 +17,11 @@ from collections.abc import Callable
 
 from sidecar import guard, saferead
 from sidecar.deaths import DeathWatch
+from sidecar.journal import Journal, State, read_boot_id
 from sidecar.model import Snapshot
 from sidecar.postmortem import PostmortemStore
 from sidecar.probes.host import HostReader
+from sidecar.probes.proc import TICKS_PER_SECOND
 from sidecar.sampler import CGROUP_LINGER_SECONDS, Sampler
 from sidecar.settings import PRESSURE_INTERVAL_SECONDS, Settings
 from sidecar.stalls import StallTracker
@@ -83,6 +85,8 @@ class Daemon:
             proc_root=settings.proc_root,
             job_output=job_output,
             stacks_of=self.stalls.stacks,
+            journal=Journal(settings.postmortem_dir),
+            boot_id=read_boot_id(settings.proc_root),
         )
         self.watch_deaths = watch_deaths
         self.connector: ProcConnector | None = None
@@ -110,8 +114,18 @@ class Daemon:
         if s.self_protection:
             self.protection.append(guard.lock_memory())
         saferead.prestart()  # the death path's reader threads exist before any death
+        # what an earlier run of the daemon was watching (it may have died mid-incident)
+        journal = self.deaths.journal
+        saved = journal.load(self.deaths.boot_id) if journal is not None and self.watch_deaths else None
         if self.watch_deaths:
-            self._start_watchers()
+            self._start_watchers(saved)
+        if saved is not None and saved.ranks:
+            n = self.deaths.restore(saved)
+            log.info(
+                "journal: %d rank(s) of an earlier run known; %d job(s) had deaths while trainwatch was down",
+                len(saved.ranks),
+                n,
+            )
         self.deaths.start()
         if s.self_protection:
             death_path = [
@@ -132,7 +146,7 @@ class Daemon:
         self._thread = threading.Thread(target=self._run, name="trainwatch-sampler", daemon=True)
         self._thread.start()
 
-    def _start_watchers(self) -> None:
+    def _start_watchers(self, saved: State | None = None) -> None:
         off = self.settings.disabled
         for source in sorted(off):
             log.info("%s: turned off by --disable", source)
@@ -173,8 +187,17 @@ class Daemon:
             self.sampler.on_zombie = self.deaths.on_exit
         if "kmsg" not in off:
             kmsg = KmsgWatcher(self.deaths.on_kmsg, on_loss=self.deaths.on_kmsg_loss)
+            since = None
+            if saved is not None and saved.ranks:  # the records of the saved ranks' lifetimes
+                first = min(k.sample.key.start_ticks for k in saved.ranks)
+                since = max(0, first * 10**6 // TICKS_PER_SECOND - 10**6)
             try:
-                kmsg.start()
+                kmsg.start(history_since_us=since)
+                if since is not None:
+                    log.info(
+                        "kernel log: %d record(s) of the ring's history read for the earlier run's ranks",
+                        kmsg.history,
+                    )
                 self.kmsg = kmsg
                 self.deaths.kernel_log_readable = True
                 log.info("kernel log: reading /dev/kmsg for OOM records")

@@ -19,6 +19,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from sidecar.autopsy import (
@@ -28,13 +29,27 @@ from sidecar.autopsy import (
     signal_name,
 )
 from sidecar.gather import Gatherer
-from sidecar.incidents import Generation, Incident, Known, Plan, Reads, join_evidence, live_parts
-from sidecar.model import Fate, Kind, Snapshot, decode_wait_status
+from sidecar.incidents import (
+    Generation,
+    Incident,
+    Known,
+    Plan,
+    Reads,
+    clean_end,
+    join_evidence,
+    killers_of,
+    live_parts,
+    plan_of,
+    remember,
+)
+from sidecar.journal import SAVE_EVERY_S, Journal, State, thin
+from sidecar.model import Snapshot, decode_wait_status
 from sidecar.parse.kernel import (
     KmsgRecord,
 )
 from sidecar.postmortem import PostmortemStore, build, iso, make_id
 from sidecar.probes.outputs import OutputFile
+from sidecar.reconstruct import incidents_of, killed_at, revive, state_of
 from sidecar.records import EVERY_INCIDENT, Records
 from sidecar.timeline import Timeline
 from sidecar.watch.exits import ExitEvent
@@ -70,6 +85,8 @@ class DeathWatch:
         stacks_of: Callable[[str], tuple[dict[str, str], float | None]] | None = None,
         hostname: str | None = None,
         proc_root: str = "/proc",
+        journal: Journal | None = None,
+        boot_id: str | None = None,
         clock_ns: Callable[[], int] = time.monotonic_ns,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -108,6 +125,10 @@ class DeathWatch:
         # One incident per job and worker generation: after an elastic restart the new
         # generation's deaths get a postmortem of their own.
         self._incidents: dict[Generation, Incident] = {}
+        self.journal = journal if boot_id is not None else None  # without a boot id it could mislead
+        self.boot_id = boot_id or ""
+        self._journal_at = 0  # monotonic ns of the last save
+        self._journal_sig: object = None  # what the last save held, in short
         self._cv = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -168,6 +189,7 @@ class DeathWatch:
                 if inc.due_ns is None and now - inc.last_death_ns > INCIDENT_QUIET_S * 1e9
             ]:
                 del self._incidents[job_key]
+        self._save(now)
 
     def on_exit(self, event: ExitEvent) -> None:
         """Connector or pidfd thread (or the sampler's zombie fallback): a process exited."""
@@ -258,6 +280,59 @@ class DeathWatch:
             for inc in self._incidents.values():
                 if inc.deaths:
                     self._schedule(inc, self.clock_ns())
+
+    # -- across a restart (journal.py) -----------------------------------------------
+
+    def _save(self, now: int) -> None:
+        """Write the journal when what it would hold changed, else every SAVE_EVERY_S
+        while ranks are watched. Built under the lock, written outside it."""
+        if self.journal is None:
+            return
+        with self._cv:
+            state = state_of(
+                self.boot_id,
+                now,
+                self.wall(),
+                self._known,
+                self._snapshots[-1] if self._snapshots else None,
+                self._incidents.values(),
+                self._agent_outputs,
+                {pid: files for pid, (files, _) in self._rank_files.items()},
+            )
+            sig = state.signature()
+            if sig == self._journal_sig and (not state.ranks or now - self._journal_at < SAVE_EVERY_S * 1e9):
+                return
+            self._journal_sig, self._journal_at = sig, now
+        since = self.wall() - TIMELINE_WINDOW_S
+        curves = {job: thin(self.timeline.window(job, since)) for job in {k.gen.job for k in state.ranks}}
+        self.journal.save(replace(state, curves=curves))
+
+    def restore(self, state: State) -> int:
+        """At start, with the kernel log's history already fed in (``on_kmsg``): judge the
+        deaths of the saved ranks that happened while the daemon was down, from that
+        history, the agent's log and the cgroups' counters. Returns how many jobs."""
+        now = self.clock_ns()
+        with self._cv:
+            kills = [(k.pid, k.at_ns) for k in self._records.ooms.kills]
+        revived = revive(state, self.gather.alive, killed_at(kills), now)
+        for job, points in state.curves.items():
+            self.timeline.restore(job, list(points))
+        with self._cv:
+            self._agent_outputs.update({p: list(f) for p, f in state.agent_files.items()})
+            for r, inc in zip(revived, incidents_of(state, revived, now, self.wall()), strict=True):
+                for pid, k in r.ranks.items():
+                    self._known.setdefault(pid, k)
+                    self._rank_files.setdefault(pid, (list(state.rank_files.get(pid, ())), state.saved_wall))
+                self._incidents[r.gen] = inc
+                self._schedule(inc, now)
+                log.warning(
+                    "job %s: %d rank(s) died while trainwatch was down (pids %s); judging from the "
+                    "kernel log's history and the agent's log",
+                    r.gen.job,
+                    len(r.new_dead),
+                    ", ".join(map(str, r.new_dead)),
+                )
+        return len(revived)
 
     # -- incidents -----------------------------------------------------------------
 
@@ -366,24 +441,7 @@ class DeathWatch:
 
     def _plan(self, inc: Incident) -> Plan:
         """Under the lock: what the reads of this round need from the shared state."""
-        agent = tuple(self._agent_outputs.get(inc.gen.agent_pid, []))
-        rank_files = tuple(
-            (pid, k.sample.rank_label, tuple(self._rank_files.get(pid, ([], 0.0))[0]))
-            for pid, k in inc.ranks.items()
-        )
-        seen_at = {pid: self._rank_files.get(pid, ([], 0.0))[1] for pid in inc.ranks}
-        before = inc.snapshot_before
-        baseline = {
-            (cg.path, cg.version): dict(self._oomd_baseline[(cg.path, cg.version)])
-            for cg in (before.cgroups if before else ())
-            if (cg.path, cg.version) in self._oomd_baseline
-        }
-        errors = tuple(
-            (k.sample.rank_label, k.sample.error_file, k.sample.uid)
-            for k in inc.ranks.values()
-            if k.sample.error_file
-        )
-        return Plan(agent, rank_files, seen_at, baseline, errors)
+        return plan_of(inc, self._agent_outputs, self._rank_files, self._oomd_baseline)
 
     def _stacks(self, inc: Incident) -> dict[str, Any] | None:
         if self.stacks_of is None or inc.stacks is not None:
@@ -413,31 +471,18 @@ class DeathWatch:
             return None
         return self.wall() - (self.clock_ns() - ns) / 1e9
 
-    def _clean_end(self, inc: Incident, ev: Evidence, verdict: Verdict) -> bool | None:
-        """For deaths that nothing explains and whose statuses are all unknown: True when
-        it was the job's clean end (drop it), None while that cannot be told yet."""
-        if verdict.kind != "unknown" or any(r.exit_code not in (None, 0) for r in ev.ranks if r.dead):
-            return False
-        if inc.agent_exit is not None and inc.agent_exit[0] is not None:
-            return inc.agent_exit[0] == 0
-        readable_log = bool(self._agent_outputs.get(inc.gen.agent_pid))
-        if inc.agent_exit is not None:  # the agent is gone, its status unknown too
-            return readable_log  # its log names no failed rank: training ended
-        if all(r.dead for r in ev.ranks):
-            return None  # every rank ended and the agent still runs: give it time to exit
-        return False
-
     def _write(self, inc: Incident, ev: Evidence) -> None:
         verdict = autopsy(ev)
         if verdict is None:
             return
         if inc.doc_id is None:
-            clean = self._clean_end(inc, ev, verdict)
+            clean = clean_end(inc, ev, verdict, readable_log=bool(self._agent_outputs.get(inc.gen.agent_pid)))
             if clean:
                 log.info(
-                    "job %s: ranks ended with exit statuses unknown; the agent's exit and log say it "
-                    "was a clean end: no postmortem",
+                    "job %s: ranks ended with exit statuses unknown and nothing says it was not the job's "
+                    "end (the agent's exit and log%s): no postmortem",
                     inc.gen.job,
+                    "; trainwatch was down when they ended" if inc.reconstructed else "",
                 )
                 return
             if clean is None and self.clock_ns() - inc.last_death_ns < 4 * UNKNOWN_EXIT_WAIT_S * 1e9:
@@ -454,16 +499,9 @@ class DeathWatch:
         doc = self._document(inc, verdict, died_at, ev)
         self.store.put(doc, first=first)
         with self._cv:
-            for r in ev.ranks:
-                fate = verdict.fates.get(r.label)
-                if not r.abnormal or r.pid in inc.counted:
+            for r, killer in killers_of(verdict, ev):
+                if r.pid in inc.counted:
                     continue
-                killers: dict[Fate, str] = {
-                    Fate.ROOT_CAUSE: verdict.kind,
-                    Fate.SAME_CAUSE: verdict.kind,
-                    Fate.TERMINATED_BY_AGENT: Kind.AGENT_TEARDOWN,
-                }
-                killer = killers.get(fate, Kind.UNKNOWN) if fate is not None else Kind.UNKNOWN
                 inc.counted[r.pid] = killer
                 self.deaths_total[(inc.gen.job, killer)] = self.deaths_total.get((inc.gen.job, killer), 0) + 1
                 when = self._wall(r.died_ns) or died_at
@@ -474,6 +512,7 @@ class DeathWatch:
             log.warning(
                 "job %s: postmortem %s: %s (%s)", inc.gen.job, inc.doc_id, verdict.summary, verdict.confidence
             )
+        self._save(self.clock_ns())
 
     def _document(self, inc: Incident, v: Verdict, died_at: float, ev: Evidence) -> dict[str, Any]:
         return build(
@@ -489,21 +528,6 @@ class DeathWatch:
                 stacks=self._stacks(inc),
             )
         )
-
-
-def remember(
-    times: dict[tuple[str, str, int], tuple[str, float]],
-    key: tuple[str, str, int],
-    value: tuple[str, float],
-    cap: int,
-) -> dict[tuple[str, str, int], tuple[str, float]]:
-    """``times`` with ``key`` set to ``value`` as the newest entry, the oldest dropped past
-    ``cap``. A new dict: the caller swaps it in."""
-    out = {k: v for k, v in times.items() if k != key}
-    out[key] = value
-    for old in list(out)[: max(0, len(out) - cap)]:
-        del out[old]
-    return out
 
 
 def _exit_text(code: int | None) -> str:

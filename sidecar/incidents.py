@@ -12,14 +12,35 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.autopsy import Evidence, RankState, UserspaceKill, Verdict, advice
-from sidecar.model import Fate, RankSample, Snapshot, TimelinePoint
+from sidecar.model import Fate, Kind, RankSample, Snapshot, TimelinePoint
 from sidecar.parse.flight import FlightVerdict
 from sidecar.parse.ranks import Finding
-from sidecar.postmortem.document import CgroupAtDeath, Cited, HostAtDeath, JobInfo, Parts, RankRow, Victim
+from sidecar.postmortem.document import (
+    CgroupAtDeath,
+    Cited,
+    HostAtDeath,
+    JobInfo,
+    Parts,
+    RankRow,
+    Victim,
+    iso,
+)
 from sidecar.probes.outputs import OutputFile
 from sidecar.records import Records
 
-__all__ = ["Generation", "Incident", "Known", "Plan", "Reads", "join_evidence", "live_parts"]
+__all__ = [
+    "Generation",
+    "Incident",
+    "Known",
+    "Plan",
+    "Reads",
+    "clean_end",
+    "join_evidence",
+    "killers_of",
+    "live_parts",
+    "plan_of",
+    "remember",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +80,9 @@ class Incident:
     snapshot_before: Snapshot | None = None
     shm: tuple[int, int] | None = None  # the job's /dev/shm, read while a process of it lived
     stacks: dict[str, Any] | None = None  # py-spy stacks recorded while the job stalled
+    # judged after a restart of the daemon: (when the state was last saved, when it came back), wall
+    reconstructed: tuple[float, float] | None = None
+    untimed: set[int] = field(default_factory=set)  # deaths whose time nothing tells (after a restart)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +94,35 @@ class Plan:
     seen_at: dict[int, float]  # rank pid -> wall time first seen (older dumps are not its)
     oomd_baseline: dict[tuple[str, int], dict[str, int]]
     error_files: tuple[tuple[str, str, int | None], ...]  # (rank label, its TORCHELASTIC_ERROR_FILE, uid)
+
+
+def plan_of(
+    inc: Incident,
+    agent_outputs: dict[int, list[OutputFile]],
+    rank_files: dict[int, tuple[list[OutputFile], float]],
+    oomd_baseline: dict[tuple[str, int], dict[str, int]],
+) -> Plan:
+    """What one autopsy round of ``inc`` reads, from the death watch's state (``rank_files``:
+    pid -> (its own output files, when it was first seen))."""
+    before = inc.snapshot_before
+    return Plan(
+        tuple(agent_outputs.get(inc.gen.agent_pid, [])),
+        tuple(
+            (pid, k.sample.rank_label, tuple(rank_files.get(pid, ([], 0.0))[0]))
+            for pid, k in inc.ranks.items()
+        ),
+        {pid: rank_files.get(pid, ([], 0.0))[1] for pid in inc.ranks},
+        {
+            (cg.path, cg.version): dict(oomd_baseline[(cg.path, cg.version)])
+            for cg in (before.cgroups if before else ())
+            if (cg.path, cg.version) in oomd_baseline
+        },
+        tuple(
+            (k.sample.rank_label, k.sample.error_file, k.sample.uid)
+            for k in inc.ranks.values()
+            if k.sample.error_file
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +266,7 @@ def live_parts(
                 exit_code=r.returncode,
                 signal=r.signal,
                 exit_source=r.exit_source,
-                died_at=wall_of(r.died_ns),
+                died_at=wall_of(r.died_ns) if r.pid not in inc.untimed else None,
                 fate=v.fates.get(r.label, Fate.UNKNOWN),
                 rss_bytes=s.rss_bytes if s else None,
                 peak_rss_bytes=s.peak_rss_bytes if s else None,
@@ -251,7 +304,10 @@ def live_parts(
         verdict=v,
         summary=None,
         victim=Victim(exit_code=v.victim.returncode, died_at=died_at),
-        evidence=[Cited(source=e.source, at=wall_of(e.at_ns), detail=e.detail) for e in v.evidence],
+        evidence=[
+            *(Cited(source=e.source, at=wall_of(e.at_ns), detail=e.detail) for e in v.evidence),
+            *_restart_note(inc),
+        ],
         ranks=rows,
         host_memory=HostAtDeath(
             total_bytes=host.total_bytes if host else None,
@@ -264,4 +320,82 @@ def live_parts(
         timeline=points,
         stacks=stacks,
         advice=advice(v, rows, cg, host.total_bytes if host else None, ev.output_read, ev.flight_enabled),
+        extra=(
+            {
+                "reconstructed": {
+                    "down_since": iso(inc.reconstructed[0]),
+                    "restarted_at": iso(inc.reconstructed[1]),
+                }
+            }
+            if inc.reconstructed
+            else {}
+        ),
     )
+
+
+def _restart_note(inc: Incident) -> list[Cited]:
+    """The evidence line of a postmortem judged after a restart of the daemon."""
+    if inc.reconstructed is None:
+        return []
+    down, up = inc.reconstructed
+    return [
+        Cited(
+            source="trainwatch",
+            at=up,
+            detail=(
+                f"reconstructed: trainwatch was not running from {iso(down)} to {iso(up)}; the deaths in "
+                "between were judged after its restart from the kernel log's history, the agent's log and "
+                "the cgroups' counters (exit statuses nobody reported, no memory curve for that stretch)"
+            ),
+        )
+    ]
+
+
+def remember(
+    times: dict[tuple[str, str, int], tuple[str, float]],
+    key: tuple[str, str, int],
+    value: tuple[str, float],
+    cap: int,
+) -> dict[tuple[str, str, int], tuple[str, float]]:
+    """``times`` with ``key`` set to ``value`` as the newest entry, the oldest dropped past
+    ``cap``. A new dict: the caller swaps it in."""
+    out = {k: v for k, v in times.items() if k != key}
+    out[key] = value
+    for old in list(out)[: max(0, len(out) - cap)]:
+        del out[old]
+    return out
+
+
+def clean_end(inc: Incident, ev: Evidence, verdict: Verdict, readable_log: bool) -> bool | None:
+    """For deaths that nothing explains and whose statuses are all unknown: True when it
+    was the job's clean end (no postmortem), None while that cannot be told yet.
+    ``readable_log``: the agent's output can be read (it names every failed rank). After a
+    restart of the daemon, ranks that ended without a trace are taken as the job's end: an
+    'unknown' for every job that finished while the daemon was down would be noise."""
+    if verdict.kind != Kind.UNKNOWN or any(r.exit_code not in (None, 0) for r in ev.ranks if r.dead):
+        return False
+    if inc.reconstructed is not None and all(r.exit_code is None for r in ev.ranks if r.dead):
+        return True
+    if inc.agent_exit is not None and inc.agent_exit[0] is not None:
+        return inc.agent_exit[0] == 0
+    if inc.agent_exit is not None:  # the agent is gone, its status unknown too
+        return readable_log  # its log names no failed rank: training ended
+    if all(r.dead for r in ev.ranks):
+        return None  # every rank ended and the agent still runs: give it time to exit
+    return False
+
+
+def killers_of(v: Verdict, ev: Evidence) -> list[tuple[RankState, str]]:
+    """Each abnormally ended rank with the killer its death is counted under: the verdict's
+    kind for the root cause and the same cause, the agent for its teardown, else unknown."""
+    killers: dict[Fate, str] = {
+        Fate.ROOT_CAUSE: v.kind,
+        Fate.SAME_CAUSE: v.kind,
+        Fate.TERMINATED_BY_AGENT: Kind.AGENT_TEARDOWN,
+    }
+    out = []
+    for r in ev.ranks:
+        fate = v.fates.get(r.label)
+        if r.abnormal:
+            out.append((r, killers.get(fate, Kind.UNKNOWN) if fate is not None else Kind.UNKNOWN))
+    return out

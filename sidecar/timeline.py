@@ -100,6 +100,17 @@ class Timeline:
         ring.clear()
         ring.extend(kept[-self.capacity :])
 
+    def restore(self, job: str, points: list[TimelinePoint]) -> None:
+        """Put back a job's earlier history (kept across a restart of the daemon), before
+        whatever was recorded since."""
+        with self._lock:
+            ring = self._rings.setdefault(job, deque())
+            first = ring[0].at if ring else None
+            older = [p for p in points if first is None or p.at < first]
+            ring.extendleft(reversed(older))
+            if ring:
+                self._trim(ring)
+
     def window(self, job: str, since: float | None = None) -> list[TimelinePoint]:
         with self._lock:
             ring = self._rings.get(job)

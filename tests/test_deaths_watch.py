@@ -161,7 +161,7 @@ def test_a_gpu_nvml_reports_lost_is_a_gpu_error(tmp_path):
 
 
 def test_death_times_keep_the_newest_and_a_key_once():
-    from sidecar.deaths import remember
+    from sidecar.incidents import remember
 
     times: dict = {}
     for i in range(5):

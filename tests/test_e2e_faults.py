@@ -13,10 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from sidecar.demo import join_cgroup, memory_cgroup
 from tests.e2e import DaemonProc, TorchrunJob, job_postmortem, wait_for
 from tests.skips import requires
 
 pytestmark = [pytest.mark.slow]
+
+GIB = 1 << 30
 
 
 @contextlib.contextmanager
@@ -106,3 +109,61 @@ def test_two_daemons_on_one_node_both_explain_the_death(tmp_path):
         assert same[0] == same[1], same
         assert first.stop() == 0 and second.stop() == 0
         assert not any(p.exists() for p in mine)  # each removed its own, and only its own
+
+
+@pytest.mark.root
+@requires("memcg")
+def test_a_death_while_the_daemon_was_down_is_explained_on_restart(tmp_path):
+    """The daemon is SIGKILLed while it watches a job; a rank then exceeds its cgroup's limit
+    and the agent tears the job down. A new daemon on the same directory finds the death in
+    the kernel log's history and the agent's log, and says the postmortem is reconstructed."""
+    grow = tmp_path / "grow"
+    state = tmp_path / "postmortems" / "trainwatch.state"
+    with (
+        memory_cgroup(int(1.5 * GIB), "trainwatch-down") as (_version, parent, child),
+        TorchrunJob(
+            tmp_path,
+            "down",
+            wrap=join_cgroup(child),
+            hold_mb=50,
+            workers=0,
+            grow_rank=1,
+            grow_after=0,
+            grow_file=grow,
+        ) as job,
+    ):
+        pids = job.ready()
+        with DaemonProc(tmp_path) as first:
+            first.wait_sampled(job, pids)
+            victim = pids[1][0]
+            wait_for(
+                lambda: state.exists() and f'"pid":{victim},' in state.read_text(),
+                30,
+                "the journal to hold the ranks",
+            )
+            first.proc.kill()
+            first.proc.wait()
+        grow.touch()  # rank 1 grows until the limit stops it, with no daemon watching
+        assert job.proc.wait(120) != 0
+        with DaemonProc(tmp_path) as second:
+            doc = job_postmortem(second, victim_rank=1, want_fates=2, job=job)
+            k = doc["killer"]
+            assert (k["kind"], k["confidence"]) == ("cgroup_oom", "certain"), k
+            assert f"/{parent.name}" in k["summary"]
+            assert doc["victim"]["pid"] == victim
+            assert any(e["source"] == "kmsg" and f"pid={victim}" in e["detail"] for e in k["evidence"]), k
+            assert any(
+                e["source"] == "trainwatch" and e["detail"].startswith("reconstructed") for e in k["evidence"]
+            ), k
+            assert set(doc["reconstructed"]) == {"down_since", "restarted_at"}
+            fates = {r["rank"]: r["fate"] for r in doc["ranks"]}
+            assert fates == {0: "terminated_by_agent", 1: "root_cause"}, doc["ranks"]
+            died = {r["rank"]: r["died_at"] for r in doc["ranks"]}
+            assert died[0] is None, "nothing timed rank 0's end: no time is made up"
+            assert died[1] == doc["victim"]["died_at"]  # the kernel record's time
+            details = [e["detail"] for e in k["evidence"]]
+            assert len(details) == len(set(details)), details
+            assert doc["memory"]["cgroup"]["limit_bytes"] == int(1.5 * GIB)
+            assert doc["timeline"], "the memory curve kept across the restart"
+            assert "died while trainwatch was down" in second.log()
+            assert second.stop() == 0

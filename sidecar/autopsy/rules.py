@@ -96,9 +96,11 @@ def autopsy(ev: Evidence) -> Verdict | None:
             fates[r.label] = Fate.UNKNOWN
     # the cascade, in order: what the other ranks said as they died
     for r in sorted((r for r in dead if r is not victim), key=lambda r: r.died_ns or 0):
-        for f in findings_of(r, ev, *WAITING, "exception")[:2]:
-            said = f"then {rank_label(r.label, ev.from_logs)}: {f.line}"
-            items.append(EvidenceItem("output", f.at_ns or r.died_ns, said))
+        said: dict[str, int | None] = {}  # a line printed twice (traceback, torchrun's summary) once
+        for f in findings_of(r, ev, *WAITING, "exception"):
+            said.setdefault(f"then {rank_label(r.label, ev.from_logs)}: {f.line}", f.at_ns)
+        for line, at in list(said.items())[:2]:
+            items.append(EvidenceItem("output", at or r.died_ns, line))
     # what the job named but could not be read safely, so the reader knows it was not used
     items += [EvidenceItem("skipped", None, why) for why in ev.skipped]
     return Verdict(victim, kind, confidence, summary, tuple(items), fates, oom, Facts(**facts))

@@ -43,6 +43,7 @@ class KmsgWatcher:
         self.lost = 0
         self._fd: int | None = None
         self._last_seq: int | None = None
+        self.history = 0  # records of the ring's history handed on at start
         self._stop_r, self._stop_w = os.pipe()
         self._thread: threading.Thread | None = None
 
@@ -51,10 +52,16 @@ class KmsgWatcher:
         """The thread this runs on, once started (for its priority)."""
         return self._thread
 
-    def start(self) -> None:
+    def start(self, history_since_us: int | None = None) -> None:
+        """From the log's end; or, with ``history_since_us``, first the records still in
+        the ring from that kernel time on (read here, before this returns: a restarted
+        daemon judges the deaths it missed from them), then on from there."""
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
-            os.lseek(fd, 0, os.SEEK_END)
+            if history_since_us is None:
+                os.lseek(fd, 0, os.SEEK_END)
+            else:
+                self.history = self._drain(fd, history_since_us)
         except OSError:
             os.close(fd)
             raise
@@ -69,37 +76,49 @@ class KmsgWatcher:
             ready, _, _ = select.select([fd, self._stop_r], [], [])
             if self._stop_r in ready:
                 return
-            while True:
-                try:
-                    raw = os.read(fd, 16384)
-                except BlockingIOError:
-                    break
-                except OSError as exc:
-                    if exc.errno == errno.EPIPE:
-                        log.warning("kernel log: records were overwritten before trainwatch read them")
-                        continue
-                    if exc.errno == errno.EINTR:
-                        continue
-                    log.error("kernel log: read failed: %s; no more kernel evidence", exc)
-                    return
-                if not raw:
-                    break
-                record = parse_kmsg_record(raw)
-                if record is None:
+            try:
+                self._drain(fd)
+            except OSError as exc:
+                log.error("kernel log: read failed: %s; no more kernel evidence", exc)
+                return
+
+    def _drain(self, fd: int, since_us: int = 0) -> int:
+        """Read every record there is now; hand on those from ``since_us`` on. Returns
+        how many were handed on."""
+        handed = 0
+        while True:
+            try:
+                raw = os.read(fd, 16384)
+            except BlockingIOError:
+                return handed
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:
+                    log.warning("kernel log: records were overwritten before trainwatch read them")
                     continue
-                if self._last_seq is not None and record.sequence > self._last_seq + 1:
-                    gap = record.sequence - self._last_seq - 1
-                    self.lost += gap
-                    if self.on_loss is not None:
-                        try:
-                            self.on_loss(gap, record.timestamp_us)
-                        except Exception:
-                            log.exception("kernel log loss handler failed")
-                self._last_seq = record.sequence
-                try:
-                    self.on_record(record)
-                except Exception:
-                    log.exception("kernel log handler failed")
+                if exc.errno == errno.EINTR:
+                    continue
+                raise
+            if not raw:
+                return handed
+            record = parse_kmsg_record(raw)
+            if record is None:
+                continue
+            if self._last_seq is not None and record.sequence > self._last_seq + 1:
+                gap = record.sequence - self._last_seq - 1
+                self.lost += gap
+                if self.on_loss is not None:
+                    try:
+                        self.on_loss(gap, record.timestamp_us)
+                    except Exception:
+                        log.exception("kernel log loss handler failed")
+            self._last_seq = record.sequence
+            if record.timestamp_us < since_us:
+                continue
+            handed += 1
+            try:
+                self.on_record(record)
+            except Exception:
+                log.exception("kernel log handler failed")
 
     def stop(self) -> None:
         if self._thread is not None:

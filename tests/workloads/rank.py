@@ -84,6 +84,7 @@ def main() -> int:
         "--grow-rank", type=int, default=-1, help="this rank keeps allocating after --grow-after s"
     )
     ap.add_argument("--grow-after", type=float, default=1.0)
+    ap.add_argument("--grow-file", default=None, help="--grow-rank waits for this file too")
     ap.add_argument("--grow-mb", type=int, default=64, help="MiB added every 20 ms by --grow-rank")
     ap.add_argument("--ignore-sigterm-rank", type=int, default=-1, help="this rank ignores SIGTERM")
     ap.add_argument("--hang-rank", type=int, default=-1, help="this rank stops joining collectives")
@@ -200,7 +201,12 @@ def main() -> int:
             if args.print_secrets:  # careless code puts a credential in its exception
                 raise ValueError("login failed for HF_TOKEN=hf_QwErTyUiOpAsDfGhJkLzXcVbNm987654")
             raise ValueError(f"rank {rank}: a bad batch on purpose (shape mismatch)")
-        if rank == args.grow_rank and restart == 0 and elapsed > args.grow_after:
+        if (
+            rank == args.grow_rank
+            and restart == 0
+            and elapsed > args.grow_after
+            and (args.grow_file is None or os.path.exists(args.grow_file))
+        ):
             if stop:
                 break
             grown.append(hold(args.grow_mb))  # until a memory limit stops it

@@ -1,0 +1,418 @@
+"""What the death watch knows, kept on disk, so that a restarted daemon can explain the
+deaths that happened while it was down.
+
+A daemon can be SIGKILLed, OOM-killed or restarted by its supervisor in the middle of an
+incident. The kernel keeps its log (the OOM records naming the victim's pid) and the agent
+keeps its log file; what the new process lacks is which processes were ranks, of which
+job, in which cgroup, printing where. Every ``SAVE_EVERY_S`` while jobs are watched (and at
+once when the set of ranks or an incident changes) the death watch writes that here:
+the ranks as last sampled, their jobs' output files, the cgroups' counters, the incidents
+with their postmortem ids and the deaths recorded, and a thinned memory curve per job.
+
+At start, a state of the same boot (``/proc/sys/kernel/random/boot_id``) is read back:
+ranks that are gone and whose death no postmortem holds are judged again from the kernel
+log's history and the agent's log, and the postmortem says it was *reconstructed*. A state
+of another boot is dropped (its pids mean nothing now). The file is the daemon's own
+(written atomically, mode 0600, in the postmortem directory); a malformed one is ignored
+with a warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from sidecar.incidents import Generation, Known
+from sidecar.model import CgroupLevel, CgroupSample, HostSample, ProcKey, RankSample, TimelinePoint
+from sidecar.probes.outputs import OutputFile
+
+__all__ = [
+    "SAVE_EVERY_S",
+    "STATE_NAME",
+    "Journal",
+    "SavedIncident",
+    "State",
+    "read_boot_id",
+    "thin",
+]
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "trainwatch.state/v1"
+STATE_NAME = "trainwatch.state"  # in the postmortem directory (the store reads only *.json)
+SAVE_EVERY_S = 5.0
+MAX_BYTES = 8 << 20  # a state this large is not the daemon's
+CURVE_POINTS = 150  # per job: the memory curve kept across a restart, thinned to this many
+
+
+def read_boot_id(proc_root: str = "/proc") -> str | None:
+    try:
+        with open(f"{proc_root}/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read(64).strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class SavedIncident:
+    gen: Generation
+    doc_id: str | None
+    created_at: float | None
+    deaths: dict[int, tuple[int | None, int, str | None]]  # as Incident.deaths
+
+
+@dataclass(frozen=True, slots=True)
+class State:
+    boot_id: str
+    saved_wall: float
+    saved_ns: int  # CLOCK_MONOTONIC: the same clock for every process of one boot
+    ranks: tuple[Known, ...]
+    agents: dict[int, int]  # agent pid -> its start (clock ticks since boot)
+    agent_files: dict[int, tuple[OutputFile, ...]]
+    rank_files: dict[int, tuple[OutputFile, ...]]
+    cgroups: tuple[CgroupSample, ...]
+    host: HostSample | None
+    incidents: tuple[SavedIncident, ...]
+    curves: dict[str, tuple[TimelinePoint, ...]]  # job key -> its memory curve
+
+    def signature(self) -> object:
+        """What changes the state in substance (not the samples' values)."""
+        return (
+            frozenset(k.sample.key for k in self.ranks),
+            tuple((i.gen, i.doc_id, frozenset(i.deaths)) for i in self.incidents),
+        )
+
+
+class Journal:
+    """The state file: ``save`` from any thread (one write at a time), ``load`` at start."""
+
+    def __init__(self, directory: str) -> None:
+        self.path = os.path.join(directory, STATE_NAME)
+        self._lock = threading.Lock()
+        self._failed: str | None = None  # the last write error, logged once
+
+    def save(self, state: State) -> None:
+        data = json.dumps(encode(state), separators=(",", ":")).encode()
+        tmp = self.path + ".tmp"
+        with self._lock:
+            try:
+                os.makedirs(os.path.dirname(self.path), mode=0o750, exist_ok=True)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)  # whatever is there (a planted link) goes; a new file is made
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+                try:
+                    os.write(fd, data)
+                finally:
+                    os.close(fd)
+                os.replace(tmp, self.path)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                if self._failed != str(exc):
+                    log.warning(
+                        "journal: %s not written (%s): a restart will not know the jobs", self.path, exc
+                    )
+                    self._failed = str(exc)
+                return
+            if self._failed is not None:
+                log.info("journal: %s written again", self.path)
+                self._failed = None
+
+    def load(self, boot_id: str | None) -> State | None:
+        """The saved state if it is of this boot, else None (and why, in the log)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.warning("journal: %s not read: %s", self.path, exc)
+            return None
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != os.geteuid() or st.st_size > MAX_BYTES:
+                log.warning("journal: %s is not this daemon's (owner or size); ignored", self.path)
+                return None
+            raw = os.read(fd, MAX_BYTES + 1)
+        finally:
+            os.close(fd)
+        try:
+            state = decode(json.loads(raw))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            log.warning("journal: %s is malformed (%s); ignored", self.path, exc)
+            return None
+        if boot_id is None or state.boot_id != boot_id:
+            log.info("journal: %s is of another boot; its processes are gone", self.path)
+            return None
+        return state
+
+
+# -- encoding ---------------------------------------------------------------------------
+
+
+def _files(files: tuple[OutputFile, ...]) -> list[list[Any]]:
+    return [[f.pid, f.fd, f.path, f.device, f.inode, f.offset] for f in files]
+
+
+def _sample(s: RankSample) -> dict[str, Any]:
+    return {
+        "job": s.job,
+        "rank": s.rank,
+        "label": s.rank_label,
+        "local_rank": s.local_rank,
+        "restart": s.restart,
+        "pid": s.key.pid,
+        "start": s.key.start_ticks,
+        "rss": s.rss_bytes,
+        "peak": s.peak_rss_bytes,
+        "cpu": s.cpu_seconds,
+        "threads": s.threads,
+        "tree_rss": s.tree_rss_bytes,
+        "tree_n": s.tree_processes,
+        "cgroup": s.cgroup,
+        "gpu": [[i, b] for i, b in s.gpu_memory_bytes.items()],
+        "ns_pids": list(s.ns_pids),
+        "flight": list(s.flight_recorder) if s.flight_recorder is not None else None,
+        "error_file": s.error_file,
+        "uid": s.uid,
+    }
+
+
+def _gen(g: Generation) -> list[Any]:
+    return [g.job, g.agent_pid, g.run_id, g.world_size, g.restart, g.entrypoint]
+
+
+def _cgroup(c: CgroupSample) -> list[Any]:
+    return [
+        c.path,
+        c.version,
+        c.usage_bytes,
+        c.limit_bytes,
+        c.peak_bytes,
+        c.oom_kills,
+        c.oom_events,
+        [[a.path, a.limit_bytes] for a in c.ancestors],
+        c.limited_by,
+        c.effective_limit_bytes,
+    ]
+
+
+def _host(h: HostSample) -> list[Any]:
+    return [
+        h.total_bytes,
+        h.available_bytes,
+        h.oom_kills,
+        h.psi_some_avg10_ratio,
+        h.psi_full_avg10_ratio,
+        h.psi_some_total_seconds,
+        h.psi_full_total_seconds,
+        h.shm_total_bytes,
+        h.shm_used_bytes,
+    ]
+
+
+def _point(p: TimelinePoint) -> list[Any]:
+    return [
+        p.at,
+        p.host_available_bytes,
+        p.cgroup_usage_bytes,
+        p.rss_bytes,
+        p.tree_rss_bytes,
+        p.gpu_memory_bytes,
+    ]
+
+
+def thin(points: list[TimelinePoint], most: int = CURVE_POINTS) -> tuple[TimelinePoint, ...]:
+    """At most ``most`` points, evenly chosen, the newest always kept."""
+    if len(points) <= most:
+        return tuple(points)
+    step = len(points) / most
+    picked = [points[int(i * step)] for i in range(most - 1)]
+    return (*picked, points[-1])
+
+
+def encode(s: State) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "boot_id": s.boot_id,
+        "saved_wall": s.saved_wall,
+        "saved_ns": s.saved_ns,
+        "ranks": [
+            {
+                "gen": _gen(k.gen),
+                "sample": _sample(k.sample),
+                "limited_by": k.cgroup_limited_by,
+                "seen_ns": k.seen_ns,
+            }
+            for k in s.ranks
+        ],
+        "agents": [[pid, start] for pid, start in s.agents.items()],
+        "agent_files": [[pid, _files(files)] for pid, files in s.agent_files.items()],
+        "rank_files": [[pid, _files(files)] for pid, files in s.rank_files.items()],
+        "cgroups": [_cgroup(c) for c in s.cgroups],
+        "host": _host(s.host) if s.host is not None else None,
+        "incidents": [
+            {
+                "gen": _gen(i.gen),
+                "doc_id": i.doc_id,
+                "created_at": i.created_at,
+                "deaths": [[pid, code, ns, source] for pid, (code, ns, source) in i.deaths.items()],
+            }
+            for i in s.incidents
+        ],
+        "curves": [[job, [_point(p) for p in points]] for job, points in s.curves.items()],
+    }
+
+
+# -- decoding (strict: a field of the wrong type fails the whole state) -------------------
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"not an integer: {v!r}")
+    return v
+
+
+def _oint(v: Any) -> int | None:
+    return None if v is None else _int(v)
+
+
+def _num(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"not a number: {v!r}")
+    return float(v)
+
+
+def _onum(v: Any) -> float | None:
+    return None if v is None else _num(v)
+
+
+def _str(v: Any) -> str:
+    if not isinstance(v, str):
+        raise ValueError(f"not a string: {v!r}")
+    return v
+
+
+def _ostr(v: Any) -> str | None:
+    return None if v is None else _str(v)
+
+
+def _list(v: Any) -> list[Any]:
+    if not isinstance(v, list):
+        raise ValueError(f"not a list: {v!r}")
+    return v
+
+
+def _int_map(v: Any) -> dict[str, int]:
+    if not isinstance(v, dict):
+        raise ValueError(f"not a map: {v!r}")
+    return {_str(k): _int(n) for k, n in v.items()}
+
+
+def _ungen(v: Any) -> Generation:
+    job, agent, run_id, world, restart, entry = _list(v)
+    return Generation(_str(job), _int(agent), _ostr(run_id), _oint(world), _int(restart), _ostr(entry))
+
+
+def _unfiles(v: Any) -> tuple[OutputFile, ...]:
+    out = []
+    for f in _list(v):
+        pid, fd, path, dev, ino, offset = _list(f)
+        out.append(OutputFile(_int(pid), _int(fd), _str(path), _int(dev), _int(ino), _int(offset)))
+    return tuple(out)
+
+
+def _unsample(d: Any) -> RankSample:
+    if not isinstance(d, dict):
+        raise ValueError("a rank is not a map")
+    flight = d["flight"]
+    return RankSample(
+        job=_str(d["job"]),
+        rank=_oint(d["rank"]),
+        rank_label=_str(d["label"]),
+        local_rank=_oint(d["local_rank"]),
+        restart=_int(d["restart"]),
+        key=ProcKey(_int(d["pid"]), _int(d["start"])),
+        rss_bytes=_int(d["rss"]),
+        peak_rss_bytes=_oint(d["peak"]),
+        cpu_seconds=_num(d["cpu"]),
+        threads=_int(d["threads"]),
+        tree_rss_bytes=_int(d["tree_rss"]),
+        tree_processes=_int(d["tree_n"]),
+        cgroup=_ostr(d["cgroup"]),
+        gpu_memory_bytes={_int(i): _int(b) for i, b in (_list(p) for p in _list(d["gpu"]))},
+        ns_pids=tuple(_int(p) for p in _list(d["ns_pids"])),
+        flight_recorder=(_int(flight[0]), _str(flight[1])) if flight is not None else None,
+        error_file=_ostr(d["error_file"]),
+        uid=_oint(d["uid"]),
+    )
+
+
+def _uncgroup(v: Any) -> CgroupSample:
+    path, version, usage, limit, peak, kills, events, ancestors, limited_by, effective = _list(v)
+    return CgroupSample(
+        _str(path),
+        _int(version),
+        _oint(usage),
+        _oint(limit),
+        _oint(peak),
+        _oint(kills),
+        _oint(events),
+        tuple(CgroupLevel(_str(a[0]), _oint(a[1])) for a in (_list(x) for x in _list(ancestors))),
+        _ostr(limited_by),
+        _oint(effective),
+    )
+
+
+def _unhost(v: Any) -> HostSample:
+    total, avail, kills, s10, f10, st, ft, shm_total, shm_used = _list(v)
+    return HostSample(
+        _int(total),
+        _int(avail),
+        _oint(kills),
+        _onum(s10),
+        _onum(f10),
+        _onum(st),
+        _onum(ft),
+        _oint(shm_total),
+        _oint(shm_used),
+    )
+
+
+def _unpoint(v: Any) -> TimelinePoint:
+    at, avail, usage, rss, tree, gpu = _list(v)
+    return TimelinePoint(_num(at), _oint(avail), _oint(usage), _int_map(rss), _int_map(tree), _int_map(gpu))
+
+
+def decode(d: Any) -> State:
+    if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+        raise ValueError("not a trainwatch state")
+    ranks = tuple(
+        Known(_ungen(r["gen"]), _unsample(r["sample"]), _ostr(r["limited_by"]), _int(r["seen_ns"]))
+        for r in _list(d["ranks"])
+    )
+    incidents = []
+    for i in _list(d["incidents"]):
+        deaths: dict[int, tuple[int | None, int, str | None]] = {}
+        for pid, code, ns, source in (_list(x) for x in _list(i["deaths"])):
+            deaths[_int(pid)] = (_oint(code), _int(ns), _ostr(source))
+        incidents.append(SavedIncident(_ungen(i["gen"]), _ostr(i["doc_id"]), _onum(i["created_at"]), deaths))
+    return State(
+        boot_id=_str(d["boot_id"]),
+        saved_wall=_num(d["saved_wall"]),
+        saved_ns=_int(d["saved_ns"]),
+        ranks=ranks,
+        agents={_int(p): _int(t) for p, t in (_list(x) for x in _list(d["agents"]))},
+        agent_files={_int(p): _unfiles(f) for p, f in (_list(x) for x in _list(d["agent_files"]))},
+        rank_files={_int(p): _unfiles(f) for p, f in (_list(x) for x in _list(d["rank_files"]))},
+        cgroups=tuple(_uncgroup(c) for c in _list(d["cgroups"])),
+        host=_unhost(d["host"]) if d["host"] is not None else None,
+        incidents=tuple(incidents),
+        curves={
+            _str(j): tuple(_unpoint(p) for p in _list(ps)) for j, ps in (_list(x) for x in _list(d["curves"]))
+        },
+    )

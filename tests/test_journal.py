@@ -1,0 +1,157 @@
+"""The death watch's journal: what it keeps on disk, what a restarted daemon reads back,
+and which deaths it judges again. The restart itself, with a real death while no daemon
+ran, is tests/test_e2e_faults.py::test_a_death_while_the_daemon_was_down_is_explained_on_restart."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+from dataclasses import replace
+
+from sidecar.deaths import DeathWatch
+from sidecar.journal import STATE_NAME, Journal, SavedIncident, State
+from sidecar.model import CgroupLevel, CgroupSample, ProcKey
+from sidecar.parse.kernel import parse_kmsg_record
+from sidecar.postmortem import PostmortemStore
+from sidecar.probes.outputs import OutputFile
+from sidecar.reconstruct import revive
+from sidecar.timeline import Timeline
+from tests.e2e import wait_for
+from tests.test_daemon_loop import _job, _snapshot
+
+
+def _watch(tmp_path, boot="boot-1", proc="no-proc") -> tuple[DeathWatch, PostmortemStore]:
+    store = PostmortemStore(str(tmp_path))
+    watch = DeathWatch(
+        store,
+        Timeline(300, 1),
+        hostname="h",
+        proc_root=str(tmp_path / proc),
+        journal=Journal(str(tmp_path)),
+        boot_id=boot,
+    )
+    return watch, store
+
+
+def _cgroup() -> CgroupSample:
+    return CgroupSample(
+        "/job",
+        1,
+        900,
+        1000,
+        950,
+        0,
+        0,
+        (CgroupLevel("/", None),),
+        limited_by="/job",
+        effective_limit_bytes=1000,
+    )
+
+
+def test_the_journal_holds_what_a_restart_needs_and_reads_back_only_for_its_boot(tmp_path, caplog):
+    watch, _ = _watch(tmp_path)
+    job = _job("a", 100)
+    job = replace(job, ranks=(replace(job.ranks[0], cgroup="/job", uid=1000, error_file="/tmp/e.json"),))
+    snap = replace(_snapshot(1, (job,)), cgroups=(_cgroup(),))
+    watch.observe(snap)
+    path = tmp_path / STATE_NAME
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    state = Journal(str(tmp_path)).load("boot-1")
+    assert state is not None
+    (known,) = state.ranks
+    assert known.sample == job.ranks[0]  # every field, through JSON and back
+    assert known.gen.job == "a" and known.gen.agent_pid == 9 and state.agents == {9: 1}
+    assert state.cgroups == (_cgroup(),)
+    assert Journal(str(tmp_path)).load("boot-2") is None, "another boot's pids mean nothing"
+    path.write_text(json.dumps({"schema": "trainwatch.state/v1", "boot_id": "boot-1", "ranks": [{"gen": 5}]}))
+    with caplog.at_level(logging.WARNING):
+        assert Journal(str(tmp_path)).load("boot-1") is None
+    assert "malformed" in caplog.text
+
+
+def test_a_rank_gone_without_a_trace_gives_no_postmortem_after_a_restart(tmp_path, caplog):
+    """The job may simply have ended while the daemon was down: no record, no failing exit,
+    no counter says otherwise, so nothing is written (an 'unknown' would be noise)."""
+    first, _ = _watch(tmp_path)
+    first.observe(_snapshot(1, (_job("a", 100),)))
+    state = Journal(str(tmp_path)).load("boot-1")
+    assert state is not None
+    second, store = _watch(tmp_path)
+    with caplog.at_level(logging.INFO):
+        assert second.restore(state) == 1  # judged: pid 10 is not alive under the fake /proc
+        second.start()
+        try:
+            wait_for(
+                lambda: "trainwatch was down when they ended" in caplog.text,
+                10,
+                "the restored incident to be judged",
+            )
+        finally:
+            second.stop()
+    assert store.newest() is None
+
+
+def test_a_kernel_oom_record_in_the_history_explains_a_death_while_down(tmp_path):
+    first, _ = _watch(tmp_path)
+    first.observe(replace(_snapshot(1, (_job("a", 100),)), cgroups=(_cgroup(),)))
+    state = Journal(str(tmp_path)).load("boot-1")
+    assert state is not None
+    second, store = _watch(tmp_path)
+    at_us = 5_000_000  # after the rank's start (1 tick), as the history replay would feed it
+    for raw in (
+        f"6,567,{at_us},-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
+        "oom_memcg=/job,task_memcg=/job,task=python3,pid=10,uid=0",
+        f"3,568,{at_us + 40},-;Memory cgroup out of memory: Killed process 10 (python3) total-vm:119004kB, "
+        "anon-rss:102016kB, file-rss:6600kB, shmem-rss:0kB, UID:0 pgtables:268kB oom_score_adj:0",
+    ):
+        second.on_kmsg(parse_kmsg_record(raw.encode()))
+    second.restore(state)
+    second.start()
+    try:
+        doc = wait_for(store.newest, 10, "the reconstructed postmortem")
+    finally:
+        second.stop()
+    k = doc["killer"]
+    assert (k["kind"], k["confidence"]) == ("cgroup_oom", "certain"), k
+    assert doc["victim"]["pid"] == 10 and "reconstructed" in doc
+    assert k["evidence"][-1]["source"] == "trainwatch" and k["evidence"][-1]["detail"].startswith(
+        "reconstructed"
+    )
+
+
+def test_deaths_a_saved_incident_holds_are_not_judged_again():
+    """Killed mid-incident: the deaths the postmortem already has stay as they were told
+    (first-hand), only the ones after them are new, and the postmortem keeps its id."""
+    job = _job("a", 100)
+    rank0 = job.ranks[0]
+    rank1 = replace(rank0, rank=1, rank_label="1", key=ProcKey(11, 1))
+    from sidecar.incidents import Generation, Known
+
+    gen = Generation("a", 9, None, 2, 0, "t.py")
+    ranks = (Known(gen, rank0, None, 100), Known(gen, rank1, None, 100))
+    saved = SavedIncident(gen, "20261203T000000Z-h-9-r0", 1.0, {10: (9, 50, "connector")})
+    state = State("b", 1.0, 100, ranks, {9: 1}, {}, {}, (), None, (saved,), {})
+    (r,) = revive(state, alive=lambda key: False, killed_at=lambda key: None, now_ns=500)
+    assert r.doc_id == saved.doc_id and r.new_dead == (11,) and r.untimed == frozenset({11})
+    assert r.deaths == {10: (9, 50, "connector"), 11: (None, 500, "reconstructed")}
+    assert not r.agent_alive
+    # every rank alive, or every death already told: nothing to judge
+    assert revive(state, alive=lambda key: key.pid == 11, killed_at=lambda key: None, now_ns=500) == []
+
+
+def test_the_journal_is_written_by_a_path_no_one_else_owns(tmp_path):
+    """A symlink planted where the temp file goes is removed, never followed, and a state
+    owned by another user is not read."""
+    target = tmp_path / "elsewhere"
+    target.write_text("keep")
+    (tmp_path / (STATE_NAME + ".tmp")).symlink_to(target)
+    j = Journal(str(tmp_path))
+    files = (OutputFile(9, 1, "/x/train.log", 2, 3, 4),)
+    j.save(State("b", 1.0, 1, (), {9: 1}, {9: files}, {10: ()}, (), None, (), {}))
+    assert target.read_text() == "keep" and not (tmp_path / (STATE_NAME + ".tmp")).exists()
+    state = j.load("b")
+    assert state is not None and state.agent_files == {9: files} and state.rank_files == {10: ()}
+    os.chown(j.path, 65534, 65534)
+    assert j.load("b") is None
