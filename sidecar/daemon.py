@@ -233,6 +233,15 @@ class Daemon:
         self.deaths.stop()  # finishes any postmortem in flight
         self.sampler.gpu.close()
 
+    def lost_events(self) -> dict[str, int]:
+        """What the event sources lost before they were read (the watchers that run)."""
+        lost = {}
+        if self.kmsg is not None:
+            lost["kmsg"] = self.kmsg.lost
+        if self.connector is not None:
+            lost["connector"] = self.connector.overruns
+        return lost
+
     def healthy(self) -> tuple[bool, str]:
         """(ok, why): the sampler thread is alive and finished a round recently."""
         if self._thread is None or not self._thread.is_alive():

@@ -157,6 +157,12 @@ METRICS: dict[str, Spec] = {
         "gauge", (), "Worker processes whose environment could not be read (permission denied)"
     ),
     "trainwatch_attached_jobs": Spec("gauge", (), "torchrun jobs currently attached"),
+    "trainwatch_lost_events_total": Spec(
+        "counter",
+        ("source",),
+        "Evidence lost before the daemon read it: kernel log records overwritten unread (source=kmsg), "
+        "process connector overruns, each losing an unknown number of exits (source=connector)",
+    ),
     "trainwatch_self_protection": Spec(
         "gauge",
         ("kind",),
@@ -191,8 +197,10 @@ class TrainwatchCollector(Collector):
         postmortems: Callable[[], int] = lambda: 0,
         death_times: Callable[[], dict[tuple[str, str, int], tuple[str, float]]] = dict,
         protection: Callable[[], list[tuple[str, bool]]] = list,
+        lost: Callable[[], dict[str, int]] = dict,
     ) -> None:
         self._protection = protection
+        self._lost = lost
         self._snapshot = snapshot
         self._deaths = deaths
         self._death_times = death_times
@@ -207,6 +215,8 @@ class TrainwatchCollector(Collector):
         f.add("trainwatch_postmortems_written_total", self._postmortems())
         for kind, granted in self._protection():
             f.add("trainwatch_self_protection", 1 if granted else 0, kind)
+        for source, count in sorted(self._lost().items()):
+            f.add("trainwatch_lost_events_total", count, source)
         for (job, killer), count in sorted(self._deaths().items()):
             f.add("trainwatch_rank_deaths_total", count, job, killer)
         for (job, rank, restart), (killer, at) in sorted(self._death_times().items()):

@@ -49,6 +49,7 @@ def create_app(daemon: Daemon, *, manage_daemon: bool = True) -> FastAPI:
         postmortems=lambda: daemon.store.written_total,
         death_times=lambda: daemon.deaths.death_times,
         protection=lambda: [(g.kind, g.granted) for g in daemon.protection],
+        lost=daemon.lost_events,
     )
     app.state.daemon = daemon
 

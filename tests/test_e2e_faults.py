@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.demo import join_cgroup, memory_cgroup
-from tests.e2e import DaemonProc, TorchrunJob, job_postmortem, wait_for
+from tests.e2e import DaemonProc, TorchrunJob, job_postmortem, value, wait_for
 from tests.skips import requires
 
 pytestmark = [pytest.mark.slow]
@@ -167,3 +167,75 @@ def test_a_death_while_the_daemon_was_down_is_explained_on_restart(tmp_path):
             assert doc["timeline"], "the memory curve kept across the restart"
             assert "died while trainwatch was down" in second.log()
             assert second.stop() == 0
+
+
+def _kmsg_ring_bytes() -> int:
+    import ctypes
+
+    size = ctypes.CDLL(None, use_errno=True).klogctl(10, None, 0)  # SYSLOG_ACTION_SIZE_BUFFER
+    assert size > 0, "klogctl(SIZE_BUFFER) failed"
+    return int(size)
+
+
+def _flood_kmsg(total: int) -> None:
+    """Write ``total`` bytes of records into the kernel log, 10 per open (/dev/kmsg's
+    per-writer rate limit lets 10 through before it drops)."""
+    line = b"<7>trainwatch-test: filling the kernel log ring " + b"." * 150 + b"\n"
+    written = 0
+    while written < total:
+        fd = os.open("/dev/kmsg", os.O_WRONLY)
+        try:
+            for _ in range(10):
+                os.write(fd, line)
+                written += len(line)
+        finally:
+            os.close(fd)
+
+
+@pytest.mark.root
+@requires("memcg", "kmsg-write")
+def test_a_kernel_log_overrun_mid_incident_is_said_and_never_certain(tmp_path):
+    """The daemon is stopped (SIGSTOP: starved) while a rank exceeds its cgroup's limit, and
+    the kernel log is then flooded past its ring: the OOM records are gone when the daemon
+    runs again. It reads on past the overrun, counts the loss, and names the cgroup OOM from
+    the cgroup's counter, as likely, never certain, saying records were lost."""
+    grow = tmp_path / "grow"
+    with (
+        memory_cgroup(int(1.5 * GIB), "trainwatch-overrun") as (_version, parent, child),
+        TorchrunJob(
+            tmp_path,
+            "overrun",
+            wrap=join_cgroup(child),
+            hold_mb=50,
+            workers=0,
+            grow_rank=1,
+            grow_after=0,
+            grow_file=grow,
+        ) as job,
+        DaemonProc(tmp_path) as daemon,
+    ):
+        pids = job.ready()
+        daemon.wait_sampled(job, pids)
+        victim = pids[1][0]
+        daemon.proc.send_signal(signal.SIGSTOP)
+        try:
+            grow.touch()
+            assert job.proc.wait(120) != 0
+            _flood_kmsg(3 * _kmsg_ring_bytes())
+            dmesg = subprocess.run(["dmesg"], capture_output=True, text=True).stdout
+            assert f"pid={victim}," not in dmesg, "the flood did not overwrite the OOM records"
+        finally:
+            daemon.proc.send_signal(signal.SIGCONT)
+        doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
+        k = doc["killer"]
+        assert (k["kind"], k["confidence"]) == ("cgroup_oom", "likely"), k
+        assert f"/{parent.name}" in k["summary"] and "overwritten unread" in k["summary"], k
+        assert any(
+            e["source"] == "kmsg" and "overwritten before trainwatch read them" in e["detail"]
+            for e in k["evidence"]
+        ), k
+        assert any(e["source"] == "cgroup" and "oom_kill 0 -> 1" in e["detail"] for e in k["evidence"]), k
+        assert "records were overwritten before trainwatch read them" in daemon.log()
+        lost = value(daemon.metrics(), "trainwatch_lost_events_total", source="kmsg")
+        assert lost is not None and lost > 0
+        assert daemon.stop() == 0

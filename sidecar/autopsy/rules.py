@@ -113,6 +113,15 @@ def _lost_near(victim: RankState, ev: Evidence, window_ns: int = 60 * 10**9) -> 
     return sum(n for at, n in ev.kernel_losses if abs(at - victim.died_ns) <= window_ns)
 
 
+def _lost_item(lost: int) -> EvidenceItem:
+    return EvidenceItem(
+        "kmsg",
+        None,
+        f"{lost} kernel log records were overwritten before trainwatch read them, around this death: "
+        "a record naming the pid may have been among them",
+    )
+
+
 def _same_cause(rank: RankState, kind: str, ev: Evidence) -> bool:
     """Killed by the same OOM as the victim (a kernel record or a userspace daemon's), or
     a rank that timed out waiting for the collective the victim's death (or hang) broke."""
@@ -306,11 +315,17 @@ def _victim_verdict(
             missing = "no kernel log record named the pid" + (
                 "" if ev.kernel_log_readable else " (the kernel log was not readable)"
             )
+            lost = _lost_near(victim, ev)
+            if lost:
+                missing += f" ({lost} records near the death were overwritten unread)"
+                items.append(_lost_item(lost))
             if cgroup and path and path != "/":
+                limit = victim.cgroup_limited_by
+                where = f"; the limit above it is {limit}'s" if limit and limit != path else ""
                 return (
                     Kind.CGROUP_OOM,
                     Confidence.LIKELY,
-                    f"{who} was SIGKILLed as the OOM counter of memory cgroup {path} moved; {missing}.",
+                    f"{who} was SIGKILLed as the OOM counter of memory cgroup {path} moved{where}; {missing}.",
                 )
             return (
                 Kind.KERNEL_OOM,
@@ -323,14 +338,7 @@ def _victim_verdict(
         lost = _lost_near(victim, ev)
         if lost:
             why = f"no OOM counter moved, but {lost} kernel log records near the death were lost unread"
-            items.append(
-                EvidenceItem(
-                    "kmsg",
-                    None,
-                    f"{lost} kernel log records were overwritten before trainwatch read them, around this "
-                    "death: a record naming the pid may have been among them",
-                )
-            )
+            items.append(_lost_item(lost))
         items.append(EvidenceItem("counters", None, "vmstat oom_kill and the cgroup's oom_kill did not move"))
         for comm, pid in ev.oom_daemons:
             items.append(

@@ -1,4 +1,5 @@
-"""The kernel log, live: /dev/kmsg read from its end, one record per read().
+"""The kernel log, live: /dev/kmsg, one record per read(), from the start of the daemon
+(or, after a restart, from the start of the ranks it knew: ``start(history_since_us)``).
 
 Each record's timestamp is microseconds on the printk clock (monotonic since boot), so it
 orders with the process connector's CLOCK_MONOTONIC exit times (a few ms apart at most).
@@ -16,6 +17,7 @@ import logging
 import os
 import select
 import threading
+import time
 from collections.abc import Callable
 
 from sidecar.parse.kernel import KmsgRecord, parse_kmsg_record
@@ -53,15 +55,16 @@ class KmsgWatcher:
         return self._thread
 
     def start(self, history_since_us: int | None = None) -> None:
-        """From the log's end; or, with ``history_since_us``, first the records still in
-        the ring from that kernel time on (read here, before this returns: a restarted
-        daemon judges the deaths it missed from them), then on from there."""
+        """From now on; or, with ``history_since_us``, first the records still in the ring
+        from that kernel time on (read here, before this returns: a restarted daemon judges
+        the deaths it missed from them), then on from there."""
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
-            if history_since_us is None:
-                os.lseek(fd, 0, os.SEEK_END)
-            else:
-                self.history = self._drain(fd, history_since_us)
+            # The ring is read through even when its history is not wanted (everything is
+            # older than now): the last record's sequence number is what tells, later, how
+            # many records an overrun took (a reader that seeks to the end never knows).
+            since = history_since_us if history_since_us is not None else time.monotonic_ns() // 1000
+            self.history = self._drain(fd, since)
         except OSError:
             os.close(fd)
             raise
