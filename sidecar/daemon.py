@@ -152,7 +152,9 @@ class Daemon:
             log.info("%s: turned off by --disable", source)
         if "connector" not in off:
             connector = ProcConnector(
-                self.deaths.on_exit, on_overrun=lambda: self.deaths.resync(self.settings.proc_root)
+                self.deaths.on_exit,
+                on_overrun=lambda: self.deaths.resync(self.settings.proc_root),
+                rcvbuf=self.settings.connector_buffer_bytes,
             )
             try:
                 connector.start()

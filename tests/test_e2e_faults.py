@@ -239,3 +239,40 @@ def test_a_kernel_log_overrun_mid_incident_is_said_and_never_certain(tmp_path):
         lost = value(daemon.metrics(), "trainwatch_lost_events_total", source="kmsg")
         assert lost is not None and lost > 0
         assert daemon.stop() == 0
+
+
+@pytest.mark.root
+@requires("root", "tracefs")
+def test_a_connector_overrun_mid_incident_loses_no_death(tmp_path, monkeypatch):
+    """The daemon is stopped while a flood of failing processes fills its (small) connector
+    buffer, and a rank is killed behind the flood: its exit event is dropped. Woken, the
+    daemon gets ENOBUFS, finds the rank gone from /proc, takes its status from the agent's
+    log, and the signal tracepoint (a buffer of its own) still names who sent the SIGKILL."""
+    monkeypatch.setenv("TRAINWATCH_CONNECTOR_BUFFER", "4096")
+    with (
+        TorchrunJob(tmp_path, "enobufs", hold_mb=30, workers=0) as job,
+        DaemonProc(tmp_path) as daemon,
+    ):
+        pids = job.ready()
+        daemon.wait_sampled(job, pids)
+        victim = pids[1][0]
+        daemon.proc.send_signal(signal.SIGSTOP)
+        try:
+            # 500 non-zero exits: far more events than 4 KiB (8 KiB as the kernel counts) hold
+            subprocess.run(
+                ["sh", "-c", "i=0; while [ $i -lt 500 ]; do (exit 3); i=$((i+1)); done"], check=True
+            )
+            os.kill(victim, signal.SIGKILL)
+            assert job.proc.wait(60) != 0
+        finally:
+            daemon.proc.send_signal(signal.SIGCONT)
+        doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
+        assert "process connector overrun (ENOBUFS)" in daemon.log()
+        lost = value(daemon.metrics(), "trainwatch_lost_events_total", source="connector")
+        assert lost is not None and lost >= 1
+        victim_row = next(r for r in doc["ranks"] if r["rank"] == 1)
+        assert victim_row["exit_source"] == "agent-log" and victim_row["exit_code"] == -9, victim_row
+        k = doc["killer"]  # the tracepoint's record (its own buffer) names this process as the sender
+        assert (k["kind"], k["confidence"]) == ("external_signal", "certain"), k
+        assert f"pid {os.getpid()} " in k["summary"], k
+        assert daemon.stop() == 0

@@ -325,7 +325,8 @@ def _victim_verdict(
                 return (
                     Kind.CGROUP_OOM,
                     Confidence.LIKELY,
-                    f"{who} was SIGKILLed as the OOM counter of memory cgroup {path} moved{where}; {missing}.",
+                    f"{who} was SIGKILLed as the OOM counter of memory cgroup {path} moved{where}; "
+                    f"{missing}.",
                 )
             return (
                 Kind.KERNEL_OOM,

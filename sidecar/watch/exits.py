@@ -42,6 +42,7 @@ NETLINK_CONNECTOR = 11
 CN_IDX_PROC = 1
 CN_VAL_PROC = 1
 NLMSG_DONE = 3
+RCVBUF = 8 << 20  # the default receive buffer (TRAINWATCH_CONNECTOR_BUFFER)
 NLMSG_ERROR = 2
 PROC_CN_MCAST_LISTEN = 1
 PROC_CN_MCAST_IGNORE = 2
@@ -123,12 +124,14 @@ class ProcConnector:
     for every leader that exits. ``start()`` raises OSError when the connector cannot be
     used here (no CONFIG_PROC_EVENTS, not in the initial namespaces, no privilege)."""
 
-    RCVBUF = 8 << 20
-
     def __init__(
-        self, on_exit: Callable[[ExitEvent], None], on_overrun: Callable[[], None] = lambda: None
+        self,
+        on_exit: Callable[[ExitEvent], None],
+        on_overrun: Callable[[], None] = lambda: None,
+        rcvbuf: int = RCVBUF,
     ) -> None:
         self.on_exit = on_exit
+        self.rcvbuf = rcvbuf
         self.on_overrun = on_overrun
         self.sock: socket.socket | None = None
         self.filtered = False
@@ -145,9 +148,9 @@ class ProcConnector:
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_CONNECTOR)
         try:
             try:
-                sock.setsockopt(socket.SOL_SOCKET, 33, self.RCVBUF)  # SO_RCVBUFFORCE (root)
+                sock.setsockopt(socket.SOL_SOCKET, 33, self.rcvbuf)  # SO_RCVBUFFORCE (root)
             except OSError:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.RCVBUF)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)
             sock.bind((0, CN_IDX_PROC))
             # 6.6+: the filtered form. Its ACK is filtered out too (what == 0 matches no
             # filter bit), so success is "no error"; older kernels reject the 8-byte form
