@@ -95,6 +95,7 @@ REQUIREMENTS = {
         lambda: "needs systemd-analyze",
     ),
     "setpriv": (lambda: shutil.which("setpriv") is not None, lambda: "needs setpriv (util-linux)"),
+    "cc": (lambda: shutil.which("cc") is not None, lambda: "needs a C compiler (cc) to build the NVML shim"),
     "other-user": (
         lambda: os.geteuid() == 0 and shutil.which("setpriv") is not None and _nobody_python() is not None,
         lambda: "needs root, setpriv and a python3 of this version that user nobody may run with torch",

@@ -276,3 +276,46 @@ def test_a_connector_overrun_mid_incident_loses_no_death(tmp_path, monkeypatch):
         assert (k["kind"], k["confidence"]) == ("external_signal", "certain"), k
         assert f"pid {os.getpid()} " in k["summary"], k
         assert daemon.stop() == 0
+
+
+@pytest.mark.root
+@requires("cc", "tracefs")
+def test_nvml_reports_the_gpu_lost_mid_run(tmp_path, monkeypatch):
+    """NVML loses the GPU while a job runs (an NVML stand-in built here, tests/workloads/
+    nvml_shim.c, loaded by the real bindings in the real daemon: this machine has no GPU).
+    The daemon keeps sampling and serving, exports the loss, and when the rank on that GPU
+    then aborts, names the lost GPU, not a plain abort."""
+    lib = tmp_path / "nvml"
+    lib.mkdir()
+    shim = Path(__file__).parent / "workloads" / "nvml_shim.c"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib / "libnvidia-ml.so.1"), str(shim)], check=True)
+    on_gpu, lost, abort = tmp_path / "gpu-pids", tmp_path / "gpu-lost", tmp_path / "abort"
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(lib))
+    monkeypatch.setenv("TRAINWATCH_SHIM_PIDS", str(on_gpu))
+    monkeypatch.setenv("TRAINWATCH_SHIM_LOST", str(lost))
+    with (
+        TorchrunJob(tmp_path, "nvml-lost", hold_mb=30, workers=0, abort_rank=1, abort_file=abort) as job,
+        DaemonProc(tmp_path) as daemon,
+    ):
+        pids = job.ready()
+        daemon.wait_sampled(job, pids)
+        on_gpu.write_text(f"{pids[1][0]}\n")
+
+        def gpu_of_rank1() -> float | None:
+            return value(daemon.metrics(), "trainwatch_rank_gpu_memory_bytes", rank="1", gpu="0")
+
+        wait_for(lambda: gpu_of_rank1() == 1 << 30, 30, "rank 1's GiB on GPU 0 through NVML")
+        lost.touch()
+        wait_for(lambda: value(daemon.metrics(), "trainwatch_gpu_lost", gpu="0") == 1, 30, "the GPU lost")
+        assert value(daemon.metrics(), "trainwatch_probe_success", probe="gpu") == 0
+        assert daemon.get("/healthz")[0] == 200  # the sampler goes on without the GPU
+        daemon.wait_rounds(2)
+        abort.touch()
+        doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
+        k = doc["killer"]
+        assert (k["kind"], k["confidence"]) == ("gpu_error", "likely"), k
+        assert "GPU 0 (trainwatch shim GPU) was lost" in k["summary"], k
+        assert any(e["source"] == "nvml" and "GPU_IS_LOST" in e["detail"] for e in k["evidence"]), k
+        assert doc["victim"]["signal"] == "SIGABRT"
+        assert "Traceback" not in daemon.log()
+        assert daemon.stop() == 0

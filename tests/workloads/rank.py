@@ -100,6 +100,10 @@ def main() -> int:
     )
     ap.add_argument("--segfault-rank", type=int, default=-1, help="this rank dereferences NULL")
     ap.add_argument(
+        "--abort-rank", type=int, default=-1, help="this rank calls abort() once --abort-file exists"
+    )
+    ap.add_argument("--abort-file", default=None)
+    ap.add_argument(
         "--loader-rank",
         type=int,
         default=-1,
@@ -191,6 +195,8 @@ def main() -> int:
                 break
             time.sleep(0.2)  # alive, but never in a collective again: its peers time out
             continue
+        if rank == args.abort_rank and restart == 0 and args.abort_file and os.path.exists(args.abort_file):
+            os.abort()  # SIGABRT, as a CUDA runtime does on a fatal device error
         if rank == args.segfault_rank and restart == 0 and elapsed > args.raise_after:
             import ctypes
 
