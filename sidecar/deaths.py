@@ -68,6 +68,7 @@ TIMELINE_WINDOW_S = 300.0
 # clean end of training every rank "vanishes" too, and that is no incident.
 UNKNOWN_EXIT_WAIT_S = 3.0
 RETRY_WRITE_NS = 5 * 10**9  # while a postmortem is in memory only, how often to write it again
+SLOW_READS_MS = 200.0  # an autopsy round whose reads take longer says so in the log
 DEATH_TIMES = 64  # deaths whose time is exported (trainwatch_rank_death_timestamp_seconds)
 
 
@@ -361,11 +362,12 @@ class DeathWatch:
             inc.cgroup_oom_before = {c.path: c.oom_kills for c in before.cgroups if c.oom_kills is not None}
         self._incidents[known.gen] = inc
         log.warning(
-            "job %s: rank %s (pid %d) died (%s); writing a postmortem",
+            "job %s: rank %s (pid %d) died (%s, told %.0f ms later); writing a postmortem",
             known.gen.job,
             known.sample.rank_label,
             pid,
             _exit_text(exit_code),
+            max(0, self.clock_ns() - at_ns) / 1e6,
         )
         return inc
 
@@ -417,6 +419,7 @@ class DeathWatch:
                     self._cv.wait(None if wait is None else wait / 1e9)
                 if not ready and self._stop:
                     return
+                late = {id(inc): (now - (inc.due_ns or now)) / 1e6 for inc in ready}  # ms past due
                 for inc in ready:
                     inc.due_ns = None
                 plans = [(inc, self._plan(inc)) for inc in ready]
@@ -426,18 +429,39 @@ class DeathWatch:
             # from what the feeds recorded (the exits, the kernel's records) without it.
             reads = []
             for inc, plan in plans:
+                started = time.perf_counter()
                 try:
                     reads.append((inc, self.gather.read(inc, plan)))
                 except Exception:
                     log.exception("job %s: reading the job's files failed; writing without them", inc.gen.job)
                     reads.append((inc, Reads.nothing()))
+                self._took(inc, started, late.get(id(inc), 0.0))
             with self._cv:
                 work = [(inc, self._evidence(inc, r)) for inc, r in reads]
             for inc, evidence in work:
+                started = time.perf_counter()
                 try:
                     self._write(inc, evidence)
                 except Exception:
                     log.exception("job %s: postmortem failed", inc.gen.job)
+                log.debug(
+                    "job %s: autopsy and write %.0f ms", inc.gen.job, (time.perf_counter() - started) * 1000
+                )
+
+    def _took(self, inc: Incident, started: float, late_ms: float) -> None:
+        """Log how late the round started and how long its reads took, step by step: at
+        INFO when it was slow (a postmortem is due within ~1 s of the death)."""
+        ms = (time.perf_counter() - started) * 1000
+        level = logging.INFO if ms + late_ms > SLOW_READS_MS else logging.DEBUG
+        steps = ", ".join(f"{k} {v:g}" for k, v in self.gather.timings.items())
+        log.log(
+            level,
+            "job %s: autopsy round %.0f ms late; its reads took %.0f ms (%s)",
+            inc.gen.job,
+            late_ms,
+            ms,
+            steps,
+        )
 
     def _plan(self, inc: Incident) -> Plan:
         """Under the lock: what the reads of this round need from the shared state."""

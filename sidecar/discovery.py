@@ -312,10 +312,11 @@ class Discovery:
             argv = self.reader.cmdline(entry.key.pid)
         except ProbeError:
             return False
-        if not argv:
-            entry.kind = "kthread"  # kernel threads have an empty cmdline and never exec
-            return False
-        return is_agent_argv(argv)
+        # An empty cmdline is not a kernel thread (those are known by their parent, kthreadd):
+        # a process in the middle of execve() reads empty between the switch to its new
+        # memory and the copy of its arguments. Taking that for a kernel thread once lost a
+        # torchrun agent for good (exec'd behind a wrapper while the CPUs were busy).
+        return bool(argv) and is_agent_argv(argv)
 
     def _recheck(self, entry: _Entry, young: bool) -> None:
         """Has this process exec'd into an agent? Young processes get their argv read

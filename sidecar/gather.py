@@ -68,6 +68,7 @@ class Gatherer:
         self.wall = wall
         self.roots: dict[int, saferead.JobRoot] = {}  # agent pid -> its job's file-system root
         self._budget_end = 0.0
+        self.timings: dict[str, float] = {}  # the last round's steps, ms
 
     def forget(self, agent_pid: int) -> None:
         root = self.roots.pop(agent_pid, None)
@@ -179,12 +180,26 @@ class Gatherer:
         return tuple(sorted(found))
 
     def read(self, inc: Incident, plan: Plan) -> Reads:
-        """Outside the lock: every file this autopsy round reads, read and parsed."""
+        """Outside the lock: every file this autopsy round reads, read and parsed. How
+        long each step took is kept in ``timings`` (ms; the death watch logs a slow round)."""
         self._budget_end = time.monotonic() + READ_BUDGET_S
+        steps: dict[str, float] = {}
+        mark = time.perf_counter()
+
+        def took(step: str) -> None:
+            nonlocal mark
+            now = time.perf_counter()
+            steps[step] = round((now - mark) * 1000, 1)
+            mark = now
+
         skipped: list[str] = []
         texts = self._texts(inc, plan)
+        took("outputs")
         errors = self._error_files(inc, plan, skipped)
+        took("error files")
         codes, teardown = self._agent_log(inc, texts)
+        findings = tuple(self._findings(inc, [(o, t, None) for o, t in texts] + errors))
+        took("parse")
         after_cg: dict[str, int] = {}
         # The cgroups the ranks were in may hold no live rank any more (so no snapshot
         # samples them): read their counters now.
@@ -193,19 +208,28 @@ class Gatherer:
             now = self.read_cgroup_oom_kills(cg.path, cg.version)
             if now is not None:
                 after_cg[cg.path] = now
+        host_after = self.read_host_oom_kills()
+        took("counters")
         flight, flight_on = self._flight(inc, plan, skipped)
+        took("flight recorder")
+        daemons = self._scan_oom_daemons()
+        oomd = self._oomd_kills(inc, plan)
+        took("oom daemons")
+        shm = self._shm(inc)
+        took("shm")
+        self.timings = steps
         return Reads(
             texts + [(owner, text) for owner, text, _ in errors],
             codes,
             teardown,
-            tuple(self._findings(inc, [(o, t, None) for o, t in texts] + errors)),
+            findings,
             after_cg,
-            self.read_host_oom_kills(),
-            self._scan_oom_daemons(),
-            self._oomd_kills(inc, plan),
+            host_after,
+            daemons,
+            oomd,
             flight,
             flight_on,
-            self._shm(inc),
+            shm,
             tuple(skipped),
         )
 

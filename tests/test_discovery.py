@@ -288,6 +288,20 @@ def test_a_young_process_that_execs_torchrun_is_found_on_the_next_tick(proc_tree
     assert SHELL in {j.agent.pid for j in d.tick()}
 
 
+def test_a_process_caught_in_the_middle_of_exec_is_not_given_up(proc_tree):
+    """Between execve()'s switch to the new memory and the copy of the arguments, the
+    cmdline reads empty: that is not a kernel thread, and the agent it becomes is found."""
+    clock = Clock()
+    start = _shell_start_seconds(proc_tree)
+    d = Discovery(ProcReader(str(proc_tree)), clock=clock, uptime=lambda: start + 2.0)
+    (proc_tree / str(SHELL) / "cmdline").write_bytes(b"")
+    d.tick()
+    assert d.entries[SHELL].kind == "other"
+    _exec_torchrun(proc_tree, SHELL, b"bash")
+    clock.now += 1
+    assert SHELL in {j.agent.pid for j in d.tick()}
+
+
 def test_an_old_process_that_execs_torchrun_is_found_by_the_sweep(proc_tree):
     clock = Clock()
     start = _shell_start_seconds(proc_tree)
