@@ -161,24 +161,40 @@ class BasicAuth:
         self._salt = secrets.token_bytes(16)
         self._good: set[bytes] = set()  # digests of (user, password) pairs that matched
         self._lock = threading.Lock()
+        self._limiter: Any = None  # anyio's CapacityLimiter(1), made inside the event loop
 
-    def _ok(self, header: bytes | None) -> bool:
+    def _known(self, header: bytes | None) -> tuple[bool | None, bytes, bytes, bytes]:
+        """(True: a pair that matched before; False: refused without bcrypt; None: bcrypt
+        must tell), then the password, the hash and the pair's digest."""
         if not header or header[:6].lower() != b"basic ":
-            return False
+            return False, b"", b"", b""
         try:
             user, _, password = base64.b64decode(header[6:].strip(), validate=True).partition(b":")
         except (binascii.Error, ValueError):
-            return False
+            return False, b"", b"", b""
         hashed = self.users.get(user.decode("utf-8", "replace"))
         if hashed is None:
-            return False
+            return False, b"", b"", b""
         digest = hashlib.sha256(self._salt + user + b"\0" + password + b"\0" + hashed).digest()
         with self._lock:
             if any(hmac.compare_digest(digest, g) for g in self._good):
-                return True
+                return True, password, hashed, digest
+        return None, password, hashed, digest
+
+    async def _ok(self, header: bytes | None) -> bool:
+        known, password, hashed, digest = self._known(header)
+        if known is not None:
+            return known
+        import anyio
+        import anyio.to_thread
         import bcrypt
 
-        if not bcrypt.checkpw(password, hashed):
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(1)
+        # bcrypt costs tens of milliseconds by design: on a worker thread, one at a time,
+        # so a client guessing passwords neither blocks the event loop (scrapes, /healthz)
+        # nor takes more than one core
+        if not await anyio.to_thread.run_sync(bcrypt.checkpw, password, hashed, limiter=self._limiter):
             return False
         with self._lock:
             if len(self._good) > 256:
@@ -191,7 +207,7 @@ class BasicAuth:
             await self.app(scope, receive, send)
             return
         header = dict(scope.get("headers") or []).get(b"authorization")
-        if self._ok(header):
+        if await self._ok(header):
             await self.app(scope, receive, send)
             return
         await send(

@@ -105,6 +105,38 @@ def test_basic_auth_checks_bcrypt_once_per_good_password(monkeypatch):
     assert _call(app, "/healthz", None) == 200
 
 
+def test_a_password_guess_never_blocks_the_event_loop():
+    """bcrypt runs on a worker thread: while a wrong password is being checked, the loop
+    keeps serving (here: keeps turning), so guessing cannot starve scrapes or /healthz."""
+
+    async def ok(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    app = BasicAuth(ok, {"bob": HASH.encode()})
+    bad = "Basic " + base64.b64encode(b"bob:guess").decode()
+
+    async def main() -> tuple[int, int]:
+        sent: list[dict] = []
+
+        async def receive() -> dict:
+            return {"type": "http.request"}
+
+        async def send(msg: dict) -> None:
+            sent.append(msg)
+
+        scope = {"type": "http", "path": "/metrics", "headers": [(b"authorization", bad.encode())]}
+        task = asyncio.create_task(app(scope, receive, send))
+        turns = 0
+        while not task.done():
+            await asyncio.sleep(0)
+            turns += 1
+        return turns, sent[0]["status"]
+
+    turns, status = asyncio.run(main())
+    assert status == 401
+    assert turns > 10, "the check ran on the event loop"
+
+
 def test_the_flag_and_its_variable():
     from sidecar.options import parse_args
 
