@@ -4,7 +4,7 @@ side by side in one run.
     python benchmarks/loaded_deaths.py [--runs N] [--busy K] [--kinds cgroup,global]
 
 Two daemons watch the same jobs: one as shipped (oom_score_adj -1000 where permitted,
-mlockall, nice -10 for the death path), one with ``--no-self-protection --oom-score-adj
+mlockall, nice -10 for its threads), one with ``--no-self-protection --oom-score-adj
 keep``. K processes spin on the CPU the whole time (default 2: both cores of this
 machine). Each run starts a real torchrun job (gloo, 2 ranks) whose rank 1 grows until a
 kernel OOM kills it: ``cgroup`` inside a memory cgroup with a 1.5 GiB limit, ``global``

@@ -127,16 +127,8 @@ class Daemon:
                 n,
             )
         self.deaths.start()
-        if s.self_protection:
-            death_path = [
-                t
-                for t in (
-                    self.deaths.thread,
-                    *(w.thread for w in (self.connector, self.kmsg, self.signals, self.pidfds) if w),
-                )
-                if t is not None
-            ]
-            self.protection.append(guard.raise_priority(death_path))
+        if s.self_protection:  # every thread that exists now, and so the ones they start
+            self.protection.append(guard.raise_priority(f"{s.proc_root}/self/task"))
         for g in self.protection:
             if g.granted:
                 log.info("self-protection: %s: %s", g.kind, g.detail)

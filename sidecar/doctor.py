@@ -284,7 +284,7 @@ def _self_protection(settings: Settings) -> list[Check]:
             Check(
                 "priority",
                 ok,
-                "the death path's threads will run at nice -10" if ok else "no CAP_SYS_NICE",
+                "the daemon's threads will run at nice -10" if ok else "no CAP_SYS_NICE",
                 "on busy cores a postmortem may wait for CPU",
                 "grant CAP_SYS_NICE (docker --cap-add SYS_NICE)",
             )

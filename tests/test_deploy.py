@@ -273,6 +273,10 @@ def test_the_units_capabilities_are_enough_to_name_a_killer(tmp_path):
         resource = bool(ours >> 24 & 1)
         protected = {labels["kind"]: v for labels, v in daemon.metrics()["trainwatch_self_protection"]}
         assert protected == {"oom_score_adj": int(resource), "mlock": 1, "priority": 1}, protected
+        # every thread at nice -10, those started after the grant too (HTTP, readers)
+        tasks = list(Path(f"/proc/{daemon.proc.pid}/task").iterdir())
+        nices = {int(t.joinpath("stat").read_text().rsplit(")", 1)[1].split()[16]) for t in tasks}
+        assert nices == {-10}, (len(tasks), nices)
         adj = Path(f"/proc/{daemon.proc.pid}/oom_score_adj").read_text().strip()
         assert adj == ("-1000" if resource else "0"), adj
         if not resource:
