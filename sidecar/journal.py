@@ -28,7 +28,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.incidents import Generation, Known
-from sidecar.model import CgroupLevel, CgroupSample, HostSample, ProcKey, RankSample, TimelinePoint
+from sidecar.model import (
+    CgroupLevel,
+    CgroupSample,
+    HostSample,
+    MemoryCharge,
+    ProcKey,
+    RankSample,
+    TimelinePoint,
+)
 from sidecar.probes.outputs import OutputFile
 
 __all__ = [
@@ -198,6 +206,21 @@ def _cgroup(c: CgroupSample) -> list[Any]:
         [[a.path, a.limit_bytes] for a in c.ancestors],
         c.limited_by,
         c.effective_limit_bytes,
+        _charge(c.charge),
+        c.events,
+    ]
+
+
+def _charge(c: MemoryCharge | None) -> list[Any] | None:
+    if c is None:
+        return None
+    return [
+        c.anon_bytes,
+        c.file_bytes,
+        c.shmem_bytes,
+        c.kernel_bytes,
+        c.working_set_bytes,
+        c.inactive_file_bytes,
     ]
 
 
@@ -352,8 +375,17 @@ def _unsample(d: Any) -> RankSample:
     )
 
 
+def _uncharge(v: Any) -> MemoryCharge | None:
+    if v is None:
+        return None
+    anon, file, shmem, kernel, working, inactive = _list(v)
+    return MemoryCharge(_int(anon), _int(file), _int(shmem), _oint(kernel), _oint(working), _int(inactive))
+
+
 def _uncgroup(v: Any) -> CgroupSample:
-    path, version, usage, limit, peak, kills, events, ancestors, limited_by, effective = _list(v)
+    path, version, usage, limit, peak, kills, events, ancestors, limited_by, effective, charge, mem_events = (
+        _list(v)
+    )
     return CgroupSample(
         _str(path),
         _int(version),
@@ -365,6 +397,8 @@ def _uncgroup(v: Any) -> CgroupSample:
         tuple(CgroupLevel(_str(a[0]), _oint(a[1])) for a in (_list(x) for x in _list(ancestors))),
         _ostr(limited_by),
         _oint(effective),
+        _uncharge(charge),
+        _int_map(mem_events),
     )
 
 

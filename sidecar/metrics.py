@@ -112,6 +112,20 @@ METRICS: dict[str, Spec] = {
         ("cgroup",),
         "Processes of the cgroup killed by an OOM killer (v1 memory.oom_control oom_kill, v2 memory.events oom_kill)",
     ),
+    "trainwatch_cgroup_memory_charge_bytes": Spec(
+        "gauge",
+        ("cgroup", "kind"),
+        "What the cgroup's charge is made of (memory.stat): anon, file (page cache without shmem), "
+        "shmem (tmpfs, /dev/shm), kernel (slab, stacks, page tables, sockets)",
+    ),
+    "trainwatch_cgroup_memory_working_set_bytes": Spec(
+        "gauge", ("cgroup",), "usage - inactive_file, as kubelet computes it (what it evicts on)"
+    ),
+    "trainwatch_cgroup_memory_events_total": Spec(
+        "counter",
+        ("cgroup", "event"),
+        "v2 memory.events: times the cgroup went over low, high or max, hit an OOM, had a process OOM-killed",
+    ),
     "trainwatch_cgroup_info": Spec(
         "gauge",
         ("cgroup", "version", "limited_by"),
@@ -293,6 +307,17 @@ class TrainwatchCollector(Collector):
                 f.add("trainwatch_cgroup_memory_peak_bytes", cg.peak_bytes, cg.path)
             if cg.oom_kills is not None:
                 f.add("trainwatch_cgroup_oom_kills_total", cg.oom_kills, cg.path)
+            c = cg.charge
+            if c is not None:
+                f.add("trainwatch_cgroup_memory_charge_bytes", c.anon_bytes, cg.path, "anon")
+                f.add("trainwatch_cgroup_memory_charge_bytes", c.file_bytes, cg.path, "file")
+                f.add("trainwatch_cgroup_memory_charge_bytes", c.shmem_bytes, cg.path, "shmem")
+                if c.kernel_bytes is not None:
+                    f.add("trainwatch_cgroup_memory_charge_bytes", c.kernel_bytes, cg.path, "kernel")
+                if c.working_set_bytes is not None:
+                    f.add("trainwatch_cgroup_memory_working_set_bytes", c.working_set_bytes, cg.path)
+            for event, count in cg.events.items():
+                f.add("trainwatch_cgroup_memory_events_total", count, cg.path, event)
         host = snap.host
         if host is not None:
             f.add("trainwatch_host_memory_available_bytes", host.available_bytes)

@@ -20,6 +20,7 @@ __all__ = [
     "HostSample",
     "JobSample",
     "Kind",
+    "MemoryCharge",
     "ProbeStatus",
     "ProcKey",
     "RankEnv",
@@ -135,6 +136,23 @@ class CgroupLevel:
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryCharge:
+    """What a memory cgroup's charge is made of (``memory.stat``, parse/memstat.py)."""
+
+    anon_bytes: int
+    file_bytes: int  # page cache, shmem excluded
+    shmem_bytes: int  # tmpfs, /dev/shm, shared anonymous mappings
+    kernel_bytes: int | None  # slab, stacks, page tables, sockets; None where not told
+    working_set_bytes: int | None  # usage - inactive_file, as kubelet computes it
+    inactive_file_bytes: int
+
+    @property
+    def unreclaimable_bytes(self) -> int:
+        """What reclaim cannot take back without swap: anon and shmem."""
+        return self.anon_bytes + self.shmem_bytes
+
+
+@dataclass(frozen=True, slots=True)
 class CgroupSample:
     """A memory cgroup as read at one instant.
 
@@ -156,6 +174,8 @@ class CgroupSample:
     ancestors: tuple[CgroupLevel, ...] = ()
     limited_by: str | None = None
     effective_limit_bytes: int | None = None
+    charge: MemoryCharge | None = None
+    events: dict[str, int] = field(default_factory=dict)  # v2 memory.events: low, high, max, oom, oom_kill
 
 
 @dataclass(frozen=True, slots=True)

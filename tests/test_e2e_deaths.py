@@ -87,6 +87,10 @@ def test_cgroup_oom_is_named_with_certainty(tmp_path):
             )
             assert doc["memory"]["cgroup"]["limit_bytes"] == int(1.5 * GIB)
             assert doc["memory"]["cgroup"]["oom_kills"] == 1
+            # what filled the limit: the growing rank's heap, anonymous memory
+            charge = doc["memory"]["cgroup"]["charge"]
+            assert charge["anon_bytes"] > 0.8 * doc["memory"]["cgroup"]["usage_bytes_at_death"], charge
+            assert charge["shmem_bytes"] < 64 << 20, charge
             assert doc["timeline"], "the memory curve before death"
             assert any("limit" in a for a in doc["advice"])
             # (the daemon watches every job on the machine: count only this job's)

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from sidecar.deaths import DeathWatch
 from sidecar.journal import STATE_NAME, Journal, SavedIncident, State
-from sidecar.model import CgroupLevel, CgroupSample, ProcKey
+from sidecar.model import CgroupLevel, CgroupSample, MemoryCharge, ProcKey
 from sidecar.parse.kernel import parse_kmsg_record
 from sidecar.postmortem import PostmortemStore
 from sidecar.probes.outputs import OutputFile
@@ -47,6 +47,8 @@ def _cgroup() -> CgroupSample:
         (CgroupLevel("/", None),),
         limited_by="/job",
         effective_limit_bytes=1000,
+        charge=MemoryCharge(600, 100, 150, None, 800, 100),
+        events={"max": 3, "oom_kill": 0},
     )
 
 

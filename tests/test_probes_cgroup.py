@@ -18,6 +18,7 @@ from sidecar.probes.cgroup import (
 from tests import cgtrees
 from tests.cgtrees import MIB, MOUNTINFO_HYBRID, MOUNTINFO_V1_CONTAINER, MOUNTINFO_V2
 from tests.conftest import PROC_TORCHRUN, RANK0
+from tests.paths import FIXTURES
 from tests.skips import requires, skip
 
 
@@ -107,6 +108,38 @@ def test_v2_kubepods_tree(tmp_path):
     assert [a.path for a in s.ancestors] == ["/kubepods.slice/kubepods-pod1.slice", "/kubepods.slice", "/"]
     pod = reader.sample_level(ref, "/kubepods.slice/kubepods-pod1.slice")
     assert pod.oom_events == 2 and pod.peak_bytes == 4_096 * MIB
+
+
+def test_the_charge_split_and_memory_events_of_a_v2_pod(tmp_path):
+    """memory.stat (a real capture) is read once per sample into the split; memory.events
+    keeps the five events the metric exports; a cgroup without memory.stat has no split."""
+    cg = cgtrees.kubepods_v2(tmp_path)
+    pod = cg / "kubepods.slice/kubepods-pod1.slice"
+    real = FIXTURES / "cgroup-v2-memory"
+    (pod / "memory.stat").write_text((real / "memory.stat").read_text())
+    reader = CgroupReader(MOUNTINFO_V2, fs_prefix=str(tmp_path))
+    ref = reader.resolve(b"0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-c1.scope\n")
+    assert ref is not None
+    assert reader.sample(ref).charge is None  # the container level has no memory.stat here
+    s = reader.sample_level(ref, "/kubepods.slice/kubepods-pod1.slice")
+    assert s.charge is not None
+    assert s.charge.shmem_bytes == 48 * MIB and s.charge.anon_bytes >= 96 * MIB
+    assert s.charge.working_set_bytes == 4_000 * MIB - 64 * MIB  # current - inactive_file
+    assert s.events == {"low": 0, "high": 0, "max": 37, "oom": 2, "oom_kill": 2}
+
+
+def test_v1_charge_with_kernel_memory(tmp_path):
+    mem = cgtrees.slurm_v1(tmp_path)
+    real = FIXTURES / "cgroup-v1-memory"
+    job = mem / "slurm/uid_1000/job_42"
+    (job / "memory.stat").write_text((real / "memory.stat").read_text())
+    (job / "memory.kmem.usage_in_bytes").write_text("2207744\n")
+    reader = CgroupReader(MOUNTINFO_HYBRID, fs_prefix=str(tmp_path))
+    ref = reader.resolve(b"4:memory:/slurm/uid_1000/job_42/step_0\n")
+    assert ref is not None
+    s = reader.sample_level(ref, "/slurm/uid_1000/job_42")
+    assert s.charge is not None and s.charge.kernel_bytes == 2207744 and s.charge.shmem_bytes == 48 * MIB
+    assert s.events == {}  # v1 has no memory.events
 
 
 def test_v2_root_cgroup_has_no_memory_files(tmp_path):

@@ -20,27 +20,12 @@ pages charged to it directly, not to its children, where the ranks usually are.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from sidecar.model import MemoryCharge as Charge
 
 __all__ = ["Charge", "charge_of", "parse_memory_stat"]
 
 # v2 before 5.18 has no "kernel" line: its parts
 _V2_KERNEL_PARTS = ("slab", "kernel_stack", "pagetables", "sec_pagetables", "percpu", "sock", "vmalloc")
-
-
-@dataclass(frozen=True, slots=True)
-class Charge:
-    anon_bytes: int
-    file_bytes: int  # page cache, shmem excluded
-    shmem_bytes: int
-    kernel_bytes: int | None  # None where the kernel does not say (v1 without kmem)
-    working_set_bytes: int | None  # None without the usage
-    inactive_file_bytes: int
-
-    @property
-    def unreclaimable_bytes(self) -> int:
-        """What reclaim cannot take back without swap: anon and shmem."""
-        return self.anon_bytes + self.shmem_bytes
 
 
 def parse_memory_stat(text: str) -> dict[str, int]:

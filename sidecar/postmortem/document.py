@@ -171,6 +171,18 @@ def _cgroup(c: CgroupAtDeath | None) -> dict[str, Any] | None:
         "usage_bytes_at_death": s.usage_bytes,
         "peak_bytes": s.peak_bytes,
         "oom_kills": c.oom_kills,
+        # what the charge was made of at the last sample before the death (memory.stat)
+        "charge": (
+            {
+                "anon_bytes": s.charge.anon_bytes,
+                "file_bytes": s.charge.file_bytes,
+                "shmem_bytes": s.charge.shmem_bytes,
+                "kernel_bytes": s.charge.kernel_bytes,
+                "working_set_bytes": s.charge.working_set_bytes,
+            }
+            if s.charge is not None
+            else None
+        ),
     }
 
 

@@ -13,6 +13,15 @@ __all__ = ["render_text"]
 _BARS = " ▁▂▃▄▅▆▇█"
 
 
+# the charge's parts as the text view names them, the unreclaimable first
+CHARGE_PARTS = (
+    ("anon", "anon_bytes"),
+    ("shmem", "shmem_bytes"),
+    ("page cache", "file_bytes"),
+    ("kernel", "kernel_bytes"),
+)
+
+
 def _size(n: Any) -> str:
     if not isinstance(n, (int, float)):
         return "-"
@@ -104,6 +113,14 @@ def _memory(doc: dict[str, Any]) -> list[str]:
             + (f"of a {_size(cg['limit_bytes'])} limit" if cg.get("limit_bytes") else "(no limit)")
             + f", peak {_size(cg.get('peak_bytes'))}, OOM kills {cg.get('oom_kills')}"
         )
+        charge = cg.get("charge")
+        if isinstance(charge, dict):
+            parts = [
+                f"{name} {_size(charge.get(key))}"
+                for name, key in CHARGE_PARTS
+                if charge.get(key) is not None
+            ]
+            lines.append("    made of: " + ", ".join(parts))
     return ["", "memory at death:", *lines] if lines else []
 
 

@@ -11,13 +11,15 @@ hierarchy-relative path, the form also used by the kernel's OOM records).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from sidecar.errors import NoSuchProcess, ParseError, ProbeError, read_bytes
-from sidecar.model import CgroupLevel, CgroupSample
+from sidecar.model import CgroupLevel, CgroupSample, MemoryCharge
+from sidecar.parse.memstat import charge_of, parse_memory_stat
 
 __all__ = [
     "UNLIMITED_THRESHOLD",
@@ -33,6 +35,7 @@ __all__ = [
 # v1 reports "no limit" as PAGE_COUNTER_MAX * PAGE_SIZE (9223372036854771712 with 4 KiB
 # pages); anything this large is not a limit a job can hit.
 UNLIMITED_THRESHOLD = 1 << 62
+V2_EVENTS = ("low", "high", "max", "oom", "oom_kill")  # memory.events, as exported
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +241,8 @@ class CgroupReader:
     def sample(self, ref: MemoryCgroupRef) -> CgroupSample:
         """Read the cgroup's counters and its ancestors' limits. Raises NoSuchProcess when
         the cgroup directory is gone (the job's container or step ended)."""
+        events: dict[str, int] | None = None
+        charge = None
         if ref.version == 1:
             usage = _read_int(f"{ref.directory}/memory.usage_in_bytes")
             limit = _read_limit(f"{ref.directory}/memory.limit_in_bytes")
@@ -245,6 +250,8 @@ class CgroupReader:
             oom = _read_keyed(f"{ref.directory}/memory.oom_control")
             oom_kills = oom.get("oom_kill") if oom is not None else None
             oom_events = None
+            if usage is not None:
+                charge = _charge(ref.directory, 1, usage)
         else:
             is_root = ref.directory == ref.mount_directory
             if is_root:
@@ -257,6 +264,8 @@ class CgroupReader:
                 events = _read_keyed(f"{ref.directory}/memory.events")
                 oom_kills = events.get("oom_kill") if events is not None else None
                 oom_events = events.get("oom") if events is not None else None
+                if usage is not None:
+                    charge = _charge(ref.directory, 2, usage)
         if usage is None and not (ref.version == 2 and ref.directory == ref.mount_directory):
             raise NoSuchProcess(f"{ref.directory}: cgroup gone", ref.directory)
         ancestors = self._cached_ancestors(ref)
@@ -272,6 +281,8 @@ class CgroupReader:
             ancestors=ancestors,
             limited_by=limited_by,
             effective_limit_bytes=effective,
+            charge=charge,
+            events={k: events[k] for k in V2_EVENTS if k in events} if events else {},
         )
 
     def sample_level(self, ref: MemoryCgroupRef, path: str) -> CgroupSample:
@@ -327,6 +338,20 @@ def _has_memory_controller(directory: str) -> bool:
         return b"memory" in controllers
     except ProbeError:
         return os.path.exists(f"{directory}/memory.current")
+
+
+def _charge(directory: str, version: int, usage: int) -> MemoryCharge | None:
+    """The charge split from memory.stat (one read), plus v1's kernel memory counter; None
+    when it cannot be read (the split is an addition: the usage and limit still stand)."""
+    try:
+        stat = parse_memory_stat(read_bytes(f"{directory}/memory.stat", 64 << 10).decode("ascii", "replace"))
+        kmem = None
+        if version == 1:
+            with contextlib.suppress(ProbeError, ValueError):
+                kmem = int(read_bytes(f"{directory}/memory.kmem.usage_in_bytes").strip())
+    except ProbeError:
+        return None
+    return charge_of(stat, version, usage, kmem)
 
 
 def _read_int(path: str) -> int | None:
