@@ -503,10 +503,12 @@ class DeathWatch:
             clean = clean_end(inc, ev, verdict, readable_log=bool(self._agent_outputs.get(inc.gen.agent_pid)))
             if clean:
                 log.info(
-                    "job %s: ranks ended with exit statuses unknown and nothing says it was not the job's "
-                    "end (the agent's exit and log%s): no postmortem",
+                    "job %s: ranks ended with exit statuses unknown; %s: no postmortem",
                     inc.gen.job,
-                    "; trainwatch was down when they ended" if inc.reconstructed else "",
+                    "trainwatch was down when they ended and nothing tells how (no kernel record, no "
+                    "failing exit in a readable agent log, no OOM counter moved): taken as a clean end"
+                    if inc.reconstructed
+                    else "the agent's exit and log say it was a clean end",
                 )
                 return
             if clean is None and self.clock_ns() - inc.last_death_ns < 4 * UNKNOWN_EXIT_WAIT_S * 1e9:

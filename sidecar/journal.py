@@ -150,7 +150,7 @@ class Journal:
             os.close(fd)
         try:
             state = decode(json.loads(raw))
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
             log.warning("journal: %s is malformed (%s); ignored", self.path, exc)
             return None
         if boot_id is None or state.boot_id != boot_id:

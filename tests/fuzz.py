@@ -179,10 +179,41 @@ class Target:
     allowed: tuple[type[BaseException], ...] = ()
 
 
+def _json_values() -> st.SearchStrategy[Any]:
+    """Any JSON value, nested."""
+    scalars = st.one_of(
+        st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=20)
+    )
+    return st.recursive(
+        scalars,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=6), st.dictionaries(st.text(max_size=12), inner, max_size=6)
+        ),
+        max_leaves=40,
+    )
+
+
+def _a_state() -> Any:
+    """A real journal state: one job's rank, its cgroup and an incident."""
+    from sidecar.incidents import Generation, Known
+    from sidecar.journal import SavedIncident, State
+    from sidecar.model import CgroupLevel, CgroupSample, MemoryCharge, ProcKey, RankSample, TimelinePoint
+
+    gen = Generation("j", 9, "run", 2, 0, "t.py")
+    rank = RankSample("j", 1, "1", 1, 0, ProcKey(10, 5), 100, 120, 1.5, 4, 200, 2, "/job", {0: 7}, (10,),
+                      (0, "/tmp/nccl_trace_rank_"), "/tmp/e.json", 1000)  # fmt: skip
+    cg = CgroupSample("/job", 1, 900, 1000, 950, 0, None, (CgroupLevel("/", None),), "/job", 1000,
+                      MemoryCharge(600, 100, 150, 10, 800, 100), {"max": 1})  # fmt: skip
+    return State("boot", 1.0, 5, (Known(gen, rank, "/job", 4),), {9: 1}, {}, {10: ()}, (cg,), None,
+                 (SavedIncident(gen, None, None, {10: (9, 3, "connector")}),),
+                 {"j": (TimelinePoint(1.0, 5, 6, {"1": 100}, {"1": 200}, {}),)})  # fmt: skip
+
+
 def targets() -> list[Target]:
+    from sidecar import journal
     from sidecar.diagnose import LogInput, diagnose
     from sidecar.errors import ParseError
-    from sidecar.parse import flight, jobs, kernel, logs, oomd, ranks, torchrun
+    from sidecar.parse import flight, jobs, kernel, logs, memstat, oomd, ranks, torchrun
     from sidecar.probes import cgroup, host, proc
     from sidecar.redact import redact_argv, redact_text
 
@@ -232,8 +263,23 @@ def targets() -> list[Target]:
     def dump(data: bytes) -> Any:
         return flight.summarise([flight.parse_dump(data, 0, "dump")], (0, 1))
 
+    def memory_stat(text: str) -> Any:
+        stat = memstat.parse_memory_stat(text)
+        return memstat.charge_of(stat, 1, 1 << 30, 1 << 20), memstat.charge_of(stat, 2, None)
+
+    def state(value: Any) -> Any:
+        return journal.decode(value)
+
+    real_state = json.loads(json.dumps(journal.encode(_a_state())))
+    states = st.one_of(
+        st.just(real_state),
+        st.builds(lambda k, v: {**real_state, k: v}, st.sampled_from(sorted(real_state)), _json_values()),
+        _json_values(),
+    )
     parse_error = (ParseError,)
     return [
+        Target("cgroup memory.stat", memory_stat, mutated("any")),
+        Target("journal state", state, states, (ValueError, TypeError, KeyError, AttributeError)),
         Target("kmsg record", kmsg, kmsg_inputs),
         Target("kernel OOM/Xid line", lines(kernel.parse_oom_line), mutated("kernel")),
         Target("kernel Xid line", lines(kernel.parse_xid_line), mutated("kernel")),
