@@ -128,7 +128,7 @@ class Daemon:
             )
         self.deaths.start()
         if s.self_protection:  # every thread that exists now, and so the ones they start
-            self.protection.append(guard.raise_priority(f"{s.proc_root}/self/task"))
+            self.protection.append(guard.raise_priority())  # its own tasks: the real /proc, always
         for g in self.protection:
             if g.granted:
                 log.info("self-protection: %s: %s", g.kind, g.detail)
