@@ -271,6 +271,8 @@ def live_parts(
                 rss_bytes=s.rss_bytes if s else None,
                 peak_rss_bytes=s.peak_rss_bytes if s else None,
                 tree_rss_bytes=s.tree_rss_bytes if s else None,
+                tree_pss_bytes=s.tree_pss_bytes if s else None,
+                tree_uss_bytes=s.tree_uss_bytes if s else None,
                 gpu_memory_bytes=sum(s.gpu_memory_bytes.values()) if s and s.gpu_memory_bytes else None,
             )
         )

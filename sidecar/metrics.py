@@ -50,6 +50,16 @@ METRICS: dict[str, Spec] = {
     "trainwatch_rank_resident_memory_bytes": Spec(
         "gauge", R, "Resident set size of the rank process in bytes (VmRSS, /proc/PID/status)"
     ),
+    "trainwatch_rank_tree_proportional_memory_bytes": Spec(
+        "gauge",
+        R,
+        "PSS of the rank and its descendants in bytes (smaps_rollup, every 10 s or on growth): shared pages split among the processes that map them",
+    ),
+    "trainwatch_rank_tree_unique_memory_bytes": Spec(
+        "gauge",
+        R,
+        "USS of the rank and its descendants in bytes (smaps_rollup Private_*): the pages only one process of the tree maps",
+    ),
     "trainwatch_rank_tree_resident_memory_bytes": Spec(
         "gauge",
         R,
@@ -278,6 +288,10 @@ class TrainwatchCollector(Collector):
                 f.add("trainwatch_rank_resident_memory_bytes", r.rss_bytes, *labels)
                 f.add("trainwatch_rank_tree_resident_memory_bytes", r.tree_rss_bytes, *labels)
                 f.add("trainwatch_rank_tree_processes", r.tree_processes, *labels)
+                if r.tree_pss_bytes is not None:
+                    f.add("trainwatch_rank_tree_proportional_memory_bytes", r.tree_pss_bytes, *labels)
+                if r.tree_uss_bytes is not None:
+                    f.add("trainwatch_rank_tree_unique_memory_bytes", r.tree_uss_bytes, *labels)
                 if r.peak_rss_bytes is not None:
                     f.add("trainwatch_rank_peak_resident_memory_bytes", r.peak_rss_bytes, *labels)
                 f.add("trainwatch_rank_cpu_seconds_total", r.cpu_seconds, *labels)

@@ -243,6 +243,9 @@ class RankSample:
     flight_recorder: tuple[int, str] | None = None  # RankEnv's; None when the env was unreadable
     error_file: str | None = None  # TORCHELASTIC_ERROR_FILE: where @record writes the rank's exception
     uid: int | None = None  # its real user: the owner its error file and dump must have
+    # the tree's PSS and USS (smaps_rollup; probes/pss.py), as last measured; None before
+    tree_pss_bytes: int | None = None
+    tree_uss_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

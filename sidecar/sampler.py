@@ -30,6 +30,7 @@ from sidecar.probes.cgroup import CgroupReader, MemoryCgroupRef
 from sidecar.probes.gpu import GpuProbe
 from sidecar.probes.host import HostReader
 from sidecar.probes.proc import ProcReader
+from sidecar.probes.pss import PssSampler
 from sidecar.settings import Settings
 from sidecar.watch.exits import ExitEvent
 
@@ -69,6 +70,8 @@ class _RankRead(NamedTuple):
     tree: list[int]
     ns_pids: tuple[int, ...]
     uid: int | None
+    tree_pss_bytes: int | None
+    tree_uss_bytes: int | None
 
 
 def _rank_sample(
@@ -97,6 +100,8 @@ def _rank_sample(
         flight_recorder=tracked.env.flight_recorder if tracked.env else None,
         error_file=tracked.env.error_file if tracked.env else None,
         uid=read.uid,
+        tree_pss_bytes=read.tree_pss_bytes,
+        tree_uss_bytes=read.tree_uss_bytes,
     )
 
 
@@ -138,6 +143,7 @@ class Sampler:
         self.clock = clock
         self.wall = wall
         self.proc = ProcReader(settings.proc_root)
+        self.pss = PssSampler(self.proc.smaps_rollup, clock=clock)
         self.discovery = Discovery(
             self.proc, settings.pids, clock=clock, wall=wall, boot_time=_boot_time(settings.proc_root)
         )
@@ -198,6 +204,7 @@ class Sampler:
                 if row is not None:
                     rows.append(row)
             rank_rows.append((job, rows))
+        self.pss.forget({tracked.key for _, rows in rank_rows for tracked, _ in rows})
         self._timed("proc", statuses, t, proc_problem is None, proc_problem)
 
         t = self.clock()
@@ -311,6 +318,7 @@ class Sampler:
                 continue
             tree_rss += child_rss
             members += 1
+        pss, uss = self.pss.of(tracked.key, tree, tree_rss)
         return tracked, _RankRead(
             rss,
             status.peak_rss_bytes,
@@ -321,6 +329,8 @@ class Sampler:
             tree,
             status.ns_pids,
             status.uid,
+            pss,
+            uss,
         )
 
     # -- cgroups ------------------------------------------------------------------------

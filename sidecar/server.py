@@ -166,6 +166,8 @@ def ranks_view(
                     "rss_bytes": r.rss_bytes,
                     "peak_rss_bytes": r.peak_rss_bytes,
                     "tree_rss_bytes": r.tree_rss_bytes,
+                    "tree_pss_bytes": r.tree_pss_bytes,
+                    "tree_uss_bytes": r.tree_uss_bytes,
                     "tree_processes": r.tree_processes,
                     "cpu_seconds": round(r.cpu_seconds, 3),
                     "threads": r.threads,

@@ -276,8 +276,14 @@ def targets() -> list[Target]:
         st.builds(lambda k, v: {**real_state, k: v}, st.sampled_from(sorted(real_state)), _json_values()),
         _json_values(),
     )
+    rollup_lines = (FIXTURES / "smaps" / "python-32mib.smaps_rollup").read_text().splitlines()
+    rollups = st.lists(
+        st.one_of(st.sampled_from(rollup_lines), st.text(max_size=40), st.just("Pss: " + "9" * 25 + " kB")),
+        max_size=40,
+    ).map(lambda lines: "\n".join(lines).encode("utf-8", "surrogatepass"))
     parse_error = (ParseError,)
     return [
+        Target("/proc/PID/smaps_rollup", proc.parse_smaps_rollup, rollups, parse_error),
         Target("cgroup memory.stat", memory_stat, mutated("any")),
         Target("journal state", state, states, (ValueError, TypeError, KeyError, AttributeError)),
         Target("kmsg record", kmsg, kmsg_inputs),

@@ -76,6 +76,20 @@ def test_rank_cgroup_limit_and_usage(tmp_path, cgroups):
         (info,) = [labels for labels, _ in m["trainwatch_cgroup_info"] if labels["cgroup"] == child_path]
         assert info["version"] == str(version) and info["limited_by"] == parent_path
 
+        # PSS and USS of each rank's tree: the workers were forked after the rank took its
+        # 300 MiB, so RSS counts those pages three times and PSS once
+        def measured() -> dict | None:
+            rows = [r for j in daemon.ranks()["jobs"] for r in j["ranks"] if j["job"] == key]
+            whole = [r for r in rows if r["tree_processes"] == 3 and r["tree_pss_bytes"]]
+            return {r["label"]: r for r in whole} if len(whole) == 2 else None
+
+        for rank, row in wait_for(measured, 30, "PSS of both ranks' whole trees").items():
+            rss, pss, uss = row["tree_rss_bytes"], row["tree_pss_bytes"], row["tree_uss_bytes"]
+            assert 500 * (1 << 20) <= pss < 0.75 * rss, (rank, rss, pss)
+            assert uss < pss, (rank, pss, uss)
+        m = daemon.metrics()
+        assert value(m, "trainwatch_rank_tree_proportional_memory_bytes", job=key, rank="0")
+        assert value(m, "trainwatch_rank_tree_unique_memory_bytes", job=key, rank="0")
         body = daemon.ranks()
         (cg,) = [c for c in body["cgroups"] if c["path"] == child_path]
         assert cg["ancestors"][0] == {"path": parent_path, "limit_bytes": 3 * GIB}

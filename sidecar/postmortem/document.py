@@ -77,6 +77,8 @@ class RankRow:
     rss_bytes: int | None = None
     peak_rss_bytes: int | None = None
     tree_rss_bytes: int | None = None
+    tree_pss_bytes: int | None = None
+    tree_uss_bytes: int | None = None
     gpu_memory_bytes: int | None = None
     local_rank_inferred: bool = False  # a log gave the pid only; the local rank is a guess
 
@@ -153,6 +155,8 @@ def _rank(r: RankRow) -> dict[str, Any]:
         "rss_bytes": r.rss_bytes,
         "peak_rss_bytes": r.peak_rss_bytes,
         "tree_rss_bytes": r.tree_rss_bytes,
+        "tree_pss_bytes": r.tree_pss_bytes,
+        "tree_uss_bytes": r.tree_uss_bytes,
         "gpu_memory_bytes": r.gpu_memory_bytes,
     }
     if r.local_rank_inferred:

@@ -24,6 +24,7 @@ __all__ = [
     "parse_cmdline",
     "parse_environ",
     "parse_rank_env",
+    "parse_smaps_rollup",
     "parse_stat",
     "parse_stat_brief",
     "parse_status",
@@ -119,6 +120,30 @@ def _field(data: bytes, key: bytes) -> bytes | None:
     start += len(key)
     end = data.find(b"\n", start)
     return data[start : end if end >= 0 else len(data)]
+
+
+def parse_smaps_rollup(data: bytes) -> tuple[int, int]:
+    """(PSS, USS) bytes from /proc/PID/smaps_rollup: the process's proportional share of
+    the pages it maps, and the pages only it maps (Private_Clean + Private_Dirty +
+    Private_Hugetlb). Raises ParseError without a Pss line (a kernel thread, or an exited
+    process, whose rollup is empty)."""
+    pss = uss = 0
+    seen = False
+    for line in data.splitlines():
+        key, _, rest = line.partition(b":")
+        if key not in (b"Pss", b"Private_Clean", b"Private_Dirty", b"Private_Hugetlb"):
+            continue
+        fields = rest.split()
+        if not fields or not fields[0].isdigit() or len(fields[0]) > 20:
+            raise ParseError(f"smaps_rollup: bad {key.decode()} line")
+        value = int(fields[0]) * 1024
+        if key == b"Pss":
+            pss, seen = value, True
+        else:
+            uss += value
+    if not seen:
+        raise ParseError("smaps_rollup: no Pss line")
+    return pss, uss
 
 
 def parse_status(data: bytes) -> ProcStatus:
@@ -274,6 +299,11 @@ class ProcReader:
 
     def status(self, pid: int) -> ProcStatus:
         return parse_status(self._read_one_shot(pid, "status"))
+
+    def smaps_rollup(self, pid: int) -> tuple[int, int]:
+        """(PSS, USS) bytes. The kernel walks every mapping to sum them (under the
+        process's mmap lock, for reading): not for every round (``probes/pss.py``)."""
+        return parse_smaps_rollup(read_bytes(f"{self.root}/{pid}/smaps_rollup", limit=8 << 10))
 
     def environ(self, pid: int) -> dict[str, str]:
         """Raises AccessDenied for another user's process without CAP_SYS_PTRACE."""

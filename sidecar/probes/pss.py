@@ -1,0 +1,90 @@
+"""What each rank's tree really holds: PSS and USS, off the hot path.
+
+RSS counts a page once per process that maps it, so a rank and its forked DataLoader
+workers, sharing the dataset's pages, are counted several times over; and copy-on-access
+growth (a worker touching Python objects un-shares their pages) hides inside RSS. PSS
+splits each page among the processes that map it (the tree's PSS adds up to what it holds);
+USS counts only the pages a process alone maps (what goes when it exits).
+
+They come from ``/proc/PID/smaps_rollup``, for which the kernel walks every mapping of the
+process: milliseconds for a large one, under its mmap lock. So a tree is measured every
+``EVERY_S`` seconds, sooner (but not within ``MIN_GAP_S``) when its RSS grew by
+``GROWTH`` since the last measurement, and never so often that the measuring takes more
+than ``CORE_SHARE`` of a core on average: a tree whose measurement took ``t`` seconds is
+not measured again within ``t / CORE_SHARE``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sidecar.errors import NoSuchProcess, ProbeError
+from sidecar.model import ProcKey
+
+__all__ = ["PssSampler"]
+
+EVERY_S = 10.0
+MIN_GAP_S = 1.0
+GROWTH = 0.10
+CORE_SHARE = 0.01
+
+
+@dataclass(slots=True)
+class _Measured:
+    at: float
+    next_at: float  # due again, growth or not
+    budget_at: float  # not before: what the last measurement cost, at CORE_SHARE of a core
+    tree_rss: int
+    pss: int
+    uss: int
+
+
+class PssSampler:
+    """Per rank, the latest (PSS, USS) of its tree; measured when due. One sampler thread."""
+
+    def __init__(
+        self,
+        rollup: Callable[[int], tuple[int, int]],
+        clock: Callable[[], float] = time.monotonic,
+        cpu: Callable[[], float] = time.thread_time,
+    ) -> None:
+        self._rollup = rollup
+        self._clock = clock
+        self._cpu = cpu
+        self._last: dict[ProcKey, _Measured] = {}
+        self.measured_total = 0  # trees measured
+        self.cpu_seconds = 0.0  # spent measuring
+
+    def of(self, rank: ProcKey, tree: list[int], tree_rss: int) -> tuple[int | None, int | None]:
+        """The tree's (PSS, USS), measured now if it is due, else as last measured;
+        (None, None) before the first measurement."""
+        now = self._clock()
+        last = self._last.get(rank)
+        due = last is None or now >= last.next_at
+        if last is not None and not due:
+            grew = tree_rss > last.tree_rss * (1 + GROWTH)
+            due = grew and now - last.at >= MIN_GAP_S and now >= last.budget_at
+        if not due:
+            return (last.pss, last.uss) if last is not None else (None, None)
+        started = self._cpu()
+        pss = uss = 0
+        for pid in tree:
+            try:
+                p, u = self._rollup(pid)
+            except (NoSuchProcess, ProbeError):
+                continue  # gone, a zombie, or not ours to read: the rest still count
+            pss += p
+            uss += u
+        cost = max(0.0, self._cpu() - started)
+        self.measured_total += 1
+        self.cpu_seconds += cost
+        spent = cost / CORE_SHARE
+        self._last[rank] = _Measured(now, now + max(EVERY_S, spent), now + spent, tree_rss, pss, uss)
+        return pss, uss
+
+    def forget(self, live: set[ProcKey]) -> None:
+        """Drop the ranks that are gone."""
+        for key in [k for k in self._last if k not in live]:
+            del self._last[key]

@@ -1,0 +1,78 @@
+"""PSS and USS of a rank's tree: the smaps_rollup parser on a real capture, and when the
+sampler measures (every 10 s, sooner on growth, never over its CPU budget). The real tree
+(a rank and its forked workers sharing its pages) is in tests/test_e2e_cgroup.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.errors import NoSuchProcess, ParseError
+from sidecar.model import ProcKey
+from sidecar.probes.proc import parse_smaps_rollup
+from sidecar.probes.pss import PssSampler
+from tests.paths import FIXTURES
+
+KIB = 1024
+
+
+def test_a_real_rollup():
+    data = (FIXTURES / "smaps" / "python-32mib.smaps_rollup").read_bytes()
+    pss, uss = parse_smaps_rollup(data)
+    assert pss == 45258 * KIB
+    assert uss == (5040 + 39648) * KIB  # Private_Clean + Private_Dirty (+ Private_Hugetlb, 0)
+
+
+@pytest.mark.parametrize("data", [b"", b"Rss: 5 kB\n", b"Pss: x kB\n", b"Pss: " + b"9" * 30 + b" kB\n"])
+def test_a_rollup_without_a_usable_pss_is_refused(data):
+    with pytest.raises(ParseError):
+        parse_smaps_rollup(data)
+
+
+class Fake:
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.cpu = 0.0
+        self.cost = 0.001  # CPU seconds one tree's measurement takes
+        self.reads: list[int] = []
+
+    def rollup(self, pid: int) -> tuple[int, int]:
+        self.reads.append(pid)
+        self.cpu += self.cost / 2
+        if pid == 99:
+            raise NoSuchProcess("gone", str(pid))
+        return 10 * pid, pid
+
+
+def test_measured_at_once_then_every_ten_seconds_sooner_on_growth():
+    f = Fake()
+    s = PssSampler(f.rollup, clock=lambda: f.now, cpu=lambda: f.cpu)
+    rank = ProcKey(1, 1)
+    assert s.of(rank, [1, 2, 99], 1000) == (30, 3)  # the gone worker is left out
+    f.now += 0.5
+    assert s.of(rank, [1, 2, 3], 2000) == (30, 3)  # grew, but within a second of the last
+    f.now += 4.5
+    assert s.of(rank, [1, 2], 1050) == (30, 3) and len(f.reads) == 3  # not due, no growth
+    f.now += 1
+    assert s.of(rank, [1, 2, 3], 2000) == (60, 6)  # grew by over 10 %: measured
+    f.now += 5
+    assert s.of(rank, [1, 2, 3], 2000) == (60, 6) and len(f.reads) == 6  # not due, no new growth
+    f.now += 5
+    assert s.of(rank, [1, 2, 3], 2000) == (60, 6) and len(f.reads) == 9  # ten seconds: due again
+    s.forget(set())
+    assert s.of(rank, [1], 2000) == (10, 1)  # forgotten: measured afresh
+
+
+def test_a_costly_tree_is_measured_less_often():
+    """A measurement that took 0.5 s of CPU waits 50 s (1 % of a core), growth or not."""
+    f = Fake()
+    f.cost = 0.5
+    s = PssSampler(f.rollup, clock=lambda: f.now, cpu=lambda: f.cpu)
+    rank = ProcKey(1, 1)
+    s.of(rank, [1, 2], 1000)
+    f.now += 20
+    s.of(rank, [1, 2], 5000)
+    assert len(f.reads) == 2  # neither the 10 s nor the growth: the budget holds it back
+    f.now += 31
+    s.of(rank, [1, 2], 5000)
+    assert len(f.reads) == 4
+    assert s.measured_total == 2 and s.cpu_seconds == pytest.approx(1.0)
