@@ -210,6 +210,8 @@ def _cgroup(c: CgroupSample) -> list[Any]:
         c.effective_limit_bytes,
         _charge(c.charge),
         c.events,
+        list(c.pressure_ratio) if c.pressure_ratio else None,
+        list(c.pressure_stall_seconds) if c.pressure_stall_seconds else None,
     ]
 
 
@@ -387,9 +389,11 @@ def _uncharge(v: Any) -> MemoryCharge | None:
 
 
 def _uncgroup(v: Any) -> CgroupSample:
+    fields = _list(v)
     path, version, usage, limit, peak, kills, events, ancestors, limited_by, effective, charge, mem_events = (
-        _list(v)
+        fields[:12]
     )
+    ratio, stall = (_pair(x) for x in [*fields[12:14], None, None][:2])  # older states have none
     return CgroupSample(
         _str(path),
         _int(version),
@@ -403,7 +407,16 @@ def _uncgroup(v: Any) -> CgroupSample:
         _oint(effective),
         _uncharge(charge),
         _int_map(mem_events),
+        ratio,
+        stall,
     )
+
+
+def _pair(v: Any) -> tuple[float, float | None] | None:
+    if v is None:
+        return None
+    first, second = _list(v)
+    return _num(first), _onum(second)
 
 
 def _unhost(v: Any) -> HostSample:

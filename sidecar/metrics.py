@@ -136,6 +136,14 @@ METRICS: dict[str, Spec] = {
         ("cgroup", "event"),
         "v2 memory.events: times the cgroup went over low, high or max, hit an OOM, had a process OOM-killed",
     ),
+    "trainwatch_cgroup_memory_pressure_ratio": Spec(
+        "gauge",
+        ("cgroup", "kind"),
+        "v2: share of the last 10 s the cgroup's tasks stalled on memory (memory.pressure avg10, 0..1)",
+    ),
+    "trainwatch_cgroup_memory_pressure_stall_seconds_total": Spec(
+        "counter", ("cgroup", "kind"), "v2: cumulative memory stall time of the cgroup's tasks in seconds"
+    ),
     "trainwatch_cgroup_info": Spec(
         "gauge",
         ("cgroup", "version", "limited_by"),
@@ -332,6 +340,13 @@ class TrainwatchCollector(Collector):
                     f.add("trainwatch_cgroup_memory_working_set_bytes", c.working_set_bytes, cg.path)
             for event, count in cg.events.items():
                 f.add("trainwatch_cgroup_memory_events_total", count, cg.path, event)
+            for kind, ratio, stall in zip(
+                ("some", "full"), cg.pressure_ratio or (), cg.pressure_stall_seconds or (), strict=False
+            ):
+                if ratio is not None:
+                    f.add("trainwatch_cgroup_memory_pressure_ratio", ratio, cg.path, kind)
+                if stall is not None:
+                    f.add("trainwatch_cgroup_memory_pressure_stall_seconds_total", stall, cg.path, kind)
         host = snap.host
         if host is not None:
             f.add("trainwatch_host_memory_available_bytes", host.available_bytes)

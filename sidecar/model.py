@@ -176,6 +176,9 @@ class CgroupSample:
     effective_limit_bytes: int | None = None
     charge: MemoryCharge | None = None
     events: dict[str, int] = field(default_factory=dict)  # v2 memory.events: low, high, max, oom, oom_kill
+    # v2 memory.pressure, the cgroup's own: (some avg10, full avg10) as 0..1, (some, full) totals in s
+    pressure_ratio: tuple[float, float | None] | None = None
+    pressure_stall_seconds: tuple[float, float | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)

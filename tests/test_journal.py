@@ -49,6 +49,8 @@ def _cgroup() -> CgroupSample:
         effective_limit_bytes=1000,
         charge=MemoryCharge(600, 100, 150, None, 800, 100),
         events={"max": 3, "oom_kill": 0},
+        pressure_ratio=(0.25, None),
+        pressure_stall_seconds=(1.5, None),
     )
 
 

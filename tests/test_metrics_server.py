@@ -184,3 +184,31 @@ def test_fast_renderer_matches_prometheus_client(daemon, openmetrics):
     ours = render(both.collect(), openmetrics=openmetrics).decode()
     theirs = (om_latest if openmetrics else generate_latest)(make_registry(both)).decode()
     assert _parsed(ours, openmetrics) == _parsed(theirs, openmetrics)
+
+
+def test_the_cgroup_charge_events_and_pressure_families():
+    """A v2 cgroup's charge split, working set, memory.events and memory.pressure, as the
+    collector exports them (the probe that reads them: tests/test_probes_cgroup.py)."""
+    from sidecar.exposition import render
+    from sidecar.metrics import TrainwatchCollector
+    from sidecar.model import CgroupSample, MemoryCharge, Snapshot
+
+    cg = CgroupSample(
+        "/pod", 2, 1000, 2000, None, 1, 1, charge=MemoryCharge(600, 200, 100, 50, 800, 200),
+        events={"high": 4, "max": 2, "oom_kill": 1}, pressure_ratio=(0.25, None),
+        pressure_stall_seconds=(1.5, None),
+    )  # fmt: skip
+    snap = Snapshot(1.0, 1.0, (), None, (), (cg,), {}, 1, 0, 0.0, 0)
+    body = render(TrainwatchCollector(lambda: snap).collect(), openmetrics=False)
+    got = samples(body.decode() if isinstance(body, bytes) else body)
+    for kind, n in {"anon": 600, "file": 200, "shmem": 100, "kernel": 50}.items():
+        assert got[("trainwatch_cgroup_memory_charge_bytes", (("cgroup", "/pod"), ("kind", kind)))] == n
+    assert got[("trainwatch_cgroup_memory_working_set_bytes", (("cgroup", "/pod"),))] == 800
+    assert got[("trainwatch_cgroup_memory_events_total", (("cgroup", "/pod"), ("event", "high")))] == 4
+    assert got[("trainwatch_cgroup_memory_pressure_ratio", (("cgroup", "/pod"), ("kind", "some")))] == 0.25
+    assert (
+        got[("trainwatch_cgroup_memory_pressure_stall_seconds_total", (("cgroup", "/pod"), ("kind", "some")))]
+        == 1.5
+    )
+    assert not any(name == "trainwatch_cgroup_memory_pressure_ratio" and ("kind", "full") in labels
+                   for name, labels in got)  # fmt: skip

@@ -112,11 +112,16 @@ def test_v2_kubepods_tree(tmp_path):
 
 def test_the_charge_split_and_memory_events_of_a_v2_pod(tmp_path):
     """memory.stat (a real capture) is read once per sample into the split; memory.events
-    keeps the five events the metric exports; a cgroup without memory.stat has no split."""
+    keeps the five events the metric exports; memory.pressure gives the cgroup's own
+    stall; a cgroup without those files has none of them."""
     cg = cgtrees.kubepods_v2(tmp_path)
     pod = cg / "kubepods.slice/kubepods-pod1.slice"
     real = FIXTURES / "cgroup-v2-memory"
     (pod / "memory.stat").write_text((real / "memory.stat").read_text())
+    (pod / "memory.pressure").write_text(
+        "some avg10=1.50 avg60=0.40 avg300=0.10 total=2500000\n"
+        "full avg10=0.50 avg60=0.10 avg300=0.02 total=900000\n"
+    )
     reader = CgroupReader(MOUNTINFO_V2, fs_prefix=str(tmp_path))
     ref = reader.resolve(b"0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-c1.scope\n")
     assert ref is not None
@@ -126,6 +131,8 @@ def test_the_charge_split_and_memory_events_of_a_v2_pod(tmp_path):
     assert s.charge.shmem_bytes == 48 * MIB and s.charge.anon_bytes >= 96 * MIB
     assert s.charge.working_set_bytes == 4_000 * MIB - 64 * MIB  # current - inactive_file
     assert s.events == {"low": 0, "high": 0, "max": 37, "oom": 2, "oom_kill": 2}
+    assert s.pressure_ratio == (0.015, 0.005) and s.pressure_stall_seconds == (2.5, 0.9)
+    assert reader.sample(ref).pressure_ratio is None  # no memory.pressure there: none, not zero
 
 
 def test_v1_charge_with_kernel_memory(tmp_path):

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from sidecar.errors import NoSuchProcess, ParseError, ProbeError, read_bytes
 from sidecar.model import CgroupLevel, CgroupSample, MemoryCharge
 from sidecar.parse.memstat import charge_of, parse_memory_stat
+from sidecar.probes.host import Psi, parse_psi
 
 __all__ = [
     "UNLIMITED_THRESHOLD",
@@ -243,6 +244,7 @@ class CgroupReader:
         the cgroup directory is gone (the job's container or step ended)."""
         events: dict[str, int] | None = None
         charge = None
+        psi: Psi | None = None
         if ref.version == 1:
             usage = _read_int(f"{ref.directory}/memory.usage_in_bytes")
             limit = _read_limit(f"{ref.directory}/memory.limit_in_bytes")
@@ -266,6 +268,7 @@ class CgroupReader:
                 oom_events = events.get("oom") if events is not None else None
                 if usage is not None:
                     charge = _charge(ref.directory, 2, usage)
+                    psi = _pressure(ref.directory)
         if usage is None and not (ref.version == 2 and ref.directory == ref.mount_directory):
             raise NoSuchProcess(f"{ref.directory}: cgroup gone", ref.directory)
         ancestors = self._cached_ancestors(ref)
@@ -283,6 +286,8 @@ class CgroupReader:
             effective_limit_bytes=effective,
             charge=charge,
             events={k: events[k] for k in V2_EVENTS if k in events} if events else {},
+            pressure_ratio=(psi.some_avg10_ratio, psi.full_avg10_ratio) if psi else None,
+            pressure_stall_seconds=(psi.some_total_seconds, psi.full_total_seconds) if psi else None,
         )
 
     def sample_level(self, ref: MemoryCgroupRef, path: str) -> CgroupSample:
@@ -352,6 +357,14 @@ def _charge(directory: str, version: int, usage: int) -> MemoryCharge | None:
     except ProbeError:
         return None
     return charge_of(stat, version, usage, kmem)
+
+
+def _pressure(directory: str) -> Psi | None:
+    """The cgroup's own memory.pressure (v2; absent where PSI is off): None when unreadable."""
+    try:
+        return parse_psi(read_bytes(f"{directory}/memory.pressure", 4096))
+    except ProbeError:
+        return None
 
 
 def _read_int(path: str) -> int | None:
