@@ -80,12 +80,14 @@ def test_rank_cgroup_limit_and_usage(tmp_path, cgroups):
         # 300 MiB, so RSS counts those pages three times and PSS once
         def measured() -> dict | None:
             rows = [r for j in daemon.ranks()["jobs"] for r in j["ranks"] if j["job"] == key]
-            whole = [r for r in rows if r["tree_processes"] == 3 and r["tree_pss_bytes"]]
+            # measured since the rank took its memory (the first measurement may predate it;
+            # the tree's growth brings the next within seconds)
+            whole = [r for r in rows if r["tree_processes"] == 3 and (r["tree_pss_bytes"] or 0) >= 500 << 20]
             return {r["label"]: r for r in whole} if len(whole) == 2 else None
 
         for rank, row in wait_for(measured, 30, "PSS of both ranks' whole trees").items():
             rss, pss, uss = row["tree_rss_bytes"], row["tree_pss_bytes"], row["tree_uss_bytes"]
-            assert 500 * (1 << 20) <= pss < 0.75 * rss, (rank, rss, pss)
+            assert pss < 0.75 * rss, (rank, rss, pss)
             assert uss < pss, (rank, pss, uss)
         m = daemon.metrics()
         assert value(m, "trainwatch_rank_tree_proportional_memory_bytes", job=key, rank="0")
