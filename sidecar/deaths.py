@@ -49,7 +49,7 @@ from sidecar.parse.kernel import (
 )
 from sidecar.postmortem import PostmortemStore, build, iso, make_id
 from sidecar.probes.outputs import OutputFile
-from sidecar.reconstruct import incidents_of, killed_at, revive, state_of
+from sidecar.reconstruct import incidents_of, killed_at, revive, state_of, watched
 from sidecar.records import EVERY_INCIDENT, Records
 from sidecar.timeline import Timeline
 from sidecar.watch.exits import ExitEvent
@@ -290,20 +290,21 @@ class DeathWatch:
         if self.journal is None:
             return
         with self._cv:
+            latest = self._snapshots[-1] if self._snapshots else None
+            ranks, substance = watched(self._known, latest, self._incidents.values())
+            if substance == self._journal_sig and (not ranks or now - self._journal_at < SAVE_EVERY_S * 1e9):
+                return
+            self._journal_sig, self._journal_at = substance, now
             state = state_of(
                 self.boot_id,
                 now,
                 self.wall(),
-                self._known,
-                self._snapshots[-1] if self._snapshots else None,
+                ranks,
+                latest,
                 self._incidents.values(),
                 self._agent_outputs,
                 {pid: files for pid, (files, _) in self._rank_files.items()},
             )
-            sig = state.signature()
-            if sig == self._journal_sig and (not state.ranks or now - self._journal_at < SAVE_EVERY_S * 1e9):
-                return
-            self._journal_sig, self._journal_at = sig, now
         since = self.wall() - TIMELINE_WINDOW_S
         curves = {job: thin(self.timeline.window(job, since)) for job in {k.gen.job for k in state.ranks}}
         self.journal.save(replace(state, curves=curves))

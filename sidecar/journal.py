@@ -24,7 +24,7 @@ import json
 import logging
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any
 
 from sidecar.incidents import Generation, Known
@@ -87,13 +87,6 @@ class State:
     host: HostSample | None
     incidents: tuple[SavedIncident, ...]
     curves: dict[str, tuple[TimelinePoint, ...]]  # job key -> its memory curve
-
-    def signature(self) -> object:
-        """What changes the state in substance (not the samples' values)."""
-        return (
-            frozenset(k.sample.key for k in self.ranks),
-            tuple((i.gen, i.doc_id, frozenset(i.deaths)) for i in self.incidents),
-        )
 
 
 class Journal:
@@ -159,7 +152,7 @@ class Journal:
         return state
 
 
-# -- encoding ---------------------------------------------------------------------------
+# -- encoding (flat records field by field, in declaration order: the decoders unpack it) --
 
 
 def _files(files: tuple[OutputFile, ...]) -> list[list[Any]]:
@@ -216,41 +209,15 @@ def _cgroup(c: CgroupSample) -> list[Any]:
 
 
 def _charge(c: MemoryCharge | None) -> list[Any] | None:
-    if c is None:
-        return None
-    return [
-        c.anon_bytes,
-        c.file_bytes,
-        c.shmem_bytes,
-        c.kernel_bytes,
-        c.working_set_bytes,
-        c.inactive_file_bytes,
-    ]
+    return list(astuple(c)) if c is not None else None
 
 
 def _host(h: HostSample) -> list[Any]:
-    return [
-        h.total_bytes,
-        h.available_bytes,
-        h.oom_kills,
-        h.psi_some_avg10_ratio,
-        h.psi_full_avg10_ratio,
-        h.psi_some_total_seconds,
-        h.psi_full_total_seconds,
-        h.shm_total_bytes,
-        h.shm_used_bytes,
-    ]
+    return list(astuple(h))
 
 
 def _point(p: TimelinePoint) -> list[Any]:
-    return [
-        p.at,
-        p.host_available_bytes,
-        p.cgroup_usage_bytes,
-        p.rss_bytes,
-        p.tree_rss_bytes,
-        p.gpu_memory_bytes,
-    ]
+    return list(astuple(p))
 
 
 def thin(points: list[TimelinePoint], most: int = CURVE_POINTS) -> tuple[TimelinePoint, ...]:

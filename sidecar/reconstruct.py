@@ -15,7 +15,7 @@ from sidecar.model import ProcKey, Snapshot
 from sidecar.probes.outputs import OutputFile
 from sidecar.probes.proc import TICKS_PER_SECOND
 
-__all__ = ["Revived", "incidents_of", "killed_at", "revive", "state_of"]
+__all__ = ["Revived", "incidents_of", "killed_at", "revive", "state_of", "watched"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,23 +85,35 @@ def killed_at(kills: list[tuple[int, int]]) -> Callable[[ProcKey], int | None]:
     return at
 
 
-def state_of(
-    boot_id: str,
-    now_ns: int,
-    wall: float,
-    known: dict[int, Known],
-    latest: tuple[int, Snapshot] | None,
-    incidents: Iterable[Incident],
-    agent_files: dict[int, list[OutputFile]],
-    rank_files: dict[int, list[OutputFile]],
-) -> State:
-    """The death watch's state as the journal keeps it (without the curves): the ranks the
-    latest round saw, and those of open incidents."""
+def watched(
+    known: dict[int, Known], latest: tuple[int, Snapshot] | None, incidents: Iterable[Incident]
+) -> tuple[tuple[Known, ...], object]:
+    """The ranks the journal keeps (those the latest round saw, and those of open
+    incidents) and what the journal would hold in substance (the ranks, the incidents'
+    ids and deaths; not the samples' values): compared cheaply every round."""
     incidents = list(incidents)
     in_incident = {pid for inc in incidents for pid in inc.ranks}
     ranks = tuple(
         k for pid, k in known.items() if pid in in_incident or (latest is not None and k.seen_ns == latest[0])
     )
+    substance = (
+        frozenset(k.sample.key for k in ranks),
+        tuple((i.gen, i.doc_id, frozenset(i.deaths)) for i in incidents),
+    )
+    return ranks, substance
+
+
+def state_of(
+    boot_id: str,
+    now_ns: int,
+    wall: float,
+    ranks: tuple[Known, ...],
+    latest: tuple[int, Snapshot] | None,
+    incidents: Iterable[Incident],
+    agent_files: dict[int, list[OutputFile]],
+    rank_files: dict[int, list[OutputFile]],
+) -> State:
+    """The death watch's state as the journal keeps it (without the curves)."""
     snap = latest[1] if latest is not None else None
     agents = {k.gen.agent_pid for k in ranks}
     return State(

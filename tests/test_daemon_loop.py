@@ -29,6 +29,18 @@ def _snapshot(i: int, jobs: tuple[JobSample, ...], at: float | None = None) -> S
     )
 
 
+def _loop_settings(proc_tree, tmp_path) -> Settings:
+    """An in-process daemon over a fixture tree at 10 Hz: the test runner itself is neither
+    locked in memory nor reniced."""
+    return Settings(
+        interval_seconds=0.1,
+        proc_root=str(proc_tree),
+        postmortem_dir=str(tmp_path),
+        self_protection=False,
+        oom_score_adj=None,
+    )
+
+
 def _job(key: str, rss: int) -> JobSample:
     rank = RankSample(
         job=key,
@@ -94,13 +106,7 @@ def test_timeline_keeps_ended_jobs_for_a_while_but_not_forever():
 
 def test_overruns_are_counted_and_the_loop_survives_errors(proc_tree, tmp_path):
     sampler = _sampler(proc_tree, tmp_path)
-    settings = Settings(
-        interval_seconds=0.1,
-        proc_root=str(proc_tree),
-        postmortem_dir=str(tmp_path),
-        self_protection=False,  # the test runner itself is neither locked nor reniced
-        oom_score_adj=None,
-    )
+    settings = _loop_settings(proc_tree, tmp_path)
     real = sampler.sample
     calls = {"n": 0}
 
@@ -135,13 +141,7 @@ def test_deadlines_do_not_drift(proc_tree, tmp_path):
 
     clock = Clock()
     sampler = _sampler(proc_tree, tmp_path, clock=clock)
-    settings = Settings(
-        interval_seconds=0.1,
-        proc_root=str(proc_tree),
-        postmortem_dir=str(tmp_path),
-        self_protection=False,  # the test runner itself is neither locked nor reniced
-        oom_score_adj=None,
-    )
+    settings = _loop_settings(proc_tree, tmp_path)
     durations = [0.05] * 5 + [0.25] + [0.05] * 3
     starts: list[float] = []
     real = sampler.sample

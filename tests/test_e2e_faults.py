@@ -111,6 +111,20 @@ def test_two_daemons_on_one_node_both_explain_the_death(tmp_path):
         assert not any(p.exists() for p in mine)  # each removed its own, and only its own
 
 
+def _growing_on_cue(tmp_path: Path, name: str, cgroup: Path, cue: Path) -> TorchrunJob:
+    """A job in ``cgroup`` whose rank 1 grows until the limit kills it, once ``cue`` exists."""
+    return TorchrunJob(
+        tmp_path,
+        name,
+        wrap=join_cgroup(cgroup),
+        hold_mb=50,
+        workers=0,
+        grow_rank=1,
+        grow_after=0,
+        grow_file=cue,
+    )
+
+
 @pytest.mark.root
 @requires("memcg")
 def test_a_death_while_the_daemon_was_down_is_explained_on_restart(tmp_path):
@@ -121,16 +135,7 @@ def test_a_death_while_the_daemon_was_down_is_explained_on_restart(tmp_path):
     state = tmp_path / "postmortems" / "trainwatch.state"
     with (
         memory_cgroup(int(1.5 * GIB), "trainwatch-down") as (_version, parent, child),
-        TorchrunJob(
-            tmp_path,
-            "down",
-            wrap=join_cgroup(child),
-            hold_mb=50,
-            workers=0,
-            grow_rank=1,
-            grow_after=0,
-            grow_file=grow,
-        ) as job,
+        _growing_on_cue(tmp_path, "down", child, grow) as job,
     ):
         pids = job.ready()
         with DaemonProc(tmp_path) as first:
@@ -202,16 +207,7 @@ def test_a_kernel_log_overrun_mid_incident_is_said_and_never_certain(tmp_path):
     grow = tmp_path / "grow"
     with (
         memory_cgroup(int(1.5 * GIB), "trainwatch-overrun") as (_version, parent, child),
-        TorchrunJob(
-            tmp_path,
-            "overrun",
-            wrap=join_cgroup(child),
-            hold_mb=50,
-            workers=0,
-            grow_rank=1,
-            grow_after=0,
-            grow_file=grow,
-        ) as job,
+        _growing_on_cue(tmp_path, "overrun", child, grow) as job,
         DaemonProc(tmp_path) as daemon,
     ):
         pids = job.ready()
