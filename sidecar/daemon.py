@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from sidecar import guard, saferead
 from sidecar.deaths import DeathWatch
+from sidecar.foresight import Foresight
 from sidecar.journal import Journal, State, read_boot_id
 from sidecar.model import Snapshot
 from sidecar.postmortem import PostmortemStore
@@ -74,6 +75,7 @@ class Daemon:
         self.timeline = Timeline(settings.history_seconds, settings.interval_seconds)
         self.store = PostmortemStore(settings.postmortem_dir)
         self.stalls = StallTracker(settings.stall_after_seconds, py_spy=settings.py_spy)
+        self.foresight = Foresight()
         host = HostReader(settings.proc_root)
         self.deaths = DeathWatch(
             self.store,
@@ -85,6 +87,7 @@ class Daemon:
             proc_root=settings.proc_root,
             job_output=job_output,
             stacks_of=self.stalls.stacks,
+            warnings_of=self.foresight.warnings,
             journal=Journal(settings.postmortem_dir),
             boot_id=read_boot_id(settings.proc_root),
         )
@@ -254,6 +257,7 @@ class Daemon:
         return snapshot
 
     def _publish(self, snapshot: Snapshot) -> None:
+        snapshot = self.foresight.update(snapshot)
         stalled = self.stalls.update(snapshot)
         if any(stalled.values()):
             snapshot = dataclasses.replace(

@@ -28,6 +28,7 @@ from sidecar.autopsy import (
     autopsy,
     signal_name,
 )
+from sidecar.foresight import Warned
 from sidecar.gather import Gatherer
 from sidecar.incidents import (
     Generation,
@@ -84,6 +85,7 @@ class DeathWatch:
         read_outputs: bool = True,
         job_output: Callable[[int], str] | None = None,
         stacks_of: Callable[[str], tuple[dict[str, str], float | None]] | None = None,
+        warnings_of: Callable[[str], tuple[Warned, ...]] = lambda job: (),
         hostname: str | None = None,
         proc_root: str = "/proc",
         journal: Journal | None = None,
@@ -94,6 +96,7 @@ class DeathWatch:
         self.store = store
         self.timeline = timeline
         self.stacks_of = stacks_of  # the ranks' Python stacks recorded while the job stalled
+        self.warnings_of = warnings_of  # what foresight predicted for a job (foresight.py)
         self.hostname = hostname or socket.gethostname()
         self.gather = Gatherer(
             proc_root=proc_root,
@@ -553,6 +556,11 @@ class DeathWatch:
                 updated_at=self.wall(),
                 hostname=self.hostname,
                 stacks=self._stacks(inc),
+                warnings=[
+                    w
+                    for w in self.warnings_of(inc.gen.job)
+                    if w.restart == inc.gen.restart and w.at <= died_at
+                ],
             )
         )
 

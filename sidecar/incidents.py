@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.autopsy import Evidence, RankState, UserspaceKill, Verdict, advice
+from sidecar.autopsy.filled import what_filled
+from sidecar.foresight import Warned
 from sidecar.model import Fate, Kind, RankSample, Snapshot, TimelinePoint
 from sidecar.parse.flight import FlightVerdict
 from sidecar.parse.ranks import Finding
@@ -240,6 +242,7 @@ def live_parts(
     updated_at: float,
     hostname: str,
     stacks: dict[str, Any] | None,
+    warnings: list[Warned] | None = None,
 ) -> Parts:
     """What the daemon knows of an incident, as the document's parts. ``points``: the job's
     timeline over the window before the death; ``wall_of``: a monotonic ns time as
@@ -321,7 +324,20 @@ def live_parts(
         cgroup=cgroup,
         timeline=points,
         stacks=stacks,
-        advice=advice(v, rows, cg, host.total_bytes if host else None, ev.output_read, ev.flight_enabled),
+        warnings=warnings or [],
+        advice=advice(
+            v,
+            rows,
+            cg,
+            host.total_bytes if host else None,
+            ev.output_read,
+            ev.flight_enabled,
+            filling=what_filled(
+                cg.charge if cg is not None and v.kind != Kind.KERNEL_OOM else None,
+                cg.version if cg is not None else None,
+                [p for p in points if p.at <= died_at],
+            ),
+        ),
         extra=(
             {
                 "reconstructed": {

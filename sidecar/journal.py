@@ -402,8 +402,14 @@ def _unhost(v: Any) -> HostSample:
 
 
 def _unpoint(v: Any) -> TimelinePoint:
-    at, avail, usage, rss, tree, gpu = _list(v)
-    return TimelinePoint(_num(at), _oint(avail), _oint(usage), _int_map(rss), _int_map(tree), _int_map(gpu))
+    fields = _list(v)
+    if len(fields) not in (6, 7):
+        raise ValueError(f"a timeline point of {len(fields)} fields")
+    at, avail, usage, rss, tree, gpu = fields[:6]
+    charge = _int_map(fields[6]) if len(fields) > 6 else {}  # a state saved before the charge was kept
+    return TimelinePoint(
+        _num(at), _oint(avail), _oint(usage), _int_map(rss), _int_map(tree), _int_map(gpu), charge
+    )
 
 
 def decode(d: Any) -> State:

@@ -65,6 +65,13 @@ METRICS: dict[str, Spec] = {
         R,
         "RSS of the rank plus all its descendants (DataLoader and compile workers) in bytes, /proc/PID/stat; shared pages count once per process",
     ),
+    "trainwatch_rank_memory_exhaustion_seconds": Spec(
+        "gauge",
+        R,
+        "While the rank's own unreclaimable memory (anon + shmem of its tree) grows: predicted seconds "
+        "until the limit that binds it (its tightest cgroup limit, or the host's memory) is reached at "
+        "the trend of that limit's charge; no series while it does not grow",
+    ),
     "trainwatch_rank_tree_processes": Spec(
         "gauge", R, "Number of live processes in the rank's tree, the rank included"
     ),
@@ -127,6 +134,12 @@ METRICS: dict[str, Spec] = {
         ("cgroup", "kind"),
         "What the cgroup's charge is made of (memory.stat): anon, file (page cache without shmem), "
         "shmem (tmpfs, /dev/shm), kernel (slab, stacks, page tables, sockets)",
+    ),
+    "trainwatch_cgroup_memory_exhaustion_seconds": Spec(
+        "gauge",
+        ("cgroup",),
+        "While the cgroup's unreclaimable charge (anon + shmem + kernel) grows: predicted seconds until "
+        "its own limit is reached at that trend; no series while it does not grow",
     ),
     "trainwatch_cgroup_memory_working_set_bytes": Spec(
         "gauge", ("cgroup",), "usage - inactive_file, as kubelet computes it (what it evicts on)"
@@ -300,6 +313,8 @@ class TrainwatchCollector(Collector):
                     f.add("trainwatch_rank_tree_proportional_memory_bytes", r.tree_pss_bytes, *labels)
                 if r.tree_uss_bytes is not None:
                     f.add("trainwatch_rank_tree_unique_memory_bytes", r.tree_uss_bytes, *labels)
+                if r.exhaustion_seconds is not None:
+                    f.add("trainwatch_rank_memory_exhaustion_seconds", r.exhaustion_seconds, *labels)
                 if r.peak_rss_bytes is not None:
                     f.add("trainwatch_rank_peak_resident_memory_bytes", r.peak_rss_bytes, *labels)
                 f.add("trainwatch_rank_cpu_seconds_total", r.cpu_seconds, *labels)
@@ -329,6 +344,8 @@ class TrainwatchCollector(Collector):
                 f.add("trainwatch_cgroup_memory_peak_bytes", cg.peak_bytes, cg.path)
             if cg.oom_kills is not None:
                 f.add("trainwatch_cgroup_oom_kills_total", cg.oom_kills, cg.path)
+            if cg.exhaustion_seconds is not None:
+                f.add("trainwatch_cgroup_memory_exhaustion_seconds", cg.exhaustion_seconds, cg.path)
             c = cg.charge
             if c is not None:
                 f.add("trainwatch_cgroup_memory_charge_bytes", c.anon_bytes, cg.path, "anon")

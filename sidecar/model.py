@@ -21,6 +21,7 @@ __all__ = [
     "JobSample",
     "Kind",
     "MemoryCharge",
+    "MemoryLimit",
     "ProbeStatus",
     "ProcKey",
     "RankEnv",
@@ -153,6 +154,17 @@ class MemoryCharge:
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryLimit:
+    """The limit whose exhaustion would kill a rank first: the tightest memory cgroup limit
+    above it (``kind="cgroup"``, its path) or the host's memory (``kind="host"``, no path:
+    a global OOM)."""
+
+    kind: str
+    path: str | None
+    limit_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class CgroupSample:
     """A memory cgroup as read at one instant.
 
@@ -179,6 +191,9 @@ class CgroupSample:
     # v2 memory.pressure, the cgroup's own: (some avg10, full avg10) as 0..1, (some, full) totals in s
     pressure_ratio: tuple[float, float | None] | None = None
     pressure_stall_seconds: tuple[float, float | None] | None = None
+    # foresight.py: seconds until this cgroup's own limit is reached at the trend of its
+    # unreclaimable charge; None while that charge is not growing
+    exhaustion_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,6 +264,13 @@ class RankSample:
     # the tree's PSS and USS (smaps_rollup; probes/pss.py), as last measured; None before
     tree_pss_bytes: int | None = None
     tree_uss_bytes: int | None = None
+    # what reclaim cannot take back: the rank's RssAnon + RssShmem plus its descendants' RSS
+    # (their growth is what matters: a worker's shared libraries are a constant)
+    tree_unreclaimable_bytes: int | None = None
+    # foresight.py: the limit that binds the rank and the seconds until it is reached at its
+    # charge's trend, while the rank's own unreclaimable memory grows (None otherwise)
+    binding_limit: MemoryLimit | None = None
+    exhaustion_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,3 +327,5 @@ class TimelinePoint:
     rss_bytes: dict[str, int]
     tree_rss_bytes: dict[str, int]
     gpu_memory_bytes: dict[str, int]
+    # what the binding cgroup's charge was made of (anon, file, shmem, kernel); {} untold
+    cgroup_charge_bytes: dict[str, int] = field(default_factory=dict)

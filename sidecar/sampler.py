@@ -72,6 +72,7 @@ class _RankRead(NamedTuple):
     uid: int | None
     tree_pss_bytes: int | None
     tree_uss_bytes: int | None
+    tree_unreclaimable_bytes: int | None
 
 
 def _rank_sample(
@@ -102,6 +103,7 @@ def _rank_sample(
         uid=read.uid,
         tree_pss_bytes=read.tree_pss_bytes,
         tree_uss_bytes=read.tree_uss_bytes,
+        tree_unreclaimable_bytes=read.tree_unreclaimable_bytes,
     )
 
 
@@ -331,6 +333,7 @@ class Sampler:
             status.uid,
             pss,
             uss,
+            None if status.anon_shmem_bytes is None else status.anon_shmem_bytes + tree_rss - rss,
         )
 
     # -- cgroups ------------------------------------------------------------------------

@@ -138,6 +138,7 @@ def _cgroup_view(c: CgroupSample) -> dict[str, Any]:
         "limited_by": c.limited_by,
         "effective_limit_bytes": c.effective_limit_bytes,
         "ancestors": [{"path": a.path, "limit_bytes": a.limit_bytes} for a in c.ancestors],
+        "exhaustion_seconds": c.exhaustion_seconds,
     }
 
 
@@ -169,6 +170,14 @@ def ranks_view(
                     "tree_pss_bytes": r.tree_pss_bytes,
                     "tree_uss_bytes": r.tree_uss_bytes,
                     "tree_processes": r.tree_processes,
+                    "exhaustion_seconds": r.exhaustion_seconds,
+                    "binding_limit": None
+                    if r.binding_limit is None
+                    else {
+                        "kind": r.binding_limit.kind,
+                        "path": r.binding_limit.path,
+                        "limit_bytes": r.binding_limit.limit_bytes,
+                    },
                     "cpu_seconds": round(r.cpu_seconds, 3),
                     "threads": r.threads,
                     "gpu_memory_bytes": {str(k): v for k, v in r.gpu_memory_bytes.items()} or None,

@@ -31,6 +31,7 @@ def point_for(job: JobSample, snapshot: Snapshot) -> TimelinePoint:
     first rank's own cgroup."""
     cgroups = {c.path: c for c in snapshot.cgroups}
     usage = None
+    charge: dict[str, int] = {}
     for rank in job.ranks:
         cg = cgroups.get(rank.cgroup or "")
         if cg is None:
@@ -39,6 +40,11 @@ def point_for(job: JobSample, snapshot: Snapshot) -> TimelinePoint:
         chosen = binding or cg
         if chosen.usage_bytes is not None:
             usage = chosen.usage_bytes
+            c = chosen.charge
+            if c is not None:
+                charge = {"anon": c.anon_bytes, "file": c.file_bytes, "shmem": c.shmem_bytes}
+                if c.kernel_bytes is not None:
+                    charge["kernel"] = c.kernel_bytes
             break
     gpu: dict[str, int] = {}
     for rank in job.ranks:
@@ -51,6 +57,7 @@ def point_for(job: JobSample, snapshot: Snapshot) -> TimelinePoint:
         rss_bytes={r.rank_label: r.rss_bytes for r in job.ranks},
         tree_rss_bytes={r.rank_label: r.tree_rss_bytes for r in job.ranks},
         gpu_memory_bytes=gpu,
+        cgroup_charge_bytes=charge,
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sidecar.autopsy.evidence import Verdict
+from sidecar.autopsy.filled import Filling
 from sidecar.model import CgroupSample, Kind
 
 if TYPE_CHECKING:
@@ -19,6 +20,69 @@ def _gib(n: int | None) -> str:
     return "?" if n is None else f"{n / 2**30:.1f} GiB"
 
 
+def _size(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+OOM_KINDS = (Kind.KERNEL_OOM, Kind.CGROUP_OOM, Kind.USERSPACE_OOM)
+EVERY_RANK_ADVICE = (
+    "each process loads its own full copy. Load the weights once (low_cpu_mem_usage=True, meta-device or "
+    "ZeRO-3 init), load them straight to the GPU, or stagger loading across ranks."
+)
+
+
+def _filled(f: Filling) -> str:
+    """The advice for what filled the limit (autopsy/filled.py)."""
+    if f.kind == "shmem":
+        return " ".join(
+            (
+                f"Shared memory filled the limit: {_size(f.part_bytes)} of the {_size(f.total_bytes)}",
+                "charged at the kill was shmem (files in /dev/shm or another tmpfs, shared tensors),",
+                "which counts toward the limit and no reclaim frees. Look for what the job keeps in",
+                "/dev/shm (a dataset copied there, tensors shared between processes, files left by",
+                "earlier runs), lower the DataLoader's num_workers or prefetch_factor, or raise the",
+                "limit to cover it.",
+            )
+        )
+    if f.kind == "page_cache":
+        return " ".join(
+            (
+                f"Page cache filled the limit: {_size(f.part_bytes)} of the {_size(f.total_bytes)}",
+                "charged at the kill was file pages, which cgroup v1 counts toward the limit; the kernel",
+                "kills when it cannot reclaim them fast enough (dirty pages of a checkpoint being",
+                "written, mapped dataset files). Write checkpoints in pieces and flush them (os.fsync),",
+                "read datasets without keeping them mapped, or leave headroom above the job's own",
+                "memory for its I/O (cgroup v2 reclaims earlier and throttles at memory.high).",
+            )
+        )
+    if f.kind == "one_rank":
+        rate = f" at {_size(f.rate_bytes_per_second)}/s" if f.rate_bytes_per_second else ""
+        return " ".join(
+            (
+                f"Rank {f.rank} alone grew, by {_size(f.grown_bytes)} in {f.seconds:.0f} s{rate}, while",
+                "the other ranks stayed flat: a leak in what only that rank does (rank-0 logging or",
+                "evaluation, metrics or losses kept as tensors with their graph, a cache that never",
+                "evicts). tracemalloc or memray on that rank shows where.",
+            )
+        )
+    if f.kind == "workers":
+        return " ".join(
+            (
+                f"The ranks' child processes (DataLoader workers) grew by {_size(f.grown_bytes)} in",
+                f"{f.seconds:.0f} s while the ranks did not: copy-on-access, each worker un-sharing the",
+                "dataset's pages as it touches Python objects (their reference counts are written).",
+                "Keep the dataset in numpy arrays, Arrow or tensors instead of lists and dicts of",
+                "Python objects, lower num_workers, or load the data in the worker instead of before",
+                "the fork.",
+            )
+        )
+    held = sorted(f.held.values())
+    return (
+        f"Every rank grew alike and held about the same host memory ({_gib(held[0])} to {_gib(held[-1])}): "
+        + EVERY_RANK_ADVICE
+    )
+
+
 def advice(
     v: Verdict,
     ranks: list[RankRow],
@@ -28,22 +92,26 @@ def advice(
     flight_enabled: bool | None = None,
     *,
     live: bool = True,
+    filling: Filling | None = None,
 ) -> list[str]:
     """What to change, from the verdict's kind and facts and the numbers. ``live`` False:
-    for ``trainwatch diagnose``, which leaves out what only the daemon's setup could change."""
+    for ``trainwatch diagnose``, which leaves out what only the daemon's setup could change.
+    ``filling``: what filled the limit, for an OOM (autopsy/filled.py)."""
     out: list[str] = []
+    if filling is not None and v.kind in OOM_KINDS:
+        out.append(_filled(filling))
     rss = [r.rss_bytes for r in ranks if r.rss_bytes]
     trees = [(r.rss_bytes, r.tree_rss_bytes) for r in ranks if r.rss_bytes and r.tree_rss_bytes]
     if (
         v.kind in (Kind.KERNEL_OOM, Kind.CGROUP_OOM)
+        and (filling is None or filling.kind not in ("every_rank", "one_rank", "workers"))
         and len(rss) > 1
         and max(rss) > 1 << 30
         and min(rss) > 0.75 * max(rss)
     ):
         out.append(
-            f"Every rank held about the same host memory ({_gib(min(rss))} to {_gib(max(rss))}): each "
-            "process loads its own full copy. Load the weights once (low_cpu_mem_usage=True, meta-device or "
-            "ZeRO-3 init), load them straight to the GPU, or stagger loading across ranks."
+            f"Every rank held about the same host memory ({_gib(min(rss))} to {_gib(max(rss))}): "
+            + EVERY_RANK_ADVICE
         )
     if v.kind == Kind.CGROUP_OOM and cg is not None and cg.effective_limit_bytes:
         total = sum(r.tree_rss_bytes or 0 for r in ranks)
@@ -58,7 +126,9 @@ def advice(
             "memory per rank or run fewer ranks per node; a memory limit on the job turns this into a "
             "contained failure."
         )
-    if trees and any(t > 2 * r and t - r > 1 << 30 for r, t in trees):
+    if (filling is None or filling.kind != "workers") and any(
+        t > 2 * r and t - r > 1 << 30 for r, t in trees
+    ):
         out.append(
             "The ranks' child processes (DataLoader workers) held much of the memory: lower num_workers, "
             "avoid copying the dataset into each worker, or use shared memory for it."

@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from sidecar.autopsy.evidence import Verdict, signal_name
+from sidecar.foresight import Warned
 from sidecar.model import CgroupSample, Confidence, Kind, TimelinePoint
 from sidecar.redact import redact_doc
 
@@ -139,6 +140,7 @@ class Parts:
     timeline: list[TimelinePoint]
     stacks: dict[str, Any] | None
     advice: list[str]
+    warnings: list[Warned] = field(default_factory=list)  # what foresight predicted before the death
     extra: dict[str, Any] = field(default_factory=dict)  # diagnose: inputs, collect, diagnosed_by
 
 
@@ -235,6 +237,16 @@ def build(p: Parts) -> dict[str, Any]:
             },
             "cgroup": _cgroup(p.cgroup),
         },
+        "warnings": [
+            {
+                "at": iso(w.at),
+                "rank": w.rank,
+                "exhaustion_seconds": w.exhaustion_seconds,
+                "rate_bytes_per_second": round(w.rate_bytes_per_second),
+                "limit": {"kind": w.limit.kind, "path": w.limit.path, "limit_bytes": w.limit.limit_bytes},
+            }
+            for w in p.warnings
+        ],
         "timeline": [
             {
                 "at": iso(t.at),
@@ -243,6 +255,7 @@ def build(p: Parts) -> dict[str, Any]:
                 "rss_bytes": t.rss_bytes,
                 "tree_rss_bytes": t.tree_rss_bytes,
                 "gpu_memory_bytes": t.gpu_memory_bytes,
+                "cgroup_charge_bytes": t.cgroup_charge_bytes or None,
             }
             for t in p.timeline
         ],

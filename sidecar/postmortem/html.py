@@ -25,6 +25,11 @@ FATE_COLORS: dict[str, str] = {
     Fate.UNKNOWN: "#95a5a6",
 }
 W, H, PAD_L, PAD_R, PAD_T, PAD_B = 960, 360, 70, 200, 20, 40
+CHARGE_SERIES = (
+    ("anon", "anon", "#8e44ad"),
+    ("shmem", "shmem", "#16a085"),
+    ("page cache", "file", "#7f8c8d"),
+)
 
 
 def _ts(value: Any) -> float | None:
@@ -78,10 +83,20 @@ def _chart(doc: dict[str, Any]) -> str:
     usage = [(t, p["cgroup_usage_bytes"]) for t, p in points if isinstance(p.get("cgroup_usage_bytes"), int)]
     if usage:
         series.append(("cgroup usage", "#000000", "2,3", usage))
+    for name, key, color in CHARGE_SERIES:  # what the usage was made of (memory.stat)
+        part = [
+            (t, p["cgroup_charge_bytes"][key])
+            for t, p in points
+            if isinstance(p.get("cgroup_charge_bytes"), dict)
+            and isinstance(p["cgroup_charge_bytes"].get(key), int)
+        ]
+        if part and max(v for _, v in part) >= 2**20:
+            series.append((f"cgroup {name}", color, "1,2", part))
+    warned = [(w, t) for w in doc.get("warnings") or [] if (t := _ts(w.get("at"))) is not None]
     avail = [
         (t, p["host_available_bytes"]) for t, p in points if isinstance(p.get("host_available_bytes"), int)
     ]
-    t0 = min(t for t, _ in points)
+    t0 = min([t for t, _ in points] + [t for _, t in warned])
     t1 = max([t for t, _ in points] + [t for _, t in deaths])
     t1 = t1 if t1 > t0 else t0 + 1
     top = float(max([v for _, _, _, pts in series for _, v in pts] + ([limit] if limit else []) + [1])) * 1.08
@@ -136,6 +151,15 @@ def _chart(doc: dict[str, Any]) -> str:
             f"<text x='{x(t) - 3:.1f}' y='{H - PAD_B - 6 - 14 * i}' text-anchor='end' class='lg' "
             f"fill='{color}'>✕ rank {_e(r.get('rank'))} {_e(r.get('signal') or r.get('exit_code'))}</text>"
         )
+    for w, t in warned:  # foresight's first prediction of each episode
+        out.append(
+            f"<line x1='{x(t):.1f}' x2='{x(t):.1f}' y1='{PAD_T}' y2='{H - PAD_B}' stroke='#d4a017' "
+            f"stroke-width='1.5' stroke-dasharray='4,3'/>"
+        )
+        out.append(
+            f"<text x='{x(t) + 3:.1f}' y='{PAD_T + 12}' class='lg' fill='#b8860b'>⚠ rank {_e(w.get('rank'))}: "
+            f"{_e(w.get('exhaustion_seconds'))} s left</text>"
+        )
     legend_y = PAD_T + 30
     entries = [(label, color, dash) for label, color, dash, _ in series] + (
         [("host available (own scale)", "#bbb", "")] if avail else []
@@ -170,6 +194,12 @@ def render_html(doc: dict[str, Any]) -> str:
         for e in k.get("evidence") or []
     )
     advice = "".join(f"<li>{_e(a)}</li>" for a in doc.get("advice") or [])
+    warnings = "".join(
+        f"<li>{_e(w.get('at'))}: rank {_e(w.get('rank'))} would reach the "
+        f"{_e((w.get('limit') or {}).get('kind'))} limit {_e((w.get('limit') or {}).get('path') or '')} in "
+        f"{_e(w.get('exhaustion_seconds'))} s</li>"
+        for w in doc.get("warnings") or []
+    )
     host, cg = mem.get("host") or {}, mem.get("cgroup")
     mem_lines = []
     if isinstance(host.get("total_bytes"), int):
@@ -204,6 +234,7 @@ td,th{{border-bottom:1px solid #eee;padding:4px 10px;text-align:left;vertical-al
 <p class="summary">{_e(k.get("summary"))}</p>
 <h2>Memory before death</h2>
 {_chart(doc)}
+{f"<h2>Warned before the death</h2><ul>{warnings}</ul>" if warnings else ""}
 <h2>Advice</h2><ul>{advice or '<li class="muted">none</li>'}</ul>
 <h2>Evidence</h2><table><tr><th>source</th><th>at</th><th>detail</th></tr>{evidence}</table>
 <h2>Ranks</h2><table><tr><th>rank</th><th>pid</th><th>fate</th><th>exit</th><th>signal</th><th>RSS</th>

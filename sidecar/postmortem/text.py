@@ -6,6 +6,7 @@ no data for are left out rather than printed empty.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 __all__ = ["render_text"]
@@ -138,6 +139,53 @@ def _curve(doc: dict[str, Any]) -> list[str]:
     ]
 
 
+def _ts(value: Any) -> float | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
+
+
+def _warnings(doc: dict[str, Any]) -> list[str]:
+    """What foresight predicted before the death, timed from it: "predicted at T-41 s: 38 s left"."""
+    died = _ts((doc.get("victim") or {}).get("died_at"))
+    lines = []
+    for w in doc.get("warnings") or []:
+        at, limit = _ts(w.get("at")), w.get("limit") or {}
+        when = f"T-{died - at:.0f} s" if at is not None and died is not None else str(w.get("at"))
+        where = f"cgroup {limit.get('path')}" if limit.get("kind") == "cgroup" else "the host's memory"
+        rate = w.get("rate_bytes_per_second")
+        lines.append(
+            f"  predicted at {when}: {w.get('exhaustion_seconds'):.0f} s left; rank {w.get('rank')} growing"
+            + (f" {_size(rate)}/s" if isinstance(rate, (int, float)) else "")
+            + f", limit of {where} {_size(limit.get('limit_bytes'))}"
+        )
+    return ["", "warned before the death:", *lines] if lines else []
+
+
+def _charge_curve(doc: dict[str, Any]) -> list[str]:
+    """The binding cgroup's charge split over the window before the death."""
+    died = _ts((doc.get("victim") or {}).get("died_at"))
+    points = [
+        p["cgroup_charge_bytes"]
+        for p in doc.get("timeline") or []
+        if isinstance(p.get("cgroup_charge_bytes"), dict)
+        and (died is None or (_ts(p.get("at")) or 0) <= died)
+    ]
+    if len(points) < 2:
+        return []
+    lines = [f"cgroup charge over the last {len(points)} samples:"]
+    for name, key in (("anon", "anon"), ("shmem", "shmem"), ("page cache", "file"), ("kernel", "kernel")):
+        values = [p.get(key) for p in points]
+        values = [v for v in values if isinstance(v, int)]
+        if not values or max(values) < 2**20:
+            continue
+        lines.append(f"  {name:<10} {_spark(values[-72:])}  {_size(values[0])} -> {_size(values[-1])}")
+    return ["", *lines] if len(lines) > 1 else []
+
+
 def render_text(doc: dict[str, Any]) -> str:
     """The document as text (the daemon's ``GET /postmortem?format=text``, ``trainwatch
     postmortem`` and ``trainwatch diagnose``)."""
@@ -154,7 +202,9 @@ def render_text(doc: dict[str, Any]) -> str:
     if doc.get("ranks"):
         lines += _ranks(doc["ranks"])
     lines += _memory(doc)
+    lines += _warnings(doc)
     lines += _curve(doc)
+    lines += _charge_curve(doc)
     if doc.get("advice"):
         lines += ["", "advice:"] + [f"  - {a}" for a in doc["advice"]]
     if doc.get("collect"):

@@ -71,6 +71,7 @@ class ProcStatus:
     rss_bytes: int | None
     peak_rss_bytes: int | None
     ns_pids: tuple[int, ...]
+    anon_shmem_bytes: int | None = None  # RssAnon + RssShmem: what reclaim cannot take back
 
 
 def parse_stat(data: bytes, page_size: int = PAGE_SIZE, ticks: int = TICKS_PER_SECOND) -> ProcStat:
@@ -110,7 +111,16 @@ def parse_stat_brief(data: bytes, page_size: int = PAGE_SIZE) -> tuple[str, int,
         raise ParseError(f"malformed stat: {data[:80]!r}") from exc
 
 
-_STATUS_KEYS = (b"\nPPid:", b"\nUid:", b"\nThreads:", b"\nVmRSS:", b"\nVmHWM:", b"\nNSpid:")
+_STATUS_KEYS = (
+    b"\nPPid:",
+    b"\nUid:",
+    b"\nThreads:",
+    b"\nVmRSS:",
+    b"\nVmHWM:",
+    b"\nNSpid:",
+    b"\nRssAnon:",
+    b"\nRssShmem:",
+)
 
 
 def _field(data: bytes, key: bytes) -> bytes | None:
@@ -155,7 +165,7 @@ def parse_status(data: bytes) -> ProcStatus:
         raise ParseError("status without Name")
     name_end = data.find(b"\n")
     name = data[5 : name_end if name_end >= 0 else len(data)].strip().decode("utf-8", "replace")
-    ppid_s, uid_s, threads_s, rss_s, hwm_s, nspid_s = (_field(data, k) for k in _STATUS_KEYS)
+    ppid_s, uid_s, threads_s, rss_s, hwm_s, nspid_s, anon_s, shmem_s = (_field(data, k) for k in _STATUS_KEYS)
     if ppid_s is None:
         raise ParseError("status without PPid")
     try:
@@ -167,6 +177,9 @@ def parse_status(data: bytes) -> ProcStatus:
             rss_bytes=int(rss_s.split()[0]) * 1024 if rss_s else None,
             peak_rss_bytes=int(hwm_s.split()[0]) * 1024 if hwm_s else None,
             ns_pids=tuple(int(p) for p in nspid_s.split()) if nspid_s else (),
+            anon_shmem_bytes=(int(anon_s.split()[0]) + int(shmem_s.split()[0])) * 1024
+            if anon_s and shmem_s
+            else None,
         )
     except (ValueError, IndexError) as exc:
         raise ParseError(f"malformed status: {data[:80]!r}") from exc

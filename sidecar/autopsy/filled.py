@@ -1,0 +1,116 @@
+"""What filled the limit: from the charge at the kill (memory.stat of the binding cgroup)
+and the ranks' memory curves before it, the one thing that took the room, so the advice
+can be about it. Each class is a mechanism the numbers show, never a guess from names:
+
+- ``shmem``: shared memory (tmpfs, /dev/shm, shared anonymous mappings) made up much of
+  the charge: it is charged to the cgroup that touched it first and no reclaim takes it.
+- ``page_cache``: file pages made up much of a v1 charge at the kill (v1 counts them
+  toward the limit and kills when it cannot reclaim them fast enough: dirty pages of a
+  checkpoint being written, mapped dataset files).
+- ``one_rank``: one rank's tree grew and the others did not: a leak in that rank.
+- ``every_rank``: every rank grew alike and held about the same: each loads its own copy.
+- ``workers``: the growth was in the ranks' child processes (DataLoader workers), not in
+  the ranks: copy-on-access of the dataset, or batches piling up.
+
+None when the numbers name nothing (no curve, no growth worth naming, a mix).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sidecar.model import MemoryCharge, TimelinePoint
+
+__all__ = ["Filling", "what_filled"]
+
+SHARE = 0.4  # a part of the charge this large at the kill is what filled it
+GROWTH_BYTES = 256 * 2**20  # less growth than this over the window names nothing
+ONE_RANK_SHARE = 0.6  # one rank's share of the growth to be "the leak of one rank"
+OTHERS_AT_MOST = 0.3  # ... while no other rank grew more than this fraction of it
+ALIKE = 0.5  # every rank grew at least this fraction of the largest growth
+WORKERS_SHARE = 0.5  # the children's share of the growth to be "the workers"
+RATE_WINDOW_S = 30.0  # a leak's rate: over its last stretch before the kill
+
+
+@dataclass(frozen=True, slots=True)
+class Filling:
+    kind: str  # shmem, page_cache, one_rank, every_rank, workers
+    part_bytes: int = 0  # shmem / page_cache: that part of the charge
+    total_bytes: int = 0  # shmem / page_cache: the charge
+    rank: str | None = None  # one_rank: its label
+    grown_bytes: int = 0  # one_rank / workers: growth over the window
+    rate_bytes_per_second: float | None = None  # one_rank: over its last stretch
+    seconds: float = 0.0  # the window the growth was measured over
+    held: dict[str, int] = field(default_factory=dict)  # every_rank: each rank's tree RSS at the end
+
+
+def _slope(points: list[tuple[float, int]]) -> float | None:
+    from sidecar.foresight import theil_sen  # the trend foresight uses, robust to one outlier
+
+    if len(points) < 2 or points[-1][0] <= points[0][0]:
+        return None
+    return theil_sen([(t, float(v)) for t, v in points])
+
+
+def _by_charge(charge: MemoryCharge | None, version: int | None) -> Filling | None:
+    if charge is None:
+        return None
+    total = charge.anon_bytes + charge.file_bytes + charge.shmem_bytes + (charge.kernel_bytes or 0)
+    if total <= 0:
+        return None
+    if charge.shmem_bytes >= SHARE * total and charge.shmem_bytes >= charge.anon_bytes:
+        return Filling("shmem", part_bytes=charge.shmem_bytes, total_bytes=total)
+    if version == 1 and charge.file_bytes >= SHARE * total and charge.file_bytes >= charge.anon_bytes:
+        return Filling("page_cache", part_bytes=charge.file_bytes, total_bytes=total)
+    return None
+
+
+def _by_curves(points: list[TimelinePoint]) -> Filling | None:
+    if len(points) < 2:
+        return None
+    first, last = points[0], points[-1]
+    seconds = last.at - first.at
+    labels = [k for k in last.tree_rss_bytes if k in first.tree_rss_bytes]
+    if not labels or seconds <= 0:
+        return None
+    grown = {k: last.tree_rss_bytes[k] - first.tree_rss_bytes[k] for k in labels}
+    total = sum(max(0, g) for g in grown.values())
+    if total < GROWTH_BYTES:
+        return None
+    children = sum(
+        max(
+            0,
+            (last.tree_rss_bytes[k] - last.rss_bytes.get(k, 0))
+            - (first.tree_rss_bytes[k] - first.rss_bytes.get(k, 0)),
+        )
+        for k in labels
+    )
+    if children >= WORKERS_SHARE * total:
+        return Filling("workers", grown_bytes=children, seconds=seconds)
+    top = max(labels, key=lambda k: grown[k])
+    others = [grown[k] for k in labels if k != top]
+    if grown[top] >= ONE_RANK_SHARE * total and all(g <= OTHERS_AT_MOST * grown[top] for g in others):
+        recent = [
+            (p.at, p.tree_rss_bytes[top])
+            for p in points
+            if top in p.tree_rss_bytes and p.at >= last.at - RATE_WINDOW_S
+        ]
+        return Filling(
+            "one_rank",
+            rank=top,
+            grown_bytes=grown[top],
+            rate_bytes_per_second=_slope(recent),
+            seconds=seconds,
+        )
+    if len(labels) > 1 and min(grown.values()) >= ALIKE * grown[top]:
+        return Filling(
+            "every_rank", grown_bytes=total, seconds=seconds, held={k: last.tree_rss_bytes[k] for k in labels}
+        )
+    return None
+
+
+def what_filled(
+    charge: MemoryCharge | None, version: int | None, points: list[TimelinePoint]
+) -> Filling | None:
+    """What filled the limit: a part of the charge at the kill, else who grew before it."""
+    return _by_charge(charge, version) or _by_curves(points)

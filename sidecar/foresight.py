@@ -1,0 +1,330 @@
+"""Foresight: see an OOM coming.
+
+For every limit that can kill a rank (a memory cgroup's limit, or the host's memory for a
+global OOM) and for every rank, a robust trend of the memory reclaim cannot take back
+(anon + shmem, and a cgroup's kernel memory: never page cache, which a limit reclaims
+before it kills). While a rank's own unreclaimable memory grows and the charge of the limit
+that binds it grows too, the predicted seconds until that limit is reached are
+``headroom / rate``. They go on the snapshot (``RankSample.exhaustion_seconds``,
+``CgroupSample.exhaustion_seconds``), from there to the metrics and ``/ranks``; the first
+prediction of an episode under ``WARN_SECONDS`` is logged as a WARNING and kept for the
+postmortem's ``warnings``.
+
+The trend is a mechanism, not a curve fit to one job: over the longest of a few windows
+(45, 15, 5 s) whose two halves *both* grow at comparable rates (Theil-Sen slope of each
+half, so an outlier moves nothing), with the rise over the window well above the noise
+around the line, and for at least ``CONFIRM_SECONDS`` in a row. So a step (a checkpoint
+loaded at once) never makes both halves grow and passes within a window; a steady job's
+noise is neither consistent nor significant; a leak is both. The rate used is that of
+the window's recent half: an accelerating leak is followed, a leak that started after a
+flat stretch is seen in the shortest window that holds only the leak.
+
+Cost: a series keeps at most one point per ``SPACING_SECONDS`` for 45 s; a window is
+thinned to ``POINTS_PER_WINDOW`` points, so one evaluation is a few hundred slopes, and
+most stop at the first window whose halves do not both grow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sidecar.model import CgroupSample, MemoryLimit, ProcKey, RankSample, Snapshot
+
+__all__ = [
+    "CONFIRM_SECONDS",
+    "WARN_SECONDS",
+    "Foresight",
+    "Series",
+    "Warned",
+    "growth_rate",
+    "theil_sen",
+]
+
+log = logging.getLogger(__name__)
+
+WINDOWS_SECONDS = (45.0, 15.0, 5.0)  # longest first: the longest consistent one is used
+SPACING_SECONDS = 0.25  # a series keeps at most one point this often (the sampler runs at 10 Hz near a limit)
+POINTS_PER_WINDOW = 24
+MIN_POINTS_PER_HALF = 3
+COVERAGE = 0.8  # a window counts once the series reaches this far back into it
+CONSISTENCY = 1 / 3  # the slower half grows at least this fraction of the faster one
+SIGNIFICANCE = 4.0  # the rise over the window, in robust standard deviations of the residuals
+NOISE_FLOOR_BYTES = 64 * 1024  # a perfectly straight series still has page-sized jitter
+MIN_RATE_BYTES_PER_SECOND = 256 * 1024  # slower than this is nothing a run will die of soon
+CONFIRM_SECONDS = 3.0  # growth must hold this long before anything is said
+MAX_SECONDS = 86_400.0  # beyond a day, a prediction is not one
+WARN_SECONDS = 600.0  # a WARNING (once per episode) when the limit is closer than this
+EPISODE_GAP_SECONDS = 30.0  # an episode ends after this long without a prediction
+WARNINGS_PER_JOB = 16
+
+
+def _median(values: list[float]) -> float:
+    values.sort()
+    n = len(values)
+    mid = n // 2
+    return values[mid] if n % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def theil_sen(points: Sequence[tuple[float, float]]) -> float:
+    """The median of the slopes between every two points (bytes per second)."""
+    slopes = [
+        (v2 - v1) / (t2 - t1) for i, (t1, v1) in enumerate(points) for t2, v2 in points[i + 1 :] if t2 > t1
+    ]
+    return _median(slopes) if slopes else 0.0
+
+
+def _thin(points: list[tuple[float, float]], most: int) -> list[tuple[float, float]]:
+    if len(points) <= most:
+        return points
+    step = (len(points) - 1) / (most - 1)
+    return [points[round(i * step)] for i in range(most)]
+
+
+def growth_rate(points: Sequence[tuple[float, float]], now: float) -> float | None:
+    """The rate (bytes/s) at which a series consistently grows at ``now``, or None.
+
+    ``points`` are (monotonic seconds, bytes), oldest first."""
+    if len(points) < 2 * MIN_POINTS_PER_HALF:
+        return None
+    first = points[0][0]
+    for window in WINDOWS_SECONDS:
+        start = now - window
+        if first > now - COVERAGE * window:
+            continue  # the series does not reach back into this window yet
+        inside = _thin([p for p in points if p[0] >= start], POINTS_PER_WINDOW)
+        mid = now - window / 2
+        older = [p for p in inside if p[0] < mid]
+        newer = [p for p in inside if p[0] >= mid]
+        if len(older) < MIN_POINTS_PER_HALF or len(newer) < MIN_POINTS_PER_HALF:
+            continue
+        s_old, s_new = theil_sen(older), theil_sen(newer)
+        if s_old <= 0 or s_new <= 0 or min(s_old, s_new) < CONSISTENCY * max(s_old, s_new):
+            continue
+        slope = theil_sen(inside)
+        if slope < MIN_RATE_BYTES_PER_SECOND or s_new < MIN_RATE_BYTES_PER_SECOND:
+            continue
+        # still growing at the end: a leak that stopped is let go within a quarter window
+        latest = [p for p in inside if p[0] >= now - window / 4]
+        if len(latest) >= MIN_POINTS_PER_HALF and theil_sen(latest) < CONSISTENCY * s_new:
+            continue
+        t0 = inside[0][0]
+        intercept = _median([v - slope * (t - t0) for t, v in inside])
+        residuals = [abs(v - intercept - slope * (t - t0)) for t, v in inside]
+        noise = max(1.4826 * _median(residuals), NOISE_FLOOR_BYTES)
+        if slope * (inside[-1][0] - t0) < SIGNIFICANCE * noise:
+            continue
+        return s_new
+    return None
+
+
+class Series:
+    """One quantity's recent history, thinned, and whether it has been growing long
+    enough to be believed."""
+
+    __slots__ = ("_points", "growing_since", "rate")
+
+    def __init__(self) -> None:
+        self._points: deque[tuple[float, float]] = deque()
+        self.growing_since: float | None = None
+        self.rate: float | None = None  # bytes/s while growth is confirmed, else None
+
+    def add(self, t: float, value: float) -> None:
+        """Record a value; re-evaluates the trend when the point is kept."""
+        points = self._points
+        if points and t - points[-1][0] < SPACING_SECONDS:
+            return
+        points.append((t, value))
+        horizon = t - WINDOWS_SECONDS[0] - 1.0
+        while points and points[0][0] < horizon:
+            points.popleft()
+        rate = growth_rate(points, t)
+        if rate is None:
+            self.growing_since = None
+            self.rate = None
+            return
+        if self.growing_since is None:
+            self.growing_since = t
+        self.rate = rate if t - self.growing_since >= CONFIRM_SECONDS else None
+
+
+@dataclass(frozen=True, slots=True)
+class Warned:
+    """The first prediction of an episode: what the postmortem's ``warnings`` lists."""
+
+    at: float  # wall clock
+    job: str
+    rank: int | None
+    rank_label: str
+    restart: int
+    exhaustion_seconds: float
+    rate_bytes_per_second: float
+    limit: MemoryLimit
+
+
+@dataclass(slots=True)
+class _Episode:
+    last_seen: float
+    warned: bool = False
+
+
+def _committed(cg: CgroupSample) -> int | None:
+    """What of a cgroup's charge reclaim cannot take back: anon + shmem + kernel memory
+    (the usage where memory.stat could not be read)."""
+    if cg.charge is not None:
+        return cg.charge.unreclaimable_bytes + (cg.charge.kernel_bytes or 0)
+    return cg.usage_bytes
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+class Foresight:
+    """Fed every snapshot by the sampler's thread (``update``); read by the death watch
+    (``warnings``) from its own threads, so the warning lists are replaced, never mutated
+    in place under a reader."""
+
+    def __init__(self, *, warn_seconds: float = WARN_SECONDS, wall: Callable[[], float] = time.time) -> None:
+        self.warn_seconds = warn_seconds
+        self.wall = wall
+        self._limits: dict[str, Series] = {}  # "host" or a cgroup path
+        self._ranks: dict[ProcKey, Series] = {}
+        self._episodes: dict[ProcKey, _Episode] = {}
+        self._warnings: dict[str, tuple[Warned, ...]] = {}
+
+    def warnings(self, job: str) -> tuple[Warned, ...]:
+        """The warnings given for a job, oldest first (at most ``WARNINGS_PER_JOB``)."""
+        return self._warnings.get(job, ())
+
+    def update(self, snapshot: Snapshot) -> Snapshot:
+        """Feed one round; returns the snapshot with its predictions filled in."""
+        t = snapshot.monotonic
+        host = snapshot.host
+        live_limits: set[str] = set()
+        headroom: dict[str, tuple[MemoryLimit, float]] = {}
+        if host is not None:
+            self._series(self._limits, "host").add(t, host.total_bytes - host.available_bytes)
+            live_limits.add("host")
+            headroom["host"] = (MemoryLimit("host", None, host.total_bytes), float(host.available_bytes))
+        cgroups = {c.path: c for c in snapshot.cgroups}
+        annotated: list[CgroupSample] = []
+        for cg in snapshot.cgroups:
+            committed = _committed(cg)
+            if cg.limit_bytes is None or committed is None:
+                annotated.append(cg)
+                continue
+            series = self._series(self._limits, cg.path)
+            series.add(t, committed)
+            live_limits.add(cg.path)
+            room = float(max(0, cg.limit_bytes - committed))
+            headroom[cg.path] = (MemoryLimit("cgroup", cg.path, cg.limit_bytes), room)
+            seconds = self._seconds(room, series.rate)
+            annotated.append(cg if seconds is None else dataclasses.replace(cg, exhaustion_seconds=seconds))
+        for path in [p for p in self._limits if p not in live_limits]:
+            del self._limits[path]
+
+        live_ranks: set[ProcKey] = set()
+        jobs = []
+        for job in snapshot.jobs:
+            ranks: list[RankSample] = []
+            for rank in job.ranks:
+                live_ranks.add(rank.key)
+                ranks.append(self._rank(job.key, rank, cgroups, headroom, t))
+            jobs.append(dataclasses.replace(job, ranks=tuple(ranks)))
+        for key in [k for k in self._ranks if k not in live_ranks]:
+            del self._ranks[key]
+        for key in [k for k in self._episodes if k not in live_ranks]:
+            del self._episodes[key]
+        live_jobs = {j.key for j in snapshot.jobs}
+        if len(self._warnings) > 64:  # bounded: keep the live jobs' and the newest others'
+            keep = [k for k in self._warnings if k in live_jobs] + list(self._warnings)[-32:]
+            self._warnings = {k: self._warnings[k] for k in dict.fromkeys(keep)}
+        return dataclasses.replace(snapshot, jobs=tuple(jobs), cgroups=tuple(annotated))
+
+    @staticmethod
+    def _series(table: dict[str, Series], key: str) -> Series:
+        series = table.get(key)
+        if series is None:
+            series = table[key] = Series()
+        return series
+
+    @staticmethod
+    def _seconds(room: float, rate: float | None) -> float | None:
+        if rate is None:
+            return None
+        seconds = room / rate
+        return round(seconds, 1) if seconds <= MAX_SECONDS else None
+
+    def _binding(
+        self,
+        rank: RankSample,
+        cgroups: dict[str, CgroupSample],
+        headroom: dict[str, tuple[MemoryLimit, float]],
+    ) -> str | None:
+        """The key of the limit a rank would meet first: its tightest cgroup limit unless
+        the host has less room left than that limit does."""
+        cg = cgroups.get(rank.cgroup or "")
+        candidates = []
+        if cg is not None and cg.limited_by is not None and cg.limited_by in headroom:
+            candidates.append(cg.limited_by)
+        if "host" in headroom:
+            candidates.append("host")
+        if not candidates:
+            return None
+        return min(candidates, key=lambda k: headroom[k][1])
+
+    def _rank(
+        self,
+        job: str,
+        rank: RankSample,
+        cgroups: dict[str, CgroupSample],
+        headroom: dict[str, tuple[MemoryLimit, float]],
+        t: float,
+    ) -> RankSample:
+        binding = self._binding(rank, cgroups, headroom)
+        if binding is None:
+            return rank
+        limit, room = headroom[binding]
+        limit_series = self._limits[binding]
+        seconds = None
+        if rank.tree_unreclaimable_bytes is not None:
+            series = self._ranks.get(rank.key)
+            if series is None:
+                series = self._ranks[rank.key] = Series()
+            # the rank's own trend is what says *it* is growing; the limit's trend says how
+            # fast the room goes (other ranks and processes under the limit count there)
+            series.add(t, rank.tree_unreclaimable_bytes)
+            if series.rate is not None:
+                seconds = self._seconds(room, limit_series.rate)
+        if seconds is not None and limit_series.rate is not None:
+            self._episode(job, rank, limit, seconds, limit_series.rate, t)
+        return dataclasses.replace(rank, binding_limit=limit, exhaustion_seconds=seconds)
+
+    def _episode(
+        self, job: str, rank: RankSample, limit: MemoryLimit, seconds: float, rate: float, t: float
+    ) -> None:
+        episode = self._episodes.get(rank.key)
+        if episode is None or t - episode.last_seen > EPISODE_GAP_SECONDS:
+            episode = self._episodes[rank.key] = _Episode(t)
+        episode.last_seen = t
+        if episode.warned or seconds > self.warn_seconds:
+            return
+        episode.warned = True
+        warning = Warned(self.wall(), job, rank.rank, rank.rank_label, rank.restart, seconds, rate, limit)
+        self._warnings[job] = (*self._warnings.get(job, ())[-(WARNINGS_PER_JOB - 1) :], warning)
+        where = f"cgroup {limit.path}" if limit.kind == "cgroup" else "the host's memory (a global OOM)"
+        log.warning(
+            "memory: rank %s of job %s is growing; at this trend (%s/s) the limit of %s (%s) is "
+            "reached in %.0f s",
+            rank.rank_label,
+            job,
+            _size(rate),
+            where,
+            _size(limit.limit_bytes),
+            seconds,
+        )
