@@ -52,6 +52,7 @@ SPACING_SECONDS = 0.25  # a series keeps at most one point this often (the sampl
 POINTS_PER_WINDOW = 24
 MIN_POINTS_PER_HALF = 3
 COVERAGE = 0.8  # a window counts once the series reaches this far back into it
+SLACK = 0.05  # rounds are not exactly one interval apart: a window takes points this much older too
 CONSISTENCY = 1 / 3  # the slower half grows at least this fraction of the faster one
 SIGNIFICANCE = 4.0  # the rise over the window, in robust standard deviations of the residuals
 NOISE_FLOOR_BYTES = 64 * 1024  # a perfectly straight series still has page-sized jitter
@@ -93,7 +94,7 @@ def growth_rate(points: Sequence[tuple[float, float]], now: float) -> float | No
         return None
     first = points[0][0]
     for window in WINDOWS_SECONDS:
-        start = now - window
+        start = now - window * (1 + SLACK)
         if first > now - COVERAGE * window:
             continue  # the series does not reach back into this window yet
         inside = _thin([p for p in points if p[0] >= start], POINTS_PER_WINDOW)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,20 +28,30 @@ pytestmark = [pytest.mark.slow]
 @requires("memcg")
 def test_the_opening_story_every_rank_loads_its_own_copy(tmp_path):
     """DEVELOPERS.md's opening story, scaled to this machine: four ranks each load the same
-    2 GiB 'model' into host memory, in shards, inside a 6 GiB cgroup limit. The kernel
+    2 GiB 'model' into host memory, a 64 MiB shard every 0.8 s (80 MB/s a rank, as from a
+    network file system), inside a 6 GiB cgroup limit. trainwatch warns before the kernel
     kills one; the postmortem names the limit, the rank and its pid with certainty, the
     others as torn down by the agent (or same_cause, when the kernel killed one of them
-    too before the agent's SIGTERM), and says every rank held its own full copy."""
+    too before the agent's SIGTERM), lists the warning, and says every rank held its own
+    full copy."""
     with memory_cgroup(6 * GIB, "trainwatch-story") as (_version, parent, child):
         with (
             DaemonProc(tmp_path) as daemon,
             TorchrunJob(
-                tmp_path, "story", nproc=4, wrap=join_cgroup(child), hold_mb=50, workers=0, load_mb=2048
+                tmp_path,
+                "story",
+                nproc=4,
+                wrap=join_cgroup(child),
+                hold_mb=50,
+                workers=0,
+                load_mb=2048,
+                load_interval=0.8,
             ) as job,
         ):
             pids = {rank: p[0] for rank, p in job.ready().items()}
             doc = job_postmortem(daemon, victim_rank=None, want_fates=4, job=job, timeout=120)
             job.proc.wait(60)
+            text = daemon.get(f"/postmortems/{doc['id']}?format=text")[1]
         k = doc["killer"]
         assert (k["kind"], k["confidence"]) == ("cgroup_oom", "certain"), k
         assert f"/{parent.name}" in k["summary"]
@@ -59,7 +70,18 @@ def test_the_opening_story_every_rank_loads_its_own_copy(tmp_path):
             assert r["fate"] in ("terminated_by_agent", "same_cause"), r
             killed = any(f"pid={r['pid']}," in line for line in kills) and r["exit_code"] == -9
             assert (r["fate"] == "same_cause") == killed, (r, killed)
-        assert any("each process loads its own full copy" in a for a in doc["advice"]), doc["advice"]
+        # foresight: warned before the kill, against this limit
+        assert doc["warnings"], "no warning before the kill"
+        died = datetime.fromisoformat(victim["died_at"]).timestamp()
+        first = doc["warnings"][0]
+        assert datetime.fromisoformat(first["at"]).timestamp() < died - 1, (first, victim["died_at"])
+        assert first["limit"]["kind"] == "cgroup" and first["limit"]["path"].endswith(parent.name)
+        assert "warned before the death:" in text and "predicted at T-" in text, text
+        (tip,) = [a for a in doc["advice"] if "each process loads its own full copy" in a]
+        assert tip.startswith("Every rank grew alike and held about the same host memory"), tip
+        held = [float(x) for x in re.findall(r"(\d+\.\d) GiB", tip)[:2]]
+        assert 1.5 <= held[0] <= held[1] <= 2.6, tip  # each held its own ~2 GiB copy
+        (tmp_path / "story.txt").write_text(text)  # the closing note shows it
         assert any(f"/{parent.name} is 6.0 GiB" in a for a in doc["advice"]), doc["advice"]
 
 

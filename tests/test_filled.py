@@ -121,6 +121,19 @@ def test_the_text_view_times_a_warning_from_the_death() -> None:
         ],
     }
     text = render_text(doc)
-    assert "predicted at T-41 s: 38 s left; rank 1 growing 52.0 MiB/s, limit of cgroup /job 6.0 GiB" in text
-    assert "cgroup charge over the last 40 samples:" in text and "anon" in text
+    assert (
+        "predicted at T-41 s: 38 s left; rank 1 growing, the limit of cgroup /job (6.0 GiB) "
+        "filling at 52.0 MiB/s" in text
+    )
+    assert "cgroup charge over the last 39 s:" in text and "anon" in text
     assert "page cache" not in text.split("cgroup charge")[1]  # a part that was never there is left out
+
+
+def test_the_rank_the_kill_took_counts_up_to_its_last_sample() -> None:
+    """The samples after the kill no longer have the victim: its growth is still its own."""
+    flat = [1 * GIB] * 60
+    leaky = [1 * GIB + 50 * MIB * i for i in range(60)]
+    points = _points({"0": flat, "1": leaky})
+    points.append(TimelinePoint(1060.0, None, None, {"0": GIB}, {"0": GIB}, {}))
+    f = what_filled(None, None, points)
+    assert f is not None and f.kind == "one_rank" and f.rank == "1"

@@ -66,34 +66,37 @@ def _by_charge(charge: MemoryCharge | None, version: int | None) -> Filling | No
 
 
 def _by_curves(points: list[TimelinePoint]) -> Filling | None:
-    if len(points) < 2:
+    # each rank from its first to its last point: a rank the kill took is gone from the
+    # samples after it, the others are not
+    first: dict[str, TimelinePoint] = {}
+    last: dict[str, TimelinePoint] = {}
+    for p in points:
+        for k in p.tree_rss_bytes:
+            first.setdefault(k, p)
+            last[k] = p
+    labels = [k for k in first if last[k].at > first[k].at]
+    if not labels:
         return None
-    first, last = points[0], points[-1]
-    seconds = last.at - first.at
-    labels = [k for k in last.tree_rss_bytes if k in first.tree_rss_bytes]
-    if not labels or seconds <= 0:
-        return None
-    grown = {k: last.tree_rss_bytes[k] - first.tree_rss_bytes[k] for k in labels}
+    seconds = max(last[k].at for k in labels) - min(first[k].at for k in labels)
+    grown = {k: last[k].tree_rss_bytes[k] - first[k].tree_rss_bytes[k] for k in labels}
     total = sum(max(0, g) for g in grown.values())
     if total < GROWTH_BYTES:
         return None
-    children = sum(
-        max(
-            0,
-            (last.tree_rss_bytes[k] - last.rss_bytes.get(k, 0))
-            - (first.tree_rss_bytes[k] - first.rss_bytes.get(k, 0)),
-        )
-        for k in labels
-    )
-    if children >= WORKERS_SHARE * total:
-        return Filling("workers", grown_bytes=children, seconds=seconds)
+
+    def children(p: TimelinePoint, k: str) -> int:
+        return p.tree_rss_bytes[k] - p.rss_bytes.get(k, p.tree_rss_bytes[k])
+
+    workers = sum(max(0, children(last[k], k) - children(first[k], k)) for k in labels)
+    if workers >= WORKERS_SHARE * total:
+        return Filling("workers", grown_bytes=workers, seconds=seconds)
     top = max(labels, key=lambda k: grown[k])
     others = [grown[k] for k in labels if k != top]
     if grown[top] >= ONE_RANK_SHARE * total and all(g <= OTHERS_AT_MOST * grown[top] for g in others):
+        end = last[top].at
         recent = [
             (p.at, p.tree_rss_bytes[top])
             for p in points
-            if top in p.tree_rss_bytes and p.at >= last.at - RATE_WINDOW_S
+            if top in p.tree_rss_bytes and p.at >= end - RATE_WINDOW_S
         ]
         return Filling(
             "one_rank",
@@ -103,9 +106,8 @@ def _by_curves(points: list[TimelinePoint]) -> Filling | None:
             seconds=seconds,
         )
     if len(labels) > 1 and min(grown.values()) >= ALIKE * grown[top]:
-        return Filling(
-            "every_rank", grown_bytes=total, seconds=seconds, held={k: last.tree_rss_bytes[k] for k in labels}
-        )
+        held = {k: last[k].tree_rss_bytes[k] for k in labels}
+        return Filling("every_rank", grown_bytes=total, seconds=seconds, held=held)
     return None
 
 

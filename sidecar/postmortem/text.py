@@ -128,14 +128,18 @@ def _memory(doc: dict[str, Any]) -> list[str]:
 def _curve(doc: dict[str, Any]) -> list[str]:
     timeline = doc.get("timeline") or []
     label = str((doc.get("victim") or {}).get("rank"))
-    curve = [p.get("rss_bytes", {}).get(label) for p in timeline]
-    curve = [c for c in curve if isinstance(c, int)]
+    curve = [  # a point without a time (a hand-made document) keeps its place
+        (_ts(p.get("at")) or float(i), c)
+        for i, p in enumerate(timeline)
+        if isinstance(c := (p.get("rss_bytes") or {}).get(label), int)
+    ]
     if not curve:
         return []
     return [
         "",
-        f"rank {label} RSS over the last {len(timeline)} samples (max {_size(max(curve))}):",
-        f"  {_spark(curve[-72:])}",
+        f"rank {label} RSS over the last {curve[-1][0] - curve[0][0]:.0f} s "
+        f"(max {_size(max(v for _, v in curve))}):",
+        f"  {_spark(_by_time(curve))}",
     ]
 
 
@@ -149,40 +153,67 @@ def _ts(value: Any) -> float | None:
 
 
 def _warnings(doc: dict[str, Any]) -> list[str]:
-    """What foresight predicted before the death, timed from it: "predicted at T-41 s: 38 s left"."""
+    """What foresight predicted before the death, timed from it ("predicted at T-41 s: 38 s
+    left"); ranks warned of the same limit in the same second share a line."""
     died = _ts((doc.get("victim") or {}).get("died_at"))
-    lines = []
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for w in doc.get("warnings") or []:
-        at, limit = _ts(w.get("at")), w.get("limit") or {}
+        limit = w.get("limit") or {}
+        at = _ts(w.get("at"))
+        key = (round(at) if at is not None else w.get("at"), limit.get("kind"), limit.get("path"))
+        groups.setdefault(key, []).append(w)
+    lines = []
+    for ws in groups.values():
+        w, limit = ws[0], ws[0].get("limit") or {}
+        at = _ts(w.get("at"))
         when = f"T-{died - at:.0f} s" if at is not None and died is not None else str(w.get("at"))
         where = f"cgroup {limit.get('path')}" if limit.get("kind") == "cgroup" else "the host's memory"
+        who = ", ".join(str(x.get("rank")) for x in ws)
         rate = w.get("rate_bytes_per_second")
+        seconds = w.get("exhaustion_seconds")
         lines.append(
-            f"  predicted at {when}: {w.get('exhaustion_seconds'):.0f} s left; rank {w.get('rank')} growing"
-            + (f" {_size(rate)}/s" if isinstance(rate, (int, float)) else "")
-            + f", limit of {where} {_size(limit.get('limit_bytes'))}"
+            f"  predicted at {when}: {seconds:.0f} s left; rank{'s' if len(ws) > 1 else ''} {who} growing"
+            + f", the limit of {where} ({_size(limit.get('limit_bytes'))})"
+            + (f" filling at {_size(rate)}/s" if isinstance(rate, (int, float)) else "")
         )
     return ["", "warned before the death:", *lines] if lines else []
+
+
+def _by_time(points: list[tuple[float, int]], most: int = 72) -> list[int]:
+    """At most ``most`` values evenly spaced in time (the sampler runs faster near a limit,
+    so the last points would otherwise crowd out the minutes before)."""
+    if len(points) <= most:
+        return [v for _, v in points]
+    t0, t1 = points[0][0], points[-1][0]
+    out, i = [], 0
+    for k in range(most):
+        t = t0 + (t1 - t0) * k / (most - 1)
+        while i + 1 < len(points) and points[i + 1][0] <= t:
+            i += 1
+        out.append(points[i][1])
+    return out
 
 
 def _charge_curve(doc: dict[str, Any]) -> list[str]:
     """The binding cgroup's charge split over the window before the death."""
     died = _ts((doc.get("victim") or {}).get("died_at"))
     points = [
-        p["cgroup_charge_bytes"]
+        (at, p["cgroup_charge_bytes"])
         for p in doc.get("timeline") or []
         if isinstance(p.get("cgroup_charge_bytes"), dict)
-        and (died is None or (_ts(p.get("at")) or 0) <= died)
+        and (at := _ts(p.get("at"))) is not None
+        and (died is None or at <= died)
     ]
     if len(points) < 2:
         return []
-    lines = [f"cgroup charge over the last {len(points)} samples:"]
+    lines = [f"cgroup charge over the last {points[-1][0] - points[0][0]:.0f} s:"]
     for name, key in (("anon", "anon"), ("shmem", "shmem"), ("page cache", "file"), ("kernel", "kernel")):
-        values = [p.get(key) for p in points]
-        values = [v for v in values if isinstance(v, int)]
-        if not values or max(values) < 2**20:
+        values = [(at, c[key]) for at, c in points if isinstance(c.get(key), int)]
+        if not values or max(v for _, v in values) < 2**20:
             continue
-        lines.append(f"  {name:<10} {_spark(values[-72:])}  {_size(values[0])} -> {_size(values[-1])}")
+        lines.append(
+            f"  {name:<10} {_spark(_by_time(values))}  {_size(values[0][1])} -> {_size(values[-1][1])}"
+        )
     return ["", *lines] if len(lines) > 1 else []
 
 

@@ -85,7 +85,20 @@ def main() -> int:
     )
     ap.add_argument("--grow-after", type=float, default=1.0)
     ap.add_argument("--grow-file", default=None, help="--grow-rank waits for this file too")
-    ap.add_argument("--grow-mb", type=int, default=64, help="MiB added every 20 ms by --grow-rank")
+    ap.add_argument("--grow-mb", type=int, default=64, help="MiB added every --grow-interval by --grow-rank")
+    ap.add_argument("--grow-interval", type=float, default=0.02, help="seconds between --grow-mb additions")
+    ap.add_argument(
+        "--grow-shm",
+        type=int,
+        default=0,
+        help="1: --grow-rank grows by writing /dev/shm files (trainwatch-test-shm-<pid>-<n>), not its heap",
+    )
+    ap.add_argument(
+        "--load-interval", type=float, default=0.1, help="seconds between 64 MiB --load-mb shards"
+    )
+    ap.add_argument(
+        "--load-after", type=float, default=0.0, help="seconds of steady running before the --load-mb load"
+    )
     ap.add_argument("--ignore-sigterm-rank", type=int, default=-1, help="this rank ignores SIGTERM")
     ap.add_argument("--hang-rank", type=int, default=-1, help="this rank stops joining collectives")
     ap.add_argument("--hang-after", type=float, default=2.0)
@@ -186,9 +199,9 @@ def main() -> int:
         if restart == 0 and rank == args.fail_rank and elapsed > args.fail_after:
             print(f"rank {rank}: failing on purpose", file=sys.stderr, flush=True)
             os._exit(1)
-        if len(model) * 64 < args.load_mb and restart == 0:
+        if len(model) * 64 < args.load_mb and restart == 0 and elapsed >= args.load_after:
             model.append(hold(64))  # every rank its own full copy
-            time.sleep(0.1)
+            time.sleep(args.load_interval)
             continue
         if rank == args.hang_rank and restart == 0 and elapsed > args.hang_after:
             if stop:
@@ -215,8 +228,14 @@ def main() -> int:
         ):
             if stop:
                 break
-            grown.append(hold(args.grow_mb))  # until a memory limit stops it
-            time.sleep(0.02)
+            if args.grow_shm:  # tmpfs pages: charged to this cgroup, and no kill frees them
+                path = f"/dev/shm/trainwatch-test-shm-{os.getpid()}-{len(grown)}"
+                with open(path, "wb") as f:
+                    f.write(b"\1" * (args.grow_mb << 20))
+                grown.append(bytearray(0))
+            else:
+                grown.append(hold(args.grow_mb))  # until a memory limit stops it
+            time.sleep(args.grow_interval)
             continue
         if rank == args.ignore_sigterm_rank:  # that one only waits (a peer's death must not fail it)
             if stop:
