@@ -186,6 +186,7 @@ def main() -> int:
         print("args: --hf-key hf_ZyXwVuTsRqPoNmLkJiHgFeDcBa543210 --lr 1e-4", file=sys.stderr, flush=True)
     start = time.monotonic()
     grown: list[bytearray] = []
+    grow_next = 0.0
     model: list[bytearray] = []
     if rank == args.grow_rank and restart == 0:
         with open("/proc/self/oom_score_adj", "w") as f:  # be the OOM killer's choice
@@ -235,7 +236,9 @@ def main() -> int:
                 grown.append(bytearray(0))
             else:
                 grown.append(hold(args.grow_mb))  # until a memory limit stops it
-            time.sleep(args.grow_interval)
+            # paced by deadline, so the rate is grow_mb / grow_interval however long a chunk took
+            grow_next = max(time.monotonic(), grow_next + args.grow_interval)
+            time.sleep(max(0.0, grow_next - time.monotonic()))
             continue
         if rank == args.ignore_sigterm_rank:  # that one only waits (a peer's death must not fail it)
             if stop:
