@@ -103,6 +103,30 @@ def panels() -> list[Panel]:
             h=5,
             description="The earliest rank death of the job over every node's daemon: where to look first.",
         ),
+        Panel(
+            "Predicted time until the memory limit",
+            "timeseries",
+            (
+                Target(f"trainwatch_rank_memory_exhaustion_seconds{{{SEL_RANK}}}", "rank {{rank}}"),
+                Target(f"trainwatch_cgroup_memory_exhaustion_seconds{{{SEL_NODE}}}", "{{cgroup}}"),
+            ),
+            unit="s",
+            description="trainwatch's forecast: for a rank whose memory that reclaim cannot take back "
+            "(anon + shmem) keeps growing, the seconds until the limit that binds it (its tightest cgroup "
+            "limit, or the host's memory) is reached at the trend of that limit's charge; and the same "
+            "for each limited cgroup. No line while nothing grows. A checkpoint load (a step) does not "
+            "count as growth.",
+            extra={"thresholds": [("red", None), ("orange", 120), ("green", 900)]},
+        ),
+        Panel(
+            "What the cgroup's charge is made of",
+            "timeseries",
+            (Target(f"trainwatch_cgroup_memory_charge_bytes{{{SEL_NODE}}}", "{{cgroup}} {{kind}}"),),
+            unit="bytes",
+            description="memory.stat of each cgroup that holds ranks or binds them: anon (heaps, tensors), "
+            "shmem (/dev/shm, tmpfs: counts toward the limit and no reclaim frees it), file (page cache, "
+            "reclaimed before an OOM) and kernel memory.",
+        ),
         _row("Ranks"),
         Panel(
             "Rank memory against its limit",
