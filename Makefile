@@ -23,11 +23,12 @@ test: setup lint
 	.venv/bin/python -m pytest -q -ra $(PYTEST_ARGS)
 
 # Every figure in the README comes from benchmarks/results/*.json: `make bench` writes them
-# (about 25 minutes on 2 cores; as root for the real cgroup OOMs) and renders the README.
+# (about 45 minutes on 2 cores; as root for the real cgroup and global OOMs) and renders the README.
 bench: setup
 	.venv/bin/python benchmarks/diagnose_accuracy.py
 	.venv/bin/python benchmarks/deaths.py
 	.venv/bin/python benchmarks/loaded_deaths.py
+	.venv/bin/python benchmarks/foresight.py
 	.venv/bin/python benchmarks/overhead.py $(ARGS)
 	.venv/bin/python benchmarks/render.py
 

@@ -403,12 +403,13 @@ def _unhost(v: Any) -> HostSample:
 
 def _unpoint(v: Any) -> TimelinePoint:
     fields = _list(v)
-    if len(fields) not in (6, 7):
+    if len(fields) not in (6, 7, 8):  # a state saved before the charge (7) and workers (8) were kept
         raise ValueError(f"a timeline point of {len(fields)} fields")
     at, avail, usage, rss, tree, gpu = fields[:6]
-    charge = _int_map(fields[6]) if len(fields) > 6 else {}  # a state saved before the charge was kept
+    charge = _int_map(fields[6]) if len(fields) > 6 else {}
+    workers = _int_map(fields[7]) if len(fields) > 7 else {}
     return TimelinePoint(
-        _num(at), _oint(avail), _oint(usage), _int_map(rss), _int_map(tree), _int_map(gpu), charge
+        _num(at), _oint(avail), _oint(usage), _int_map(rss), _int_map(tree), _int_map(gpu), charge, workers
     )
 
 

@@ -60,6 +60,12 @@ METRICS: dict[str, Spec] = {
         R,
         "USS of the rank and its descendants in bytes (smaps_rollup Private_*): the pages only one process of the tree maps",
     ),
+    "trainwatch_rank_workers_unique_memory_bytes": Spec(
+        "gauge",
+        R,
+        "USS of the rank's descendants (DataLoader workers) together, as last measured: copy-on-access "
+        "growth (a forked worker un-sharing the dataset's pages) shows here and not in RSS",
+    ),
     "trainwatch_rank_tree_resident_memory_bytes": Spec(
         "gauge",
         R,
@@ -313,6 +319,12 @@ class TrainwatchCollector(Collector):
                     f.add("trainwatch_rank_tree_proportional_memory_bytes", r.tree_pss_bytes, *labels)
                 if r.tree_uss_bytes is not None:
                     f.add("trainwatch_rank_tree_unique_memory_bytes", r.tree_uss_bytes, *labels)
+                if r.workers_uss:
+                    f.add(
+                        "trainwatch_rank_workers_unique_memory_bytes",
+                        sum(u for _, u, _ in r.workers_uss),
+                        *labels,
+                    )
                 if r.exhaustion_seconds is not None:
                     f.add("trainwatch_rank_memory_exhaustion_seconds", r.exhaustion_seconds, *labels)
                 if r.peak_rss_bytes is not None:

@@ -264,6 +264,8 @@ class RankSample:
     # the tree's PSS and USS (smaps_rollup; probes/pss.py), as last measured; None before
     tree_pss_bytes: int | None = None
     tree_uss_bytes: int | None = None
+    # each descendant's (pid, USS, USS when first measured): copy-on-access growth per worker
+    workers_uss: tuple[tuple[int, int, int], ...] = ()
     # what reclaim cannot take back: the rank's RssAnon + RssShmem plus its descendants' RSS
     # (their growth is what matters: a worker's shared libraries are a constant)
     tree_unreclaimable_bytes: int | None = None
@@ -329,3 +331,5 @@ class TimelinePoint:
     gpu_memory_bytes: dict[str, int]
     # what the binding cgroup's charge was made of (anon, file, shmem, kernel); {} untold
     cgroup_charge_bytes: dict[str, int] = field(default_factory=dict)
+    # each rank's descendants' USS together (rank label -> bytes), as last measured
+    workers_uss_bytes: dict[str, int] = field(default_factory=dict)

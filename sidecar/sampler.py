@@ -73,6 +73,7 @@ class _RankRead(NamedTuple):
     tree_pss_bytes: int | None
     tree_uss_bytes: int | None
     tree_unreclaimable_bytes: int | None
+    workers_uss: tuple[tuple[int, int, int], ...]
 
 
 def _rank_sample(
@@ -104,6 +105,7 @@ def _rank_sample(
         tree_pss_bytes=read.tree_pss_bytes,
         tree_uss_bytes=read.tree_uss_bytes,
         tree_unreclaimable_bytes=read.tree_unreclaimable_bytes,
+        workers_uss=read.workers_uss,
     )
 
 
@@ -320,7 +322,7 @@ class Sampler:
                 continue
             tree_rss += child_rss
             members += 1
-        pss, uss = self.pss.of(tracked.key, tree, tree_rss)
+        pss, uss, workers = self.pss.of(tracked.key, tree, tree_rss)
         return tracked, _RankRead(
             rss,
             status.peak_rss_bytes,
@@ -334,6 +336,7 @@ class Sampler:
             pss,
             uss,
             None if status.anon_shmem_bytes is None else status.anon_shmem_bytes + tree_rss - rss,
+            workers,
         )
 
     # -- cgroups ------------------------------------------------------------------------

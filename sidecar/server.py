@@ -170,6 +170,11 @@ def ranks_view(
                     "tree_pss_bytes": r.tree_pss_bytes,
                     "tree_uss_bytes": r.tree_uss_bytes,
                     "tree_processes": r.tree_processes,
+                    # each descendant's USS, and its growth since first measured (copy-on-access)
+                    "workers": [
+                        {"pid": pid, "uss_bytes": uss, "uss_growth_bytes": uss - first}
+                        for pid, uss, first in r.workers_uss
+                    ],
                     "exhaustion_seconds": r.exhaustion_seconds,
                     "binding_limit": None
                     if r.binding_limit is None

@@ -58,6 +58,9 @@ def point_for(job: JobSample, snapshot: Snapshot) -> TimelinePoint:
         tree_rss_bytes={r.rank_label: r.tree_rss_bytes for r in job.ranks},
         gpu_memory_bytes=gpu,
         cgroup_charge_bytes=charge,
+        workers_uss_bytes={
+            r.rank_label: sum(u for _, u, _ in r.workers_uss) for r in job.ranks if r.workers_uss
+        },
     )
 
 

@@ -143,3 +143,46 @@ def test_a_steady_job_and_a_checkpoint_load_are_never_warned_about(tmp_path, loa
         assert biggest > 1.5 * GIB, biggest  # and the load was seen
     assert predicted == 0, (predicted, looked)
     assert _warned(daemon) == []
+
+
+@pytest.mark.root
+@requires("memcg")
+def test_workers_growing_by_copy_on_access_are_seen_and_named(tmp_path):
+    """Rank 1 builds a 600 MiB 'dataset' of Python ints, then forks 3 workers that read it
+    over 40 s: each read writes an int's reference count, so each worker copies the pages
+    it reads. Their RSS does not move (the pages were mapped before); their USS does, in
+    /ranks per worker, and the cgroup's limit (2.5 GiB) is reached. The postmortem names the
+    workers' growth."""
+    go = tmp_path / "go"
+    with memory_cgroup(int(2.5 * GIB), "trainwatch-cow") as (_version, _parent, child):
+        with (
+            DaemonProc(tmp_path, interval=1.0) as daemon,
+            TorchrunJob(
+                tmp_path, "cow", wrap=join_cgroup(child), hold_mb=50, workers=3, worker_mb=8,
+                cow_rank=1, cow_mb=600, cow_file=str(go), cow_seconds=40,
+            ) as job,
+        ):  # fmt: skip
+            pids = job.ready()
+
+            def workers() -> list[dict]:
+                for entry in daemon.ranks()["jobs"]:
+                    if entry["agent_pid"] == job.agent_pid:
+                        return [w for r in entry["ranks"] if r["rank"] == 1 for w in r["workers"]]
+                return []
+
+            # the workers measured before they read (their first USS is the baseline)
+            wait_for(lambda: {w["pid"] for w in workers()} >= set(pids[1][1:]), 60, "the workers' USS")
+            go.touch()
+            grown = wait_for(
+                lambda: [w for w in workers() if w["uss_growth_bytes"] > 150 * MIB],
+                60,
+                "a worker's USS to grow",
+            )
+            assert {w["pid"] for w in grown} <= set(pids[1][1:]), grown
+            doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job, timeout=120)
+            job.proc.wait(60)
+        assert doc["killer"]["kind"] == "cgroup_oom", doc["killer"]
+        assert any(
+            a.startswith("The ranks' child processes (DataLoader workers) grew by") and "(USS)" in a
+            for a in doc["advice"]
+        ), doc["advice"]

@@ -4,6 +4,10 @@ class are in test_e2e_foresight.py."""
 
 from __future__ import annotations
 
+import json
+from datetime import datetime
+from pathlib import Path
+
 import pytest
 
 from sidecar.autopsy.advice import advice
@@ -14,6 +18,7 @@ from sidecar.postmortem.text import render_text
 
 MIB = 2**20
 GIB = 2**30
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "device-h200"
 
 
 def _charge(anon: int = 0, file: int = 0, shmem: int = 0, kernel: int = 50 * MIB) -> MemoryCharge:
@@ -137,3 +142,42 @@ def test_the_rank_the_kill_took_counts_up_to_its_last_sample() -> None:
     points.append(TimelinePoint(1060.0, None, None, {"0": GIB}, {"0": GIB}, {}))
     f = what_filled(None, None, points)
     assert f is not None and f.kind == "one_rank" and f.rank == "1"
+
+
+def test_copy_on_access_is_seen_in_the_workers_uss_not_their_rss() -> None:
+    """RSS flat (the pages were mapped before, shared), the charge and the workers' USS grow."""
+    points = _points({"0": [1 * GIB] * 30}, {"0": [2 * GIB] * 30})
+    points = [
+        TimelinePoint(p.at, None, None, p.rss_bytes, p.tree_rss_bytes, {},
+                      {"anon": 3 * GIB + 40 * MIB * i, "file": 0, "shmem": 0},
+                      {"0": 100 * MIB + 40 * MIB * i})
+        for i, p in enumerate(points)
+    ]  # fmt: skip
+    f = what_filled(_charge(anon=4 * GIB), 1, points)
+    assert f is not None and f.kind == "workers" and f.grown_bytes == 29 * 40 * MIB
+    assert advice(_verdict(Kind.CGROUP_OOM), [], None, None, filling=f)[0].startswith(
+        "The ranks' child processes (DataLoader workers) grew by 1.1 GiB of memory of their own (USS) in 29 s"
+    )
+
+
+def test_a_real_v2_leak_was_warned_before_the_kill_and_charged_to_anon() -> None:
+    """The cgroup v2 run on the GPU machine (tests/fixtures/device-h200/foresight-v2-leak.*):
+    the warning precedes the kill by most of the leak's life, the charge at the kill is
+    anon, and the advice names the one rank that grew."""
+    doc = json.loads((FIXTURES / "foresight-v2-leak.postmortem.json").read_text())
+    cg = doc["memory"]["cgroup"]
+    assert (doc["killer"]["kind"], doc["killer"]["confidence"], cg["version"]) == ("cgroup_oom", "certain", 2)
+    assert cg["charge"]["anon_bytes"] > 0.95 * cg["usage_bytes_at_death"]
+    (w,) = doc["warnings"]
+    kill = min(
+        datetime.fromisoformat(e["at"]).timestamp()
+        for e in doc["killer"]["evidence"]
+        if e["source"] == "kmsg"
+    )
+    lead = kill - datetime.fromisoformat(w["at"]).timestamp()
+    assert lead > 30 and abs(w["exhaustion_seconds"] / lead - 1) < 0.25, (lead, w)
+    assert any(a.startswith("Rank 1 alone grew") for a in doc["advice"])
+    log = (FIXTURES / "foresight-v2-leak.daemon.log").read_text()
+    assert "WARNING sidecar.foresight: memory: rank 1 of job" in log
+    text = render_text(doc)
+    assert "warned before the death:" in text and "cgroup charge over the last" in text

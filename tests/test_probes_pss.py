@@ -47,19 +47,32 @@ def test_measured_at_once_then_every_ten_seconds_sooner_on_growth():
     f = Fake()
     s = PssSampler(f.rollup, clock=lambda: f.now, cpu=lambda: f.cpu)
     rank = ProcKey(1, 1)
-    assert s.of(rank, [1, 2, 99], 1000) == (30, 3)  # the gone worker is left out
+    assert s.of(rank, [1, 2, 99], 1000)[:2] == (30, 3)  # the gone worker is left out
     f.now += 0.5
-    assert s.of(rank, [1, 2, 3], 2000) == (30, 3)  # grew, but within a second of the last
+    assert s.of(rank, [1, 2, 3], 2000)[:2] == (30, 3)  # grew, but within a second of the last
     f.now += 4.5
-    assert s.of(rank, [1, 2], 1050) == (30, 3) and len(f.reads) == 3  # not due, no growth
+    assert s.of(rank, [1, 2], 1050)[:2] == (30, 3) and len(f.reads) == 3  # not due, no growth
     f.now += 1
-    assert s.of(rank, [1, 2, 3], 2000) == (60, 6)  # grew by over 10 %: measured
+    assert s.of(rank, [1, 2, 3], 2000)[:2] == (60, 6)  # grew by over 10 %: measured
     f.now += 5
-    assert s.of(rank, [1, 2, 3], 2000) == (60, 6) and len(f.reads) == 6  # not due, no new growth
+    assert s.of(rank, [1, 2, 3], 2000)[:2] == (60, 6) and len(f.reads) == 6  # not due, no new growth
     f.now += 5
-    assert s.of(rank, [1, 2, 3], 2000) == (60, 6) and len(f.reads) == 9  # ten seconds: due again
+    assert s.of(rank, [1, 2, 3], 2000)[:2] == (60, 6) and len(f.reads) == 9  # ten seconds: due again
     s.forget(set())
-    assert s.of(rank, [1], 2000) == (10, 1)  # forgotten: measured afresh
+    assert s.of(rank, [1], 2000)[:2] == (10, 1)  # forgotten: measured afresh
+
+
+def test_each_worker_s_uss_is_kept_with_its_first_measurement():
+    """The rank itself is not a worker; a worker's growth is against its first measurement,
+    and a worker that appears later starts from its own."""
+    uss = {1: 100, 2: 10, 3: 20}
+    s = PssSampler(lambda pid: (uss[pid] * 2, uss[pid]), clock=lambda: now, cpu=lambda: 0.0)
+    rank = ProcKey(1, 1)
+    now = 0.0
+    assert s.of(rank, [1, 2], 1000)[2] == ((2, 10, 10),)
+    uss[1], uss[2] = 500, 70  # copy-on-access: worker 2 un-shares 60
+    now = 10.0
+    assert s.of(rank, [1, 2, 3], 1000)[2] == ((2, 70, 10), (3, 20, 20))
 
 
 def test_a_costly_tree_is_measured_less_often():

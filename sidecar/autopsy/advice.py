@@ -68,7 +68,8 @@ def _filled(f: Filling) -> str:
     if f.kind == "workers":
         return " ".join(
             (
-                f"The ranks' child processes (DataLoader workers) grew by {_size(f.grown_bytes)} in",
+                f"The ranks' child processes (DataLoader workers) grew by {_size(f.grown_bytes)}",
+                "of memory of their own (USS) in" if f.unique else "in",
                 f"{f.seconds:.0f} s while the ranks did not: copy-on-access, each worker un-sharing the",
                 "dataset's pages as it touches Python objects (their reference counts are written).",
                 "Keep the dataset in numpy arrays, Arrow or tensors instead of lists and dicts of",

@@ -10,7 +10,8 @@ can be about it. Each class is a mechanism the numbers show, never a guess from 
 - ``one_rank``: one rank's tree grew and the others did not: a leak in that rank.
 - ``every_rank``: every rank grew alike and held about the same: each loads its own copy.
 - ``workers``: the growth was in the ranks' child processes (DataLoader workers), not in
-  the ranks: copy-on-access of the dataset, or batches piling up.
+  the ranks: their RSS, or, for copy-on-access (a forked worker un-sharing the dataset's
+  pages, which RSS never shows), their USS against the charge's growth.
 
 None when the numbers name nothing (no curve, no growth worth naming, a mix).
 """
@@ -42,6 +43,7 @@ class Filling:
     rate_bytes_per_second: float | None = None  # one_rank: over its last stretch
     seconds: float = 0.0  # the window the growth was measured over
     held: dict[str, int] = field(default_factory=dict)  # every_rank: each rank's tree RSS at the end
+    unique: bool = False  # workers: growth of their USS (else of their RSS)
 
 
 def _slope(points: list[tuple[float, int]]) -> float | None:
@@ -50,6 +52,32 @@ def _slope(points: list[tuple[float, int]]) -> float | None:
     if len(points) < 2 or points[-1][0] <= points[0][0]:
         return None
     return theil_sen([(t, float(v)) for t, v in points])
+
+
+def _unreclaimable(charge: dict[str, int]) -> int:
+    return charge.get("anon", 0) + charge.get("shmem", 0)
+
+
+def _unshared(points: list[TimelinePoint]) -> tuple[int, int, float] | None:
+    """(growth of the workers' USS, growth of the charge, seconds) between the first and the
+    last USS measurement (a point carries the last measured values: each counts from the
+    point it first appeared in); the charge's growth is the tree RSS's where no charge was
+    read. None with fewer than two measurements."""
+    measured = [p for p in points if p.workers_uss_bytes]
+    if len(measured) < 2:
+        return None
+    a = measured[0]
+    b = next(p for p in measured if p.workers_uss_bytes == measured[-1].workers_uss_bytes)
+    if b.at <= a.at:
+        return None
+    grown = sum(max(0, n - a.workers_uss_bytes.get(k, 0)) for k, n in b.workers_uss_bytes.items())
+    if "anon" in a.cgroup_charge_bytes and "anon" in b.cgroup_charge_bytes:
+        basis = _unreclaimable(b.cgroup_charge_bytes) - _unreclaimable(a.cgroup_charge_bytes)
+    else:
+        basis = sum(
+            max(0, n - a.tree_rss_bytes[k]) for k, n in b.tree_rss_bytes.items() if k in a.tree_rss_bytes
+        )
+    return grown, basis, b.at - a.at
 
 
 def _by_charge(charge: MemoryCharge | None, version: int | None) -> Filling | None:
@@ -80,15 +108,29 @@ def _by_curves(points: list[TimelinePoint]) -> Filling | None:
     seconds = max(last[k].at for k in labels) - min(first[k].at for k in labels)
     grown = {k: last[k].tree_rss_bytes[k] - first[k].tree_rss_bytes[k] for k in labels}
     total = sum(max(0, g) for g in grown.values())
-    if total < GROWTH_BYTES:
+    # copy-on-access grows the charge and the workers' USS, not anyone's RSS (the pages were
+    # resident and mapped before, shared; now each worker has its own copy)
+    charged = [p.cgroup_charge_bytes for p in points if "anon" in p.cgroup_charge_bytes]
+    charge_growth = _unreclaimable(charged[-1]) - _unreclaimable(charged[0]) if len(charged) > 1 else 0
+    if max(total, charge_growth) < GROWTH_BYTES:
         return None
 
     def children(p: TimelinePoint, k: str) -> int:
         return p.tree_rss_bytes[k] - p.rss_bytes.get(k, p.tree_rss_bytes[k])
 
-    workers = sum(max(0, children(last[k], k) - children(first[k], k)) for k in labels)
-    if workers >= WORKERS_SHARE * total:
-        return Filling("workers", grown_bytes=workers, seconds=seconds)
+    # the workers' USS where it was measured: their RSS jumps at the fork by pages they share
+    # (counted once per process) and stays flat while copy-on-access makes them their own
+    unshared = _unshared(points)
+    if unshared is not None:
+        workers, basis, span = unshared
+        if workers >= GROWTH_BYTES and workers >= WORKERS_SHARE * basis:
+            return Filling("workers", grown_bytes=workers, seconds=span, unique=True)
+    else:
+        workers = sum(max(0, children(last[k], k) - children(first[k], k)) for k in labels)
+        if workers >= GROWTH_BYTES and workers >= WORKERS_SHARE * max(total, charge_growth):
+            return Filling("workers", grown_bytes=workers, seconds=seconds)
+    if total < GROWTH_BYTES:
+        return None
     top = max(labels, key=lambda k: grown[k])
     others = [grown[k] for k in labels if k != top]
     if grown[top] >= ONE_RANK_SHARE * total and all(g <= OTHERS_AT_MOST * grown[top] for g in others):

@@ -256,6 +256,7 @@ def build(p: Parts) -> dict[str, Any]:
                 "tree_rss_bytes": t.tree_rss_bytes,
                 "gpu_memory_bytes": t.gpu_memory_bytes,
                 "cgroup_charge_bytes": t.cgroup_charge_bytes or None,
+                "workers_uss_bytes": t.workers_uss_bytes or None,
             }
             for t in p.timeline
         ],

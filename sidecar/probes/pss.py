@@ -29,6 +29,13 @@ EVERY_S = 10.0
 MIN_GAP_S = 1.0
 GROWTH = 0.10
 CORE_SHARE = 0.01
+MAX_WORKERS = 64  # descendants listed per rank (all still count in the tree's totals)
+
+
+# (pid, USS now, USS when first measured) of each of a rank's descendants: copy-on-access
+# growth (a forked DataLoader worker un-sharing the dataset's pages) shows here and nowhere
+# else, since the pages stay resident and anonymous, only no longer shared
+Workers = tuple[tuple[int, int, int], ...]
 
 
 @dataclass(slots=True)
@@ -39,6 +46,7 @@ class _Measured:
     tree_rss: int
     pss: int
     uss: int
+    workers: Workers = ()
 
 
 class PssSampler:
@@ -57,9 +65,9 @@ class PssSampler:
         self.measured_total = 0  # trees measured
         self.cpu_seconds = 0.0  # spent measuring
 
-    def of(self, rank: ProcKey, tree: list[int], tree_rss: int) -> tuple[int | None, int | None]:
-        """The tree's (PSS, USS), measured now if it is due, else as last measured;
-        (None, None) before the first measurement."""
+    def of(self, rank: ProcKey, tree: list[int], tree_rss: int) -> tuple[int | None, int | None, Workers]:
+        """The tree's (PSS, USS, workers), measured now if it is due, else as last measured;
+        (None, None, ()) before the first measurement."""
         now = self._clock()
         last = self._last.get(rank)
         due = last is None or now >= last.next_at
@@ -67,22 +75,27 @@ class PssSampler:
             grew = tree_rss > last.tree_rss * (1 + GROWTH)
             due = grew and now - last.at >= MIN_GAP_S and now >= last.budget_at
         if not due:
-            return (last.pss, last.uss) if last is not None else (None, None)
+            return (last.pss, last.uss, last.workers) if last is not None else (None, None, ())
         started = self._cpu()
         pss = uss = 0
-        for pid in tree:
+        first = {pid: u0 for pid, _, u0 in last.workers} if last is not None else {}
+        workers: list[tuple[int, int, int]] = []
+        for i, pid in enumerate(tree):
             try:
                 p, u = self._rollup(pid)
             except (NoSuchProcess, ProbeError):
                 continue  # gone, a zombie, or not ours to read: the rest still count
             pss += p
             uss += u
+            if i and len(workers) < MAX_WORKERS:
+                workers.append((pid, u, first.get(pid, u)))
         cost = max(0.0, self._cpu() - started)
         self.measured_total += 1
         self.cpu_seconds += cost
         spent = cost / CORE_SHARE
-        self._last[rank] = _Measured(now, now + max(EVERY_S, spent), now + spent, tree_rss, pss, uss)
-        return pss, uss
+        kept = tuple(workers)
+        self._last[rank] = _Measured(now, now + max(EVERY_S, spent), now + spent, tree_rss, pss, uss, kept)
+        return pss, uss, kept
 
     def forget(self, live: set[ProcKey]) -> None:
         """Drop the ranks that are gone."""

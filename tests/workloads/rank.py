@@ -25,10 +25,23 @@ def hold(mb: int) -> bytearray:
     return buf
 
 
-def worker(mb: int, parent: int, held: object) -> None:
+# --cow-mb: a "dataset" of Python ints built before the workers fork; the workers then read
+# it, and reading a Python object writes its reference count: each page is copied
+DATASET: list[int] = []
+
+
+def worker(mb: int, parent: int, held: object, cow_file: str | None = None, cow_seconds: float = 0) -> None:
     _buf = hold(mb)
     held.set()  # type: ignore[attr-defined]
+    touched = 0
     while os.getppid() == parent:
+        if DATASET and cow_file and os.path.exists(cow_file) and touched < len(DATASET):
+            step = max(1, len(DATASET) // max(1, round(cow_seconds / 0.5)))
+            for _item in DATASET[touched : touched + step]:  # copy-on-access, a slice every 0.5 s
+                pass
+            touched += step
+            time.sleep(0.5)
+            continue
         time.sleep(0.2)
 
 
@@ -93,6 +106,12 @@ def main() -> int:
         default=0,
         help="1: --grow-rank grows by writing /dev/shm files (trainwatch-test-shm-<pid>-<n>), not its heap",
     )
+    ap.add_argument("--cow-rank", type=int, default=-1, help="this rank's workers grow by copy-on-access")
+    ap.add_argument(
+        "--cow-mb", type=int, default=0, help="MiB of Python ints the --cow-rank builds before forking"
+    )
+    ap.add_argument("--cow-file", default=None, help="its workers start reading the ints once this exists")
+    ap.add_argument("--cow-seconds", type=float, default=40.0, help="... and take this long to read them all")
     ap.add_argument(
         "--load-interval", type=float, default=0.1, help="seconds between 64 MiB --load-mb shards"
     )
@@ -167,12 +186,22 @@ def main() -> int:
         device = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
         on_gpu = torch.ones(args.gpu_mb << 20, dtype=torch.uint8, device=f"cuda:{device}")
     ctx = mp.get_context("fork")
+    if rank == args.cow_rank and restart == 0:
+        DATASET.extend(range(10**6, 10**6 + args.cow_mb * 2**20 // 36))  # 28 B an int, 8 B its slot
     held = [ctx.Event() for _ in range(args.workers)]
-    procs = [ctx.Process(target=worker, args=(args.worker_mb, os.getpid(), e), daemon=True) for e in held]
+    procs = [
+        ctx.Process(
+            target=worker, args=(args.worker_mb, os.getpid(), e, args.cow_file, args.cow_seconds), daemon=True
+        )
+        for e in held
+    ]
     for p in procs:
         p.start()
     for e in held:  # "ready" means every worker holds its memory (slow machines take a while)
         e.wait(120)
+    if rank == args.cow_rank and restart == 0:  # the kernel's choice, not one of its workers
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
     time.sleep(0.2)
     if args.ready_dir:
         path = os.path.join(args.ready_dir, f"rank{rank}.r{restart}")
