@@ -29,6 +29,7 @@ bench: setup
 	.venv/bin/python benchmarks/deaths.py
 	.venv/bin/python benchmarks/loaded_deaths.py
 	.venv/bin/python benchmarks/foresight.py
+	.venv/bin/python benchmarks/pss_cost.py
 	.venv/bin/python benchmarks/overhead.py $(ARGS)
 	.venv/bin/python benchmarks/render.py
 

@@ -79,7 +79,7 @@ def bench_pids() -> list[int]:
 
 
 class Tree:
-    def __init__(self, agents: int, ranks: int, workers: int) -> None:
+    def __init__(self, agents: int, ranks: int, workers: int, hold_mb: int = 4) -> None:
         self.expected = agents * ranks * (1 + workers)
         self.proc = subprocess.Popen(
             [
@@ -91,6 +91,8 @@ class Tree:
                 str(ranks),
                 "--workers",
                 str(workers),
+                "--hold-mb",
+                str(hold_mb),
             ],
             stdin=subprocess.PIPE,
         )

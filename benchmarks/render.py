@@ -373,6 +373,22 @@ def foresight() -> str:
     return "\n".join(out) + "\n"
 
 
+def pss_cost() -> str:
+    doc = _load("pss-cost")
+    if doc is None:
+        return _missing("pss-cost", "run `make bench`")
+    r = doc["results"]
+    return (
+        f"`benchmarks/pss_cost.py` ({_provenance(doc)}): {r['processes']} processes (8 ranks of"
+        f" {r['hold_mb_per_rank']} MiB, each with 7 forked workers mapping it: {r['tree_rss_bytes'] / GIB:.1f} GiB"
+        f" of tree RSS, {r['tree_pss_bytes'] / GIB:.1f} GiB of PSS), two daemons side by side for"
+        f" {r['window_seconds']:.0f} s: as shipped {r['core_share_with'] * 100:.2f} % of a core, with"
+        f" `--disable smaps` {r['core_share_without'] * 100:.2f} %; the difference, what PSS and USS cost,"
+        f" {r['core_share_difference'] * 100:+.2f} % (the daemon's own account of its smaps_rollup reads:"
+        f" {r['smaps_core_share_own_account'] * 100:.2f} %; the budget is 1 %).\n"
+    )
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     "overhead": overhead,
     "deaths": deaths,
@@ -381,6 +397,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "steps": steps,
     "loaded": loaded,
     "foresight": foresight,
+    "pss": pss_cost,
     "fuzz": fuzzing,
 }
 BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated: \2 -->)", re.S)

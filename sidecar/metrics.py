@@ -201,6 +201,11 @@ METRICS: dict[str, Spec] = {
     ),
     "trainwatch_sample_duration_seconds": Spec("gauge", (), "Duration of the last sampling round in seconds"),
     "trainwatch_samples_total": Spec("counter", (), "Sampling rounds run"),
+    "trainwatch_smaps_cpu_seconds_total": Spec(
+        "counter",
+        (),
+        "CPU seconds the daemon spent reading smaps_rollup for PSS and USS (off with --disable smaps)",
+    ),
     "trainwatch_sampler_overruns_total": Spec(
         "counter", (), "Sampling deadlines missed because a round ran past its interval"
     ),
@@ -281,6 +286,7 @@ class TrainwatchCollector(Collector):
         f.add("trainwatch_last_sample_timestamp_seconds", snap.taken_at)
         f.add("trainwatch_sample_duration_seconds", snap.sample_duration_seconds)
         f.add("trainwatch_samples_total", snap.samples_total)
+        f.add("trainwatch_smaps_cpu_seconds_total", snap.smaps_cpu_seconds)
         f.add("trainwatch_sampler_overruns_total", snap.overruns_total)
         f.add("trainwatch_unreadable_processes", snap.unreadable_processes)
         f.add("trainwatch_attached_jobs", len(snap.jobs))

@@ -317,6 +317,7 @@ class Snapshot:
     sample_duration_seconds: float
     unreadable_processes: int
     nvml_unmatched_pids: tuple[int, ...] = ()
+    smaps_cpu_seconds: float = 0.0  # CPU the PSS/USS sampler has spent (probes/pss.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -273,6 +273,7 @@ class Sampler:
             sample_duration_seconds=self.clock() - started,
             unreadable_processes=len(self.discovery.unreadable),
             nvml_unmatched_pids=unmatched,
+            smaps_cpu_seconds=self.pss.cpu_seconds,
         )
 
     # -- per rank -----------------------------------------------------------------------
@@ -322,7 +323,11 @@ class Sampler:
                 continue
             tree_rss += child_rss
             members += 1
-        pss, uss, workers = self.pss.of(tracked.key, tree, tree_rss)
+        pss: int | None = None
+        uss: int | None = None
+        workers: tuple[tuple[int, int, int], ...] = ()
+        if "smaps" not in self.settings.disabled:
+            pss, uss, workers = self.pss.of(tracked.key, tree, tree_rss)
         return tracked, _RankRead(
             rss,
             status.peak_rss_bytes,

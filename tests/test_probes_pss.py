@@ -59,7 +59,9 @@ def test_measured_at_once_then_every_ten_seconds_sooner_on_growth():
     f.now += 5
     assert s.of(rank, [1, 2, 3], 2000)[:2] == (60, 6) and len(f.reads) == 9  # ten seconds: due again
     s.forget(set())
-    assert s.of(rank, [1], 2000)[:2] == (10, 1)  # forgotten: measured afresh
+    assert s.of(rank, [1], 2000)[:2] == (None, None)  # forgotten, and the budget holds it back
+    f.now += 1
+    assert s.of(rank, [1], 2000)[:2] == (10, 1)  # measured afresh
 
 
 def test_each_worker_s_uss_is_kept_with_its_first_measurement():
@@ -76,7 +78,7 @@ def test_each_worker_s_uss_is_kept_with_its_first_measurement():
 
 
 def test_a_costly_tree_is_measured_less_often():
-    """A measurement that took 0.5 s of CPU waits 50 s (1 % of a core), growth or not."""
+    """A measurement that took 0.5 s of CPU holds the next back 50 s (1 % of a core), growth or not."""
     f = Fake()
     f.cost = 0.5
     s = PssSampler(f.rollup, clock=lambda: f.now, cpu=lambda: f.cpu)
@@ -89,3 +91,33 @@ def test_a_costly_tree_is_measured_less_often():
     s.of(rank, [1, 2], 5000)
     assert len(f.reads) == 4
     assert s.measured_total == 2 and s.cpu_seconds == pytest.approx(1.0)
+
+
+def test_the_budget_is_shared_by_every_tree():
+    """Eight trees whose measurement costs 20 ms each: 1 % of a core lets one through every
+    2 s, so each is measured every 16 s instead of 10, and the total stays at 1 %."""
+    f = Fake()
+    f.cost = 0.02
+    s = PssSampler(f.rollup, clock=lambda: f.now, cpu=lambda: f.cpu)
+    ranks = [ProcKey(i, 1) for i in range(8)]
+    start_cpu, start = f.cpu, f.now
+    for _ in range(1000):  # rounds of the sampler, every 0.1 s
+        for rank in ranks:
+            s.of(rank, [1, 2], 1000)
+        f.now += 0.1
+    assert (f.cpu - start_cpu) / (f.now - start) == pytest.approx(0.01, rel=0.05)
+    assert s.measured_total == pytest.approx(100 / 2, abs=2)
+
+
+def test_trees_take_turns_when_the_budget_is_short():
+    """Three trees first in each round could hold the whole budget; the one that has waited
+    longest goes first, so the last tree of the round is measured too."""
+    f = Fake()
+    f.cost = 0.07  # 3.5 s of budget a measurement: three trees fill the 10 s period
+    s = PssSampler(f.rollup, clock=lambda: f.now, cpu=lambda: f.cpu)
+    ranks = [ProcKey(i, 1) for i in range(8)]
+    for _ in range(600):
+        for rank in ranks:
+            s.of(rank, [1, 2], 1000)
+        f.now += 0.1
+    assert all(s.of(rank, [1, 2], 1000)[0] is not None for rank in ranks)

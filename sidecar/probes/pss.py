@@ -9,9 +9,10 @@ USS counts only the pages a process alone maps (what goes when it exits).
 They come from ``/proc/PID/smaps_rollup``, for which the kernel walks every mapping of the
 process: milliseconds for a large one, under its mmap lock. So a tree is measured every
 ``EVERY_S`` seconds, sooner (but not within ``MIN_GAP_S``) when its RSS grew by
-``GROWTH`` since the last measurement, and never so often that the measuring takes more
-than ``CORE_SHARE`` of a core on average: a tree whose measurement took ``t`` seconds is
-not measured again within ``t / CORE_SHARE``.
+``GROWTH`` since the last measurement, and never so often that the measuring, all trees
+together, takes more than ``CORE_SHARE`` of a core on average: a measurement that took
+``t`` seconds of CPU holds every other one back for ``t / CORE_SHARE`` seconds. Many large
+trees are then each measured less often than every ``EVERY_S``; the cost stays bounded.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ Workers = tuple[tuple[int, int, int], ...]
 class _Measured:
     at: float
     next_at: float  # due again, growth or not
-    budget_at: float  # not before: what the last measurement cost, at CORE_SHARE of a core
     tree_rss: int
     pss: int
     uss: int
@@ -62,6 +62,8 @@ class PssSampler:
         self._clock = clock
         self._cpu = cpu
         self._last: dict[ProcKey, _Measured] = {}
+        self._free_at = 0.0  # no measurement before: the last one's cost, at CORE_SHARE of a core
+        self._waiting: dict[ProcKey, float] = {}  # trees due but held back, and since when
         self.measured_total = 0  # trees measured
         self.cpu_seconds = 0.0  # spent measuring
 
@@ -72,8 +74,10 @@ class PssSampler:
         last = self._last.get(rank)
         due = last is None or now >= last.next_at
         if last is not None and not due:
-            grew = tree_rss > last.tree_rss * (1 + GROWTH)
-            due = grew and now - last.at >= MIN_GAP_S and now >= last.budget_at
+            due = tree_rss > last.tree_rss * (1 + GROWTH) and now - last.at >= MIN_GAP_S
+        if due:  # in turn: the tree that has waited longest goes first (none starves)
+            since = self._waiting.setdefault(rank, now)
+            due = now >= self._free_at and since <= min(self._waiting.values())
         if not due:
             return (last.pss, last.uss, last.workers) if last is not None else (None, None, ())
         started = self._cpu()
@@ -92,12 +96,15 @@ class PssSampler:
         cost = max(0.0, self._cpu() - started)
         self.measured_total += 1
         self.cpu_seconds += cost
-        spent = cost / CORE_SHARE
+        self._free_at = now + cost / CORE_SHARE
+        del self._waiting[rank]
         kept = tuple(workers)
-        self._last[rank] = _Measured(now, now + max(EVERY_S, spent), now + spent, tree_rss, pss, uss, kept)
+        self._last[rank] = _Measured(now, now + EVERY_S, tree_rss, pss, uss, kept)
         return pss, uss, kept
 
     def forget(self, live: set[ProcKey]) -> None:
         """Drop the ranks that are gone."""
         for key in [k for k in self._last if k not in live]:
             del self._last[key]
+        for key in [k for k in self._waiting if k not in live]:
+            del self._waiting[key]
