@@ -174,10 +174,15 @@ class _Episode:
 
 
 def _committed(cg: CgroupSample) -> int | None:
-    """What of a cgroup's charge reclaim cannot take back: anon + shmem + kernel memory
-    (the usage where memory.stat could not be read)."""
+    """What of a cgroup's charge reclaim cannot take back: the usage less its page cache
+    (anon, shmem and kernel memory). The usage counter is exact at every read; memory.stat's
+    parts are per-CPU counters the kernel folds in every few seconds, so anon from it moves in
+    steps (a trend over it would dip and jump), while the page cache it subtracts moves slowly.
+    The usage alone where memory.stat could not be read."""
+    if cg.usage_bytes is None:
+        return None
     if cg.charge is not None:
-        return cg.charge.unreclaimable_bytes + (cg.charge.kernel_bytes or 0)
+        return max(0, cg.usage_bytes - cg.charge.file_bytes)
     return cg.usage_bytes
 
 

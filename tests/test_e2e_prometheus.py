@@ -63,6 +63,8 @@ def test_every_panel_returns_series_and_the_killed_rank_alerts(tmp_path: Path) -
                 workers=1,
                 grow_rank=1,
                 grow_after=8,
+                grow_mb=4,  # 40 MB/s: long enough to be foreseen (the forecast panel and alert)
+                grow_interval=0.1,
                 gpu_mb=256 if Path("/dev/nvidiactl").exists() else 0,  # on a GPU machine, GPU panels too
             ) as job:
                 pids = job.ready()
@@ -80,6 +82,14 @@ def test_every_panel_returns_series_and_the_killed_rank_alerts(tmp_path: Path) -
                 return alerts if alerts and all(a["state"] == "firing" for a in alerts) else None
 
             alerts = wait_for(killed, 30, "TrainwatchRankKilled to fire", 0.5)
+            # foreseen before: the forecast alert fired for rank 1 (and keeps firing a minute)
+            soon = wait_for(
+                lambda: prom.firing("TrainwatchRankMemoryExhaustionSoon", instance=instance),
+                30,
+                "TrainwatchRankMemoryExhaustionSoon to have fired",
+                0.5,
+            )
+            assert {(a["labels"]["job"], a["labels"]["rank"]) for a in soon} == {(key, "1")}, soon
             (alert,) = alerts
             assert alert["labels"]["killer"] == "cgroup_oom" and alert["labels"]["rank"] == "1", alert
             assert alert["labels"]["instance"] == instance and alert["labels"]["severity"] == "critical"

@@ -14,6 +14,7 @@ from sidecar.autopsy.advice import advice
 from sidecar.autopsy.evidence import RankState, Verdict
 from sidecar.autopsy.filled import Filling, what_filled
 from sidecar.model import Confidence, Kind, MemoryCharge, TimelinePoint
+from sidecar.postmortem.html import render_html
 from sidecar.postmortem.text import render_text
 
 MIB = 2**20
@@ -181,3 +182,10 @@ def test_a_real_v2_leak_was_warned_before_the_kill_and_charged_to_anon() -> None
     assert "WARNING sidecar.foresight: memory: rank 1 of job" in log
     text = render_text(doc)
     assert "warned before the death:" in text and "cgroup charge over the last" in text
+
+
+def test_the_html_chart_draws_the_charge_split_and_marks_the_warning() -> None:
+    doc = json.loads((FIXTURES / "foresight-v2-leak.postmortem.json").read_text())
+    page = render_html(doc)
+    assert "cgroup anon" in page  # the charge split is a series of its own
+    assert "⚠ rank 1:" in page and "Warned before the death" in page
