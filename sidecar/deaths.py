@@ -49,7 +49,7 @@ from sidecar.parse.kernel import (
     KmsgRecord,
 )
 from sidecar.postmortem import PostmortemStore, build, iso, make_id
-from sidecar.probes.outputs import OutputFile
+from sidecar.probes.outputs import OutputFile, run_spool
 from sidecar.reconstruct import incidents_of, killed_at, revive, state_of, watched
 from sidecar.records import EVERY_INCIDENT, Records
 from sidecar.timeline import Timeline
@@ -70,6 +70,7 @@ TIMELINE_WINDOW_S = 300.0
 UNKNOWN_EXIT_WAIT_S = 3.0
 RETRY_WRITE_NS = 5 * 10**9  # while a postmortem is in memory only, how often to write it again
 SLOW_READS_MS = 200.0  # an autopsy round whose reads take longer says so in the log
+SPOOL_TRIES = 10  # rounds a job that names a `trainwatch run` output file is looked at for it
 DEATH_TIMES = 64  # deaths whose time is exported (trainwatch_rank_death_timestamp_seconds)
 
 
@@ -123,6 +124,7 @@ class DeathWatch:
         self._reported: dict[int, int] = {}  # pid -> ns: an exit was reported (any status)
         self._clean_exits: dict[int, tuple[int, str | None]] = {}  # pid -> (ns, source), before any incident
         self._agent_outputs: dict[int, list[OutputFile]] = {}  # agent pid -> its output files
+        self._spool_tries: dict[int, int] = {}  # agent pid -> looks for its `trainwatch run` output
         # rank pid -> (its own output files, the wall time it was first seen)
         self._rank_files: dict[int, tuple[list[OutputFile], float]] = {}
         self._oomd_baseline: dict[tuple[str, int], dict[str, int]] = {}  # cgroup -> oomd xattrs
@@ -177,13 +179,35 @@ class DeathWatch:
                     del self._agent_outputs[gone]
                     self.gather.forget(gone)
             new_agents = [p for p in agents if p not in self._agent_outputs]
+            for gone in [p for p in self._spool_tries if p not in agents]:
+                del self._spool_tries[gone]
+            # jobs under `trainwatch run` (not this one's own): its copy of their output
+            spools = {
+                job.agent.pid: (r.run_output, r.uid)
+                for job in snap.jobs
+                for r in job.ranks
+                if r.run_output and self._spool_tries.get(job.agent.pid, 0) < SPOOL_TRIES
+            }
+            if self.gather.job_output is not None or not self.gather.read_outputs:
+                spools = {}
             new_cgroups = [
                 (c.path, c.version) for c in snap.cgroups if (c.path, c.version) not in self._oomd_baseline
             ]
             known_files = [f for files in self._agent_outputs.values() for f in files]
         # Outside the lock (file system calls), once per new job, rank and cgroup
         outputs, rank_files, marks = self.gather.newcomers(new_agents, new_ranks, new_cgroups, known_files)
+        found = {a: run_spool(self.gather.proc_root, a, path, uid) for a, (path, uid) in spools.items()}
         with self._cv:
+            for agent, spool in found.items():
+                if spool is None:
+                    self._spool_tries[agent] = self._spool_tries.get(agent, 0) + 1
+                    continue
+                self._spool_tries[agent] = SPOOL_TRIES  # found: looked for no more
+                files = outputs.get(agent) or self._agent_outputs.get(agent) or []
+                outputs[agent] = [*files, spool]
+                log.info(
+                    "job of agent %d runs under trainwatch run: reading its output from %s", agent, spool.path
+                )
             self._rank_files.update(rank_files)
             self._agent_outputs.update(outputs)
             self._oomd_baseline.update(marks)

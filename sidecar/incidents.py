@@ -217,6 +217,7 @@ def join_evidence(
         agent_teardown=teardown,
         output=reads.findings,
         output_read=bool(reads.texts),
+        run_output=next((k.sample.run_output for k in inc.ranks.values() if k.sample.run_output), None),
         world_size=inc.gen.world_size,
         flight=reads.flight,
         flight_enabled=reads.flight_on,
@@ -332,6 +333,7 @@ def live_parts(
             host.total_bytes if host else None,
             ev.output_read,
             ev.flight_enabled,
+            run_output=ev.run_output,
             filling=what_filled(
                 cg.charge if cg is not None and v.kind != Kind.KERNEL_OOM else None,
                 cg.version if cg is not None else None,

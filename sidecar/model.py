@@ -121,6 +121,8 @@ class RankEnv:
     error_file: str | None
     # the NCCL flight recorder: (buffer size, 0 when off; dump file prefix)
     flight_recorder: tuple[int, str] = (0, "/tmp/nccl_trace_rank_")
+    # TRAINWATCH_RUN_OUTPUT: the job runs under `trainwatch run`, which keeps its output there
+    run_output: str | None = None
 
     @property
     def is_worker(self) -> bool:
@@ -261,6 +263,7 @@ class RankSample:
     flight_recorder: tuple[int, str] | None = None  # RankEnv's; None when the env was unreadable
     error_file: str | None = None  # TORCHELASTIC_ERROR_FILE: where @record writes the rank's exception
     uid: int | None = None  # its real user: the owner its error file and dump must have
+    run_output: str | None = None  # RankEnv's: where `trainwatch run` keeps the job's output
     # the tree's PSS and USS (smaps_rollup; probes/pss.py), as last measured; None before
     tree_pss_bytes: int | None = None
     tree_uss_bytes: int | None = None

@@ -5,7 +5,10 @@ as a child; everything it and its ranks print is passed to this terminal unchang
 pseudo-terminal when stdout is one, so ranks stay line-buffered and progress bars keep
 working; separate pipes for stdout and stderr otherwise) and kept, bounded, as evidence.
 The daemon watches only this job and serves the same HTTP; postmortems are written as
-usual. The exit status is the command's (128+N when a signal N ended it).
+usual. The output also goes to a spool file named in the job's environment
+(``TRAINWATCH_RUN_OUTPUT``), so that a daemon watching the whole node reads the same lines
+through this process's descriptor and gives the same verdict. The exit status is the
+command's (128+N when a signal N ended it).
 
 Signals: Ctrl-C at a terminal reaches the command's process group directly, as without
 trainwatch; a signal sent to trainwatch itself (``kill``, Slurm's ``scancel``, a
@@ -41,14 +44,18 @@ SI_KERNEL = 0x80  # si_code of a signal the kernel generated (a terminal's Ctrl-
 
 
 class OutputKeeper:
-    """The last ``limit`` bytes of what the command wrote, thread-safe."""
+    """The last ``limit`` bytes of what the command wrote, thread-safe; also appended to
+    ``spool`` (a file descriptor) when given, which is cut back to the last ``limit`` bytes
+    whenever it passes twice that."""
 
-    def __init__(self, limit: int = KEEP_BYTES) -> None:
+    def __init__(self, limit: int = KEEP_BYTES, spool: int | None = None) -> None:
         self.limit = limit
         self._chunks: collections.deque[bytes] = collections.deque()
         self._size = 0
         self._lock = threading.Lock()
         self.total = 0
+        self._spool = spool
+        self._spooled = 0
 
     def add(self, data: bytes) -> None:
         with self._lock:
@@ -57,6 +64,22 @@ class OutputKeeper:
             self.total += len(data)
             while self._size > self.limit and len(self._chunks) > 1:
                 self._size -= len(self._chunks.popleft())
+            if self._spool is not None:
+                self._write_spool(self._spool, data)
+
+    def _write_spool(self, fd: int, data: bytes) -> None:
+        try:
+            if self._spooled + len(data) > 2 * self.limit:
+                os.ftruncate(fd, 0)
+                kept = b"".join(self._chunks)[-self.limit :]
+                os.write(fd, kept)
+                self._spooled = len(kept)
+            else:
+                os.write(fd, data)
+                self._spooled += len(data)
+        except OSError as exc:  # a full disk never stops the job's output
+            log.warning("trainwatch run: the output spool stopped (%s)", exc.strerror or exc)
+            self._spool = None
 
     def text(self) -> str:
         with self._lock:
@@ -94,9 +117,11 @@ usage: trainwatch run [daemon options] -- COMMAND [ARGS...]
 
 Start COMMAND (torchrun ..., or a script that runs it) and watch only that job: the
 same HTTP (/metrics, /ranks, /postmortem) and postmortems as the daemon. Its output and
-its ranks' output pass through unchanged and the last 8 MiB are kept as evidence. The
-exit status is COMMAND's (128+N after signal N). Signals sent to trainwatch are passed
-on; Ctrl-C at a terminal reaches COMMAND directly.
+its ranks' output pass through unchanged and the last 8 MiB are kept as evidence, also in
+<postmortem dir>/spool/run-PID.out (named in the job's environment as TRAINWATCH_RUN_OUTPUT),
+where a trainwatch daemon watching the node reads it too. The exit status is COMMAND's
+(128+N after signal N). Signals sent to trainwatch are passed on; Ctrl-C at a terminal
+reaches COMMAND directly.
 
 The daemon options are those of trainwatch --attach-torchrun (see trainwatch --help)
 except --pid. trainwatch's own log is at WARNING unless --log-level says otherwise; the
@@ -138,7 +163,9 @@ def run_command(argv: Sequence[str], environ: dict[str, str] | None = None) -> i
     # them (sigwaitinfo tells a terminal's Ctrl-C from a kill); the child unblocks them.
     signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     tty = os.isatty(1)
-    keeper = OutputKeeper()
+    spool, spool_path = _open_spool(settings.postmortem_dir)
+    keeper = OutputKeeper(spool=spool)
+    child_env = dict(env, TRAINWATCH_RUN_OUTPUT=spool_path) if spool_path else env
     try:
         if tty:
             master, slave = os.openpty()
@@ -154,6 +181,7 @@ def run_command(argv: Sequence[str], environ: dict[str, str] | None = None) -> i
                 command,
                 stdout=child_out,
                 stderr=child_err,
+                env=child_env,
                 preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED),
             )
         except OSError as exc:
@@ -203,6 +231,34 @@ def run_command(argv: Sequence[str], environ: dict[str, str] | None = None) -> i
         service.stop()  # finishes the postmortems in flight
         _report(service, child.pid)
     return 128 - code if code < 0 else code
+
+
+SPOOL_KEEP_S = 86_400.0  # spools of earlier runs are removed after a day
+
+
+def _open_spool(postmortem_dir: str) -> tuple[int | None, str | None]:
+    """A file for the job's output that a trainwatch daemon watching the node finds (the job's
+    environment names it in TRAINWATCH_RUN_OUTPUT; the daemon reads it through this
+    process's descriptor), so both give the same verdict: ``<postmortem dir>/spool/run-PID.out``,
+    mode 0600. Earlier runs' spools older than a day go. (None, None) when it cannot be made:
+    the job runs on without it."""
+    directory = os.path.join(postmortem_dir, "spool")
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        now = time.time()
+        for name in os.listdir(directory):
+            path = os.path.join(directory, name)
+            with contextlib.suppress(OSError):
+                if name.startswith("run-") and now - os.lstat(path).st_mtime > SPOOL_KEEP_S:
+                    os.unlink(path)
+        path = os.path.join(directory, f"run-{os.getpid()}.out")
+        fd = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
+    except OSError as exc:
+        log.warning("trainwatch run: no output spool for a node's daemon (%s)", exc.strerror or exc)
+        return None, None
+    return fd, path
 
 
 def _with_job(settings: Settings, pid: int, explicit_port: bool) -> Settings:

@@ -101,6 +101,7 @@ def _rank_sample(
         ns_pids=read.ns_pids,
         flight_recorder=tracked.env.flight_recorder if tracked.env else None,
         error_file=tracked.env.error_file if tracked.env else None,
+        run_output=tracked.env.run_output if tracked.env else None,
         uid=read.uid,
         tree_pss_bytes=read.tree_pss_bytes,
         tree_uss_bytes=read.tree_uss_bytes,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.demo import join_cgroup, memory_cgroup
-from tests.e2e import REPO, TORCHRUN, WORKLOAD, wait_for
+from tests.e2e import REPO, TORCHRUN, WORKLOAD, DaemonProc, wait_for
 from tests.skips import left_out, met, requires, skip
 
 pytestmark = [pytest.mark.slow]
@@ -251,3 +251,35 @@ def test_a_stall_is_seen_before_the_timeout_with_each_ranks_stack(tmp_path):
     if not spy:  # the device machine has none; scripts/dev-setup installs it here
         skip("py-spy", "the stall was seen, the stacks were not checked")
     assert set(doc["stacks"]["ranks"]) == {"0", "1"} and "all_reduce" in doc["stacks"]["ranks"]["0"]
+
+
+def test_the_node_daemon_and_trainwatch_run_give_one_verdict(tmp_path):
+    """A node runs the daemon and a user starts a gloo job under `trainwatch run`; rank 1
+    stops joining collectives and rank 0 times out. `run` holds the job's pipes; it keeps a
+    copy of the output in a spool the node daemon finds through run's own descriptor. Both
+    postmortems name the same killer, confidence and fates, and the daemon's advice does not
+    tell the user to run under `trainwatch run`."""
+    with DaemonProc(tmp_path) as daemon:
+        code, _out, err = _run(tmp_path, "--hang-rank=1", "--hang-after=2", "--pg-timeout=5")
+        assert code == 1, err[-3000:]
+        mine = _postmortem(tmp_path)
+        agent = mine["job"]["agent_pid"]
+
+        def theirs() -> dict | None:
+            for entry in json.loads(daemon.get("/postmortems")[1]):
+                doc = json.loads(daemon.get(f"/postmortems/{entry['id']}")[1])
+                if doc["job"]["agent_pid"] == agent and len(doc["ranks"]) == 2:
+                    decided = [r for r in doc["ranks"] if r["fate"] not in ("running", "unknown")]
+                    return doc if len(decided) == 2 else None
+            return None
+
+        node = wait_for(theirs, 60, "the node daemon's postmortem of the same death")
+        log = daemon.log()
+    assert "runs under trainwatch run: reading its output from" in log, log[-3000:]
+    for doc in (mine, node):
+        assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("collective_timeout", "certain"), doc[
+            "killer"
+        ]
+    assert node["killer"]["summary"] == mine["killer"]["summary"]
+    assert _fates(node) == _fates(mine) == {0: "root_cause", 1: "terminated_by_agent"}
+    assert not any("trainwatch run" in a for a in node["advice"]), node["advice"]

@@ -94,6 +94,7 @@ def advice(
     *,
     live: bool = True,
     filling: Filling | None = None,
+    run_output: str | None = None,
 ) -> list[str]:
     """What to change, from the verdict's kind and facts and the numbers. ``live`` False:
     for ``trainwatch diagnose``, which leaves out what only the daemon's setup could change.
@@ -194,7 +195,13 @@ def advice(
     if v.kind == Kind.PYTHON_EXCEPTION:
         out.append("The exception is the rank's own: fix it from the traceback in the rank's output.")
     own_words = (Kind.PYTHON_EXCEPTION, Kind.ABORT, Kind.SEGFAULT, Kind.BUS_ERROR, Kind.UNKNOWN)
-    if not output_read and v.kind in own_words:
+    if not output_read and v.kind in own_words and run_output is not None:
+        out.append(  # never tell a user to do what they already did
+            f"The job runs under `trainwatch run`, which keeps its output in {run_output}; this daemon "
+            "could not read it, so the ranks' last words are missing here. The postmortem `trainwatch run` "
+            "printed when the job ended has them."
+        )
+    elif not output_read and v.kind in own_words:
         out.append(
             "The ranks' output could not be read, so their own last words are missing here. Next time run "
             "the job under `trainwatch run -- torchrun ...`, or give torchrun --log-dir DIR --redirects 3 "

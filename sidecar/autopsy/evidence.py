@@ -193,6 +193,7 @@ class Evidence:
     # what the ranks wrote: (rank label or None when unattributed, finding), in order
     output: tuple[tuple[str | None, Finding], ...] = ()
     output_read: bool = False  # some output of the job could be read
+    run_output: str | None = None  # the job runs under `trainwatch run`, which keeps its output there
     world_size: int | None = None
     flight: FlightVerdict | None = None  # the flight recorder's dumps, summarised
     flight_enabled: bool | None = None

@@ -14,10 +14,13 @@ import stat
 from dataclasses import dataclass
 
 from sidecar import saferead
+from sidecar.errors import ProbeError
+from sidecar.probes.proc import read_stat
 
-__all__ = ["OutputFile", "read_output", "regular_outputs"]
+__all__ = ["OutputFile", "read_output", "regular_outputs", "run_spool"]
 
 DEFAULT_LIMIT = 1 << 20
+SPOOL_ANCESTORS = 4  # how far up from a job's agent `trainwatch run` is looked for
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +53,49 @@ def regular_outputs(proc_root: str, pid: int, fds: tuple[int, ...] = (1, 2)) -> 
         seen.add((st.st_dev, st.st_ino))
         found.append(OutputFile(pid, fd, target, st.st_dev, st.st_ino, st.st_size))
     return found
+
+
+def run_spool(proc_root: str, agent_pid: int, path: str, uid: int | None) -> OutputFile | None:
+    """The file where ``trainwatch run`` keeps a job's output (``TRAINWATCH_RUN_OUTPUT`` in
+    the job's environment names it), found among the descriptors of the agent's ancestors
+    (``run`` itself, or a few levels up when a script started torchrun): a path a job merely
+    names is never opened. It must be a regular file such a process holds open under exactly
+    that name, owned by the job's user, in a process of that user. None otherwise."""
+    pid = agent_pid
+    for _ in range(SPOOL_ANCESTORS):
+        try:
+            pid = read_stat(proc_root, pid).ppid
+        except (OSError, ProbeError):
+            return None
+        if pid <= 1:
+            return None
+        found = _held(proc_root, pid, path, uid)
+        if found is not None:
+            return found
+    return None
+
+
+def _held(proc_root: str, pid: int, path: str, uid: int | None) -> OutputFile | None:
+    try:
+        with open(f"{proc_root}/{pid}/status", "rb") as f:
+            status = f.read()
+        fds = os.listdir(f"{proc_root}/{pid}/fd")
+    except OSError:
+        return None
+    uids = next((line.split()[1:] for line in status.splitlines() if line.startswith(b"Uid:")), [])
+    if uid is not None and (not uids or int(uids[0]) != uid):
+        return None
+    for name in fds:
+        link = f"{proc_root}/{pid}/fd/{name}"
+        try:
+            if os.readlink(link) != path:
+                continue
+            st = os.stat(link)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode) and (uid is None or st.st_uid == uid):
+            return OutputFile(pid, int(name), path, st.st_dev, st.st_ino, 0)
+    return None
 
 
 def read_output(

@@ -224,6 +224,7 @@ def parse_rank_env(env: dict[str, str]) -> RankEnv:
             or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
             or "/tmp/nccl_trace_rank_",
         ),
+        run_output=env.get("TRAINWATCH_RUN_OUTPUT") or None,
     )
 
 
