@@ -50,6 +50,7 @@ from sidecar.parse.kernel import (
 )
 from sidecar.postmortem import PostmortemStore, build, iso, make_id
 from sidecar.probes.outputs import OutputFile, run_spool
+from sidecar.probes.senders import describe_sender
 from sidecar.reconstruct import incidents_of, killed_at, revive, state_of, watched
 from sidecar.records import EVERY_INCIDENT, Records
 from sidecar.timeline import Timeline
@@ -281,10 +282,16 @@ class DeathWatch:
 
     def on_signal(self, event: SignalEvent) -> None:
         """Tracepoint thread: keep the signals sent to ranks (the rest is not evidence)."""
+        if event.target_pid not in self._known or event.from_kernel:
+            if event.target_pid not in self._known:
+                return
+            sender = None
+        else:  # read now, outside the lock: a `kill` is gone within milliseconds
+            sender = describe_sender(self.gather.proc_root, event.sender_pid, event.sender_comm)
         with self._cv:
             if event.target_pid not in self._known:
                 return
-            self._records.signal(event)
+            self._records.signal(event, sender)
 
     def on_kmsg(self, record: KmsgRecord) -> None:
         """Kernel-log thread: keep the OOM records (merged per pid), the NVRM Xids, and the

@@ -11,6 +11,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from sidecar.autopsy import SignalSent, UserspaceKill
+from sidecar.autopsy.evidence import Sender
 from sidecar.autopsy.oom import OomFold
 from sidecar.model import Snapshot
 from sidecar.parse.kernel import (
@@ -84,7 +85,7 @@ class Records:
             return merged.pid if merged is not None else None
         return None
 
-    def signal(self, event: SignalEvent) -> None:
+    def signal(self, event: SignalEvent, sender: Sender | None = None) -> None:
         self.signals.append(
             SignalSent(
                 event.sender_comm,
@@ -93,6 +94,7 @@ class Records:
                 event.signal,
                 event.code,
                 event.monotonic_ns,
+                sender,
             )
         )
 

@@ -25,6 +25,26 @@ def _size(n: float) -> str:
 
 
 OOM_KINDS = (Kind.KERNEL_OOM, Kind.CGROUP_OOM, Kind.USERSPACE_OOM)
+# what to look at once the sender's tool is known (autopsy/senders.py), by tool
+SENDER_ADVICE = {
+    "slurm": "Slurm ended the step: `sacct -j $SLURM_JOB_ID -o JobID,State,Elapsed,Timelimit` says whether "
+    "it reached its time limit (raise --time, or checkpoint and requeue) or was cancelled (scancel, a "
+    "preemption).",
+    "kubelet": "Kubernetes stopped the pod: `kubectl describe pod` and `kubectl get events` say why (an "
+    "eviction under node memory pressure, a preemption, a deletion or a rollout); requests equal to "
+    "limits keep a pod from being evicted first.",
+    "containerd": "The container runtime stopped the container: the orchestrator's log (or `crictl "
+    "inspect`) says who asked it to.",
+    "docker": "Docker stopped the container: `docker events` and `docker inspect` say who and when.",
+    "systemd": "systemd stopped the rank's unit: `journalctl -u UNIT` says who stopped it; TimeoutStopSec "
+    "decides when its SIGTERM becomes SIGKILL.",
+    "nvrx": "NVIDIA Resiliency Extension's monitor killed a rank it judged hung (no heartbeat within its "
+    "timeout): its log names the rank; raise its timeouts if the steps were only slow.",
+    "ray": "Ray killed the worker: its memory monitor kills at 95 % of the node's memory by default "
+    "(RAY_memory_usage_threshold); the raylet's log says why.",
+    "user": "It was killed from a shell on this node (uid {uid}): the sender's parents name the session "
+    "(sshd, tmux, cron, a script).",
+}
 EVERY_RANK_ADVICE = (
     "each process loads its own full copy. Load the weights once (low_cpu_mem_usage=True, meta-device or "
     "ZeRO-3 init), load them straight to the GPU, or stagger loading across ranks."
@@ -135,7 +155,10 @@ def advice(
             "The ranks' child processes (DataLoader workers) held much of the memory: lower num_workers, "
             "avoid copying the dataset into each worker, or use shared memory for it."
         )
-    if v.kind == Kind.EXTERNAL_SIGNAL:
+    sender = v.facts.sender
+    if v.kind == Kind.EXTERNAL_SIGNAL and sender is not None and sender.tool in SENDER_ADVICE:
+        out.append(SENDER_ADVICE[sender.tool].format(uid=sender.uid))
+    elif v.kind == Kind.EXTERNAL_SIGNAL:
         out.append(
             "Nothing on this machine recorded an OOM. Look at who sends signals here: the scheduler "
             "(Slurm time limit, Kubernetes eviction or preemption), an operator, a watchdog."

@@ -21,6 +21,7 @@ __all__ = [
     "Facts",
     "KernelOom",
     "RankState",
+    "Sender",
     "SignalSent",
     "UserspaceKill",
     "Verdict",
@@ -130,6 +131,21 @@ class KernelOom:
 
 
 @dataclass(frozen=True, slots=True)
+class Sender:
+    """A signal's sender as /proc showed it when the tracepoint reported the signal: its
+    parents (pid, comm, exe) from the nearest up; ``tool`` is what the catalogue
+    (autopsy/senders.py) makes of the chain."""
+
+    pid: int
+    comm: str
+    exe: str | None
+    uid: int | None
+    cgroup: str | None
+    parents: tuple[tuple[int, str, str | None], ...]
+    tool: str = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
 class SignalSent:
     """From the signal:signal_generate tracepoint: who sent which signal to whom."""
 
@@ -139,6 +155,7 @@ class SignalSent:
     signal: int
     code: int
     at_ns: int
+    sender: Sender | None = None  # the sender and its parents, where /proc still had them
 
 
 USERSPACE_OOM_DAEMONS = ("earlyoom", "systemd-oomd", "oomd", "nohang")
@@ -230,6 +247,7 @@ class Facts:
     # of one): the collective itself, or GPU work ahead of it, did not finish
     all_entered: bool = False
     shm_exhausted: bool = False  # the failure is /dev/shm running out (a bus error, no space)
+    sender: Sender | None = None  # who sent the signal that killed the rank, with its tool
 
 
 @dataclass(frozen=True, slots=True)

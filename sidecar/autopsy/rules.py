@@ -19,6 +19,7 @@ No I/O, no clock: everything arrives in ``Evidence``. Rules (CONTRACTS.md, EVIDE
 from __future__ import annotations
 
 import signal as _signal
+from dataclasses import replace
 from typing import Any
 
 from sidecar.autopsy.evidence import (
@@ -28,6 +29,7 @@ from sidecar.autopsy.evidence import (
     Facts,
     KernelOom,
     RankState,
+    Sender,
     SignalSent,
     UserspaceKill,
     Verdict,
@@ -36,6 +38,7 @@ from sidecar.autopsy.evidence import (
     signal_name,
 )
 from sidecar.autopsy.said import WAITING, findings_of, from_output, gpu_fault
+from sidecar.autopsy.senders import tool_of, words
 from sidecar.model import Confidence, Fate, Kind
 
 __all__ = ["autopsy"]
@@ -247,6 +250,10 @@ def _victim_verdict(
         sent = None
     if sent is not None and not (sent.code == 128 and victim.signal == _signal.SIGKILL):
         name = signal_name(sent.signal)
+        sender = sent.sender or Sender(sent.sender_pid, sent.sender_comm, None, None, None, ())
+        tool = tool_of(sender, ev.agent_pid, victim.cgroup)
+        facts["sender"] = replace(sender, tool=tool)
+        chain = ", ".join(f"{comm} ({pid})" for pid, comm, _ in sender.parents[:4])
         items.append(
             EvidenceItem(
                 "tracepoint",
@@ -269,10 +276,18 @@ def _victim_verdict(
                 f"{who} was sent {name} by the torchrun agent (pid {sent.sender_pid}) "
                 "before any other rank died.",
             )
+        if tool in ("unknown", "torchelastic"):
+            return (
+                Kind.EXTERNAL_SIGNAL,
+                Confidence.CERTAIN,
+                f"{who} was killed from outside: pid {sent.sender_pid} ({sent.sender_comm}) sent {name}"
+                + (f" (started by {chain})." if chain else "."),
+            )
         return (
             Kind.EXTERNAL_SIGNAL,
             Confidence.CERTAIN,
-            f"{who} was killed from outside: pid {sent.sender_pid} ({sent.sender_comm}) sent {name}.",
+            f"{who} was killed from outside by {words(tool)}: pid {sent.sender_pid} ({sent.sender_comm}) "
+            f"sent {name}" + (f" (started by {chain})." if chain else "."),
         )
     found = _userspace_for(victim, ev)
     if found is not None:

@@ -203,6 +203,17 @@ def build(p: Parts) -> dict[str, Any]:
         killer = {"kind": v.kind, "confidence": v.confidence}
     killer["summary"] = p.summary if p.summary is not None else (v.summary if v else NO_DEATH)
     killer["evidence"] = [{"source": e.source, "at": iso(e.at), "detail": e.detail} for e in p.evidence]
+    sender = v.facts.sender if v is not None else None
+    if sender is not None:  # CONTRACTS' killer.sender: who sent the signal, and the tool it was
+        killer["sender"] = {
+            "pid": sender.pid,
+            "comm": sender.comm,
+            "exe": sender.exe,
+            "uid": sender.uid,
+            "cgroup": sender.cgroup,
+            "parents": [{"pid": pid, "comm": comm} for pid, comm, _ in sender.parents],
+            "tool": sender.tool,
+        }
     doc = {
         "schema": SCHEMA,
         "id": p.ident,
