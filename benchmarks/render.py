@@ -339,7 +339,7 @@ def foresight() -> str:
         out.append(
             f"| {names.get(row['kind'], row['kind'])}{where} ({row['killer']}, {row['confidence']}) |"
             f" {row['rate_mb_s']:g} / {row['measured_rate_mb_s']} MB/s | {row['life_s']:.0f} s |"
-            f" {'none' if warned is None else f'{warned:.0f} s'} |"
+            f" {'none' if warned is None else f'{warned:.0f} s'} | "
             + " | ".join(cell(row["at"][str(lead)]) for lead in (30, 10, 3))
             + " |"
         )

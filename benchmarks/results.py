@@ -34,6 +34,9 @@ def _cpu_model() -> str:
 
 
 def _commit() -> str:
+    # a run on another machine whose copy of the tree has no history of its own says it
+    if os.environ.get("TRAINWATCH_COMMIT"):
+        return os.environ["TRAINWATCH_COMMIT"]
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True

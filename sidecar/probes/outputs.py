@@ -14,7 +14,7 @@ import stat
 from dataclasses import dataclass
 
 from sidecar import saferead
-from sidecar.errors import ProbeError
+from sidecar.errors import ProbeError, read_bytes
 from sidecar.probes.proc import read_stat
 
 __all__ = ["OutputFile", "read_output", "regular_outputs", "run_spool"]
@@ -76,11 +76,10 @@ def run_spool(proc_root: str, agent_pid: int, path: str, uid: int | None) -> Out
 
 
 def _held(proc_root: str, pid: int, path: str, uid: int | None) -> OutputFile | None:
-    try:
-        with open(f"{proc_root}/{pid}/status", "rb") as f:
-            status = f.read()
+    try:  # daemon-chosen /proc files only: the path the job named is compared, never opened
+        status = read_bytes(f"{proc_root}/{pid}/status")
         fds = os.listdir(f"{proc_root}/{pid}/fd")
-    except OSError:
+    except (OSError, ProbeError):
         return None
     uids = next((line.split()[1:] for line in status.splitlines() if line.startswith(b"Uid:")), [])
     if uid is not None and (not uids or int(uids[0]) != uid):
