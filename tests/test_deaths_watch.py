@@ -200,3 +200,33 @@ def test_the_postmortem_curve_spans_its_window_after_the_sampler_sped_up(tmp_pat
     last = datetime.fromisoformat(doc["timeline"][-1]["at"]).timestamp()
     assert first - (died - TIMELINE_WINDOW_S) < 1.5, (first, died)  # the whole window, not a minute
     assert died - last < 1.0
+
+
+def test_only_signals_that_end_a_process_have_their_sender_described(tmp_path, monkeypatch):
+    """A rank's children send it SIGCHLD as they exit, by the thousand for a rank that runs
+    subprocesses: those are not kept at all (they would crowd the kills out of the bounded
+    record) and their senders never read from /proc; a SIGKILL's sender is, a self-sent
+    SIGABRT is kept as it came."""
+    import signal
+
+    import sidecar.deaths as deaths
+    from sidecar.deaths import DeathWatch
+    from sidecar.timeline import Timeline
+    from sidecar.watch.signals import SignalEvent
+    from tests.test_daemon_loop import _job, _snapshot
+
+    described: list[int] = []
+    monkeypatch.setattr(deaths, "describe_sender", lambda root, pid, comm: described.append(pid))
+    watch = DeathWatch(PostmortemStore(str(tmp_path)), Timeline(60, 1), hostname="h")
+    watch.observe(_snapshot(1, (_job("a", 100),)))  # rank pid 10
+    for i in range(100):
+        watch.on_signal(
+            SignalEvent("python", 5000 + i, "python", 10, signal.SIGCHLD, 1, 0, time.monotonic_ns())
+        )
+    watch.on_signal(SignalEvent("python", 10, "python", 10, signal.SIGABRT, -6, 0, time.monotonic_ns()))
+    watch.on_signal(SignalEvent("kill", 777, "python", 10, signal.SIGKILL, 0, 0, time.monotonic_ns()))
+    watch.on_signal(
+        SignalEvent("kill", 778, "python", 99, signal.SIGKILL, 0, 0, time.monotonic_ns())
+    )  # not a rank
+    assert described == [777]
+    assert [e.signal for e in watch._records.signals] == [signal.SIGABRT, signal.SIGKILL]
