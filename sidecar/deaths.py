@@ -227,7 +227,7 @@ class DeathWatch:
                 files = outputs.get(agent) or self._agent_outputs.get(agent) or []
                 outputs[agent] = [*files, spool]
                 log.info(
-                    "job of agent %d runs under trainwatch run: reading its output from %s", agent, spool.path
+                    "job of agent %d runs under trainwatch run: reading its output from %r", agent, spool.path
                 )
             self._rank_files.update(rank_files)
             self._agent_outputs.update(outputs)

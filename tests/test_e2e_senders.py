@@ -38,9 +38,9 @@ def _cgroup(rel: str):
     try:
         yield path
     finally:
-        for d in [path, *path.relative_to(root).parents][:-1]:
+        for level in [Path(rel), *Path(rel).parents][:-1]:  # the leaf first, up to the root's child
             with contextlib.suppress(OSError):
-                (root / d).rmdir() if d != path else path.rmdir()
+                (root / level).rmdir()
 
 
 def _stand_in(tmp: Path, name: str) -> Path:

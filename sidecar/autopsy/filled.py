@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sidecar.foresight import theil_sen
 from sidecar.model import MemoryCharge, TimelinePoint
 
 __all__ = ["Filling", "what_filled"]
@@ -47,8 +48,7 @@ class Filling:
 
 
 def _slope(points: list[tuple[float, int]]) -> float | None:
-    from sidecar.foresight import theil_sen  # the trend foresight uses, robust to one outlier
-
+    """The trend foresight uses (robust to one outlier)."""
     if len(points) < 2 or points[-1][0] <= points[0][0]:
         return None
     return theil_sen([(t, float(v)) for t, v in points])

@@ -27,6 +27,7 @@ __all__ = [
     "JobInfo",
     "RankRow",
     "build",
+    "epoch_of",
     "iso",
     "make_id",
 ]
@@ -40,6 +41,17 @@ def iso(epoch: float | None) -> str | None:
     if epoch is None:
         return None
     return datetime.fromtimestamp(epoch, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+def epoch_of(value: Any) -> float | None:
+    """The inverse of :func:`iso` for a document's times: epoch seconds, or None for a value
+    that is not an ISO-8601 time (a hand-made or damaged document)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
 
 
 def make_id(

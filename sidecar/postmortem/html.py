@@ -8,10 +8,10 @@ Policy forbids loading anything, so the page shows the same on an air-gapped nod
 from __future__ import annotations
 
 import html
-from datetime import datetime
 from typing import Any
 
 from sidecar.model import Fate
+from sidecar.postmortem.document import epoch_of
 
 __all__ = ["render_html"]
 
@@ -32,15 +32,6 @@ CHARGE_SERIES = (
 )
 
 
-def _ts(value: Any) -> float | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value).timestamp()
-    except ValueError:
-        return None
-
-
 def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
@@ -50,8 +41,8 @@ def _e(value: Any) -> str:
 
 
 def _chart(doc: dict[str, Any]) -> str:
-    points = [(t, p) for p in doc.get("timeline") or [] if (t := _ts(p.get("at"))) is not None]
-    deaths = [(r, t) for r in doc.get("ranks") or [] if (t := _ts(r.get("died_at"))) is not None]
+    points = [(t, p) for p in doc.get("timeline") or [] if (t := epoch_of(p.get("at"))) is not None]
+    deaths = [(r, t) for r in doc.get("ranks") or [] if (t := epoch_of(r.get("died_at"))) is not None]
     if not points:
         return "<p class='muted'>No samples were recorded before the death.</p>"
     cg = (doc.get("memory") or {}).get("cgroup") or {}
@@ -92,7 +83,7 @@ def _chart(doc: dict[str, Any]) -> str:
         ]
         if part and max(v for _, v in part) >= 2**20:
             series.append((f"cgroup {name}", color, "1,2", part))
-    warned = [(w, t) for w in doc.get("warnings") or [] if (t := _ts(w.get("at"))) is not None]
+    warned = [(w, t) for w in doc.get("warnings") or [] if (t := epoch_of(w.get("at"))) is not None]
     avail = [
         (t, p["host_available_bytes"]) for t, p in points if isinstance(p.get("host_available_bytes"), int)
     ]

@@ -6,8 +6,9 @@ no data for are left out rather than printed empty.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
+
+from sidecar.postmortem.document import epoch_of
 
 __all__ = ["render_text"]
 
@@ -129,7 +130,7 @@ def _curve(doc: dict[str, Any]) -> list[str]:
     timeline = doc.get("timeline") or []
     label = str((doc.get("victim") or {}).get("rank"))
     curve = [  # a point without a time (a hand-made document) keeps its place
-        (_ts(p.get("at")) or float(i), c)
+        (epoch_of(p.get("at")) or float(i), c)
         for i, p in enumerate(timeline)
         if isinstance(c := (p.get("rss_bytes") or {}).get(label), int)
     ]
@@ -143,29 +144,20 @@ def _curve(doc: dict[str, Any]) -> list[str]:
     ]
 
 
-def _ts(value: Any) -> float | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value).timestamp()
-    except ValueError:
-        return None
-
-
 def _warnings(doc: dict[str, Any]) -> list[str]:
     """What foresight predicted before the death, timed from it ("predicted at T-41 s: 38 s
     left"); ranks warned of the same limit in the same second share a line."""
-    died = _ts((doc.get("victim") or {}).get("died_at"))
+    died = epoch_of((doc.get("victim") or {}).get("died_at"))
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for w in doc.get("warnings") or []:
         limit = w.get("limit") or {}
-        at = _ts(w.get("at"))
+        at = epoch_of(w.get("at"))
         key = (round(at) if at is not None else w.get("at"), limit.get("kind"), limit.get("path"))
         groups.setdefault(key, []).append(w)
     lines = []
     for ws in groups.values():
         w, limit = ws[0], ws[0].get("limit") or {}
-        at = _ts(w.get("at"))
+        at = epoch_of(w.get("at"))
         when = f"T-{died - at:.0f} s" if at is not None and died is not None else str(w.get("at"))
         where = f"cgroup {limit.get('path')}" if limit.get("kind") == "cgroup" else "the host's memory"
         who = ", ".join(str(x.get("rank")) for x in ws)
@@ -196,12 +188,12 @@ def _by_time(points: list[tuple[float, int]], most: int = 72) -> list[int]:
 
 def _charge_curve(doc: dict[str, Any]) -> list[str]:
     """The binding cgroup's charge split over the window before the death."""
-    died = _ts((doc.get("victim") or {}).get("died_at"))
+    died = epoch_of((doc.get("victim") or {}).get("died_at"))
     points = [
         (at, p["cgroup_charge_bytes"])
         for p in doc.get("timeline") or []
         if isinstance(p.get("cgroup_charge_bytes"), dict)
-        and (at := _ts(p.get("at"))) is not None
+        and (at := epoch_of(p.get("at"))) is not None
         and (died is None or at <= died)
     ]
     if len(points) < 2:
