@@ -9,7 +9,6 @@ subprocess or writes outside the postmortem directory.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -74,7 +73,9 @@ class Daemon:
         self.sampler = sampler if sampler is not None else Sampler(settings)
         self.timeline = Timeline(settings.history_seconds, settings.interval_seconds)
         self.store = PostmortemStore(settings.postmortem_dir)
-        self.stalls = StallTracker(settings.stall_after_seconds, py_spy=settings.py_spy)
+        self.stalls = StallTracker(
+            settings.stall_after_seconds, py_spy=settings.py_spy, proc_root=settings.proc_root
+        )
         self.foresight = Foresight()
         host = HostReader(settings.proc_root)
         self.deaths = DeathWatch(
@@ -86,7 +87,7 @@ class Daemon:
             read_outputs="outputs" not in settings.disabled,
             proc_root=settings.proc_root,
             job_output=job_output,
-            stacks_of=self.stalls.stacks,
+            stall_of=self.stalls.stall,
             warnings_of=self.foresight.warnings,
             journal=Journal(settings.postmortem_dir),
             boot_id=read_boot_id(settings.proc_root),
@@ -258,15 +259,7 @@ class Daemon:
 
     def _publish(self, snapshot: Snapshot) -> None:
         snapshot = self.foresight.update(snapshot)
-        stalled = self.stalls.update(snapshot)
-        if any(stalled.values()):
-            snapshot = dataclasses.replace(
-                snapshot,
-                jobs=tuple(
-                    dataclasses.replace(j, stalled_seconds=round(stalled.get(j.key, 0.0), 3))
-                    for j in snapshot.jobs
-                ),
-            )
+        snapshot = self.stalls.update(snapshot)
         with self._lock:
             self._snapshot = snapshot
         self._last_done = time.monotonic()

@@ -106,7 +106,7 @@ class DeathWatch:
         read_oomd_marks: Callable[[str, int], dict[str, int]] = lambda path, version: {},
         read_outputs: bool = True,
         job_output: Callable[[int], str] | None = None,
-        stacks_of: Callable[[str], tuple[dict[str, str], float | None]] | None = None,
+        stall_of: Callable[[str], dict[str, Any] | None] | None = None,
         warnings_of: Callable[[str], tuple[Warned, ...]] = lambda job: (),
         hostname: str | None = None,
         proc_root: str = "/proc",
@@ -117,7 +117,7 @@ class DeathWatch:
     ) -> None:
         self.store = store
         self.timeline = timeline
-        self.stacks_of = stacks_of  # the ranks' Python stacks recorded while the job stalled
+        self.stall_of = stall_of  # the snapshot taken when the job stalled (stalls.py)
         self.warnings_of = warnings_of  # what foresight predicted for a job (foresight.py)
         self.hostname = hostname or socket.gethostname()
         self.gather = Gatherer(
@@ -527,13 +527,13 @@ class DeathWatch:
         """Under the lock: what the reads of this round need from the shared state."""
         return plan_of(inc, self._agent_outputs, self._rank_files, self._oomd_baseline)
 
-    def _stacks(self, inc: Incident) -> dict[str, Any] | None:
-        if self.stacks_of is None or inc.stacks is not None:
-            return inc.stacks  # kept: the tracker forgets a job once it is gone
-        stacks, at = self.stacks_of(inc.gen.job)
-        if stacks:
-            inc.stacks = {"at": iso(at), "ranks": stacks}
-        return inc.stacks
+    def _stall(self, inc: Incident) -> dict[str, Any] | None:
+        if self.stall_of is None or inc.stall is not None:
+            return inc.stall  # kept: the tracker forgets a job once it is gone
+        snap = self.stall_of(inc.gen.job)
+        if snap:
+            inc.stall = {**snap, "detected_at": iso(snap["detected_at"]), "ended_at": iso(snap["ended_at"])}
+        return inc.stall
 
     def _evidence(self, inc: Incident, reads: Reads) -> Evidence:
         """Under the lock: the round's reads joined with what the feeds recorded."""
@@ -611,7 +611,7 @@ class DeathWatch:
                 wall_of=self._wall,
                 updated_at=self.wall(),
                 hostname=self.hostname,
-                stacks=self._stacks(inc),
+                stall=self._stall(inc),
                 warnings=[
                     w
                     for w in self.warnings_of(inc.gen.job)

@@ -474,7 +474,7 @@ def diagnose(inputs: list[LogInput], now: float | None = None) -> dict[str, Any]
             host_memory=HostAtDeath(total_bytes=host_total),
             cgroup=None,
             timeline=[],
-            stacks=None,
+            stall=None,
             advice=tips,
             extra={
                 "collect": collect,

@@ -81,7 +81,7 @@ class Incident:
     cgroup_oom_before: dict[str, int] = field(default_factory=dict)
     snapshot_before: Snapshot | None = None
     shm: tuple[int, int] | None = None  # the job's /dev/shm, read while a process of it lived
-    stacks: dict[str, Any] | None = None  # py-spy stacks recorded while the job stalled
+    stall: dict[str, Any] | None = None  # the snapshot taken when the job stalled (stalls.py)
     # judged after a restart of the daemon: (when the state was last saved, when it came back), wall
     reconstructed: tuple[float, float] | None = None
     untimed: set[int] = field(default_factory=set)  # deaths whose time nothing tells (after a restart)
@@ -242,7 +242,7 @@ def live_parts(
     wall_of: Callable[[int | None], float | None],
     updated_at: float,
     hostname: str,
-    stacks: dict[str, Any] | None,
+    stall: dict[str, Any] | None,
     warnings: list[Warned] | None = None,
 ) -> Parts:
     """What the daemon knows of an incident, as the document's parts. ``points``: the job's
@@ -324,7 +324,7 @@ def live_parts(
         ),
         cgroup=cgroup,
         timeline=points,
-        stacks=stacks,
+        stall=stall,
         warnings=warnings or [],
         advice=advice(
             v,

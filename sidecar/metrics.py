@@ -45,7 +45,12 @@ METRICS: dict[str, Spec] = {
     ),
     "trainwatch_job_ranks": Spec("gauge", ("job",), "Number of live ranks of the job on this machine"),
     "trainwatch_job_stalled_seconds": Spec(
-        "gauge", ("job",), "Seconds for which no rank of the job has used CPU (0 while any rank works)"
+        "gauge",
+        ("job",),
+        "Seconds for which the job's longest-stalled rank has made no progress (no CPU and no GPU use, or its GPU busy while a peer's ran nothing); 0 while every rank works",
+    ),
+    "trainwatch_rank_stalled": Spec(
+        "gauge", R, "1 while the rank makes no progress (idle, or waiting in a collective for a peer), else 0"
     ),
     "trainwatch_rank_resident_memory_bytes": Spec(
         "gauge", R, "Resident set size of the rank process in bytes (VmRSS, /proc/PID/status)"
@@ -321,6 +326,8 @@ class TrainwatchCollector(Collector):
                 f.add("trainwatch_rank_resident_memory_bytes", r.rss_bytes, *labels)
                 f.add("trainwatch_rank_tree_resident_memory_bytes", r.tree_rss_bytes, *labels)
                 f.add("trainwatch_rank_tree_processes", r.tree_processes, *labels)
+                if r.progress is not None:
+                    f.add("trainwatch_rank_stalled", 0 if r.progress.reason is None else 1, *labels)
                 if r.tree_pss_bytes is not None:
                     f.add("trainwatch_rank_tree_proportional_memory_bytes", r.tree_pss_bytes, *labels)
                 if r.tree_uss_bytes is not None:

@@ -25,6 +25,7 @@ __all__ = [
     "ProbeStatus",
     "ProcKey",
     "RankEnv",
+    "RankProgress",
     "RankSample",
     "Snapshot",
     "TimelinePoint",
@@ -121,6 +122,9 @@ class RankEnv:
     error_file: str | None
     # the NCCL flight recorder: (buffer size, 0 when off; dump file prefix)
     flight_recorder: tuple[int, str] = (0, "/tmp/nccl_trace_rank_")
+    # TORCH_NCCL_DEBUG_INFO_PIPE_FILE: the prefix of the FIFO through which the rank's NCCL
+    # monitor dumps its flight recorder on demand (``<prefix><rank>.pipe``); None when unset
+    flight_pipe: str | None = None
     # TRAINWATCH_RUN_OUTPUT: the job runs under `trainwatch run`, which keeps its output there
     run_output: str | None = None
 
@@ -219,6 +223,12 @@ class GpuProcessSample:
 
     pid: int
     used_bytes: int | None
+    # NVML's per-process utilisation since the last round (nvmlDeviceGetProcessUtilization),
+    # in percent: of the time a kernel of this process ran (SM), and the device memory was
+    # read or written (memory). 0 when NVML had no sample of it (it ran nothing); None where
+    # the device or driver does not report it.
+    sm_percent: float | None = None
+    memory_percent: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,6 +286,25 @@ class RankSample:
     # charge's trend, while the rank's own unreclaimable memory grows (None otherwise)
     binding_limit: MemoryLimit | None = None
     exhaustion_seconds: float | None = None
+    flight_pipe: str | None = None  # RankEnv's
+    # the tree's GPU activity this round, the busiest of its processes on any GPU (percent;
+    # None when NVML reports no utilisation for it: no GPU, or not supported)
+    gpu_sm_percent: float | None = None
+    gpu_memory_percent: float | None = None
+    progress: RankProgress | None = None  # stalls.py's judgement of this rank
+
+
+@dataclass(frozen=True, slots=True)
+class RankProgress:
+    """Whether a rank makes progress (``sidecar/stalls.py``). ``stalled_seconds`` counts from
+    the last window in which it did; ``reason`` says why it is judged stalled (None while it
+    progresses). ``cpu_busy``/``gpu_busy``: its activity over the judging window (gpu_busy
+    None without GPU utilisation)."""
+
+    stalled_seconds: float
+    reason: str | None
+    cpu_busy: bool
+    gpu_busy: bool | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,7 +321,10 @@ class JobSample:
     started_at: float
     ranks: tuple[RankSample, ...]
     agent_alive: bool = True
-    stalled_seconds: float = 0.0  # how long no rank has used CPU (sidecar/stalls.py)
+    # sidecar/stalls.py: how long its longest-stalled rank has made no progress, and the
+    # ranks the stalled ones are judged to wait for (labels)
+    stalled_seconds: float = 0.0
+    suspected_missing: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

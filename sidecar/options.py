@@ -44,7 +44,7 @@ trainwatch demo runs a small real torchrun job in which a rank exceeds a memory 
 Every option can also be set by an environment variable: TRAINWATCH_ATTACH_TORCHRUN=1,
 TRAINWATCH_PID (comma-separated), TRAINWATCH_INTERVAL, TRAINWATCH_HOST, TRAINWATCH_PORT,
 TRAINWATCH_POSTMORTEM_DIR, TRAINWATCH_HISTORY, TRAINWATCH_LOG_LEVEL, TRAINWATCH_STALL_AFTER,
-TRAINWATCH_PY_SPY=1, TRAINWATCH_DISABLE (comma-separated), TRAINWATCH_WEB_CONFIG,
+TRAINWATCH_PY_SPY=1|0, TRAINWATCH_DISABLE (comma-separated), TRAINWATCH_WEB_CONFIG,
 TRAINWATCH_OOM_SCORE_ADJ, TRAINWATCH_SELF_PROTECTION=0. Options win over variables.
 TRAINWATCH_CONNECTOR_BUFFER (bytes, default 8 MiB) sizes the process connector's receive
 buffer: on a node with many thousands of exits a second, a larger one overruns less.
@@ -123,13 +123,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--stall-after",
         metavar="SECONDS",
         default=None,
-        help="a job whose ranks all use no CPU this long is reported stalled (default 60)",
+        help="a rank that makes no progress this long (no CPU and no GPU use, or its GPU busy "
+        "while a peer's is silent) has its job reported stalled, and the stall snapshot taken (default 60)",
     )
-    p.add_argument(
+    spy = p.add_mutually_exclusive_group()
+    spy.add_argument(
         "--py-spy",
-        action="store_true",
+        dest="py_spy",
+        action="store_const",
+        const=True,
         default=None,
-        help="when a job stalls, record each rank's Python stack with py-spy (must be installed)",
+        help="require py-spy stacks in the stall snapshot (warn when py-spy is missing or not "
+        "permitted); by default they are taken wherever py-spy is installed and ptrace is permitted",
+    )
+    spy.add_argument(
+        "--no-py-spy",
+        dest="py_spy",
+        action="store_const",
+        const=False,
+        help="take no py-spy stacks at a stall",
     )
     p.add_argument(
         "--disable",
@@ -245,8 +257,8 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
 
     raw, name = _pick(ns.stall_after, env, "TRAINWATCH_STALL_AFTER", "--stall-after")
     stall_after = 60.0 if raw is None else _number(raw, name, 1.0, 7 * 86400.0)
-    py_spy = bool(ns.py_spy)
-    if not py_spy and env.get("TRAINWATCH_PY_SPY"):
+    py_spy: bool | None = ns.py_spy
+    if py_spy is None and env.get("TRAINWATCH_PY_SPY"):
         py_spy = _truthy(env["TRAINWATCH_PY_SPY"], "TRAINWATCH_PY_SPY")
 
     raw, name = _pick(ns.oom_score_adj, env, "TRAINWATCH_OOM_SCORE_ADJ", "--oom-score-adj")

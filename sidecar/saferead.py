@@ -38,6 +38,7 @@ __all__ = [
     "JobRoot",
     "Read",
     "Refused",
+    "poke_job_fifo",
     "read_fd_file",
     "read_job_file",
     "statvfs_in_root",
@@ -53,6 +54,7 @@ _stuck_lock = threading.Lock()
 _SYS_OPENAT2 = 437  # one number on every architecture (the unified syscall table, Linux 5.6+)
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_IN_ROOT = 0x10
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 
 
 class Refused(Exception):
@@ -108,13 +110,12 @@ def _walk(dir_fd: int, parts: list[str], flags: int) -> int:
         os.close(cur)
 
 
-def _open_in(root_fd: int, path: str) -> int:
+def _open_in(root_fd: int, path: str, flags: int = _READ_FLAGS) -> int:
     if not path.startswith("/") or "\0" in path or len(path) > 4096:
         raise Refused("not an absolute path")
     parts = [p for p in path.split("/") if p not in ("", ".")]
     if not parts or ".." in parts:
         raise Refused("a path with '..'")
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
     try:
         try:
             return _openat2(root_fd, "/".join(parts), flags)
@@ -323,6 +324,42 @@ def read_fd_file(
             os.close(fd)
 
     return _with_deadline(go, deadline_s)
+
+
+def poke_job_fifo(
+    root: SupportsIndex, path: str, *, owner: int | None, deadline_s: float = DEFAULT_DEADLINE_S
+) -> None:
+    """Write one byte into the FIFO at ``path`` in ``root`` (a job's on-demand dump trigger).
+    The path is resolved as for reads and opened ``O_PATH`` (which opens no device, so no
+    driver sees an open); only a FIFO owned by ``owner`` is then reopened for writing,
+    through its own descriptor (no second resolution), without blocking: a FIFO nobody reads
+    is ``Refused``. Raises Refused or OSError (ENOENT: no such FIFO)."""
+
+    def go() -> None:
+        fd = _open_in(operator.index(root), path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISFIFO(st.st_mode):
+                kind = "a regular file" if stat.S_ISREG(st.st_mode) else _kind(st.st_mode)
+                raise Refused(f"not a FIFO ({kind})")
+            if owner is not None and st.st_uid != owner:
+                raise Refused(f"owned by uid {st.st_uid}, not the rank's user {owner}")
+            try:
+                wfd = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:
+                    raise Refused("nobody reads the FIFO") from None
+                raise
+            try:
+                os.write(wfd, b"1")
+            except BlockingIOError:
+                raise Refused("the FIFO is full (a request is already waiting)") from None
+            finally:
+                os.close(wfd)
+        finally:
+            os.close(fd)
+
+    _with_deadline(go, deadline_s)
 
 
 def statvfs_in_root(

@@ -82,7 +82,9 @@ def _rank_sample(
     read: _RankRead,
     rank_cgroup: dict[ProcKey, str],
     gpu_by_rank: dict[ProcKey, dict[int, int]],
+    gpu_activity: dict[ProcKey, tuple[float, float]],
 ) -> RankSample:
+    sm, mem = gpu_activity.get(tracked.key, (None, None))
     return RankSample(
         job=job.key or "",
         rank=tracked.rank,
@@ -107,6 +109,9 @@ def _rank_sample(
         tree_uss_bytes=read.tree_uss_bytes,
         tree_unreclaimable_bytes=read.tree_unreclaimable_bytes,
         workers_uss=read.workers_uss,
+        flight_pipe=tracked.env.flight_pipe if tracked.env else None,
+        gpu_sm_percent=sm,
+        gpu_memory_percent=mem,
     )
 
 
@@ -240,12 +245,12 @@ class Sampler:
             host = None
             self._timed("host", statuses, t, False, str(exc))
 
-        gpu_by_rank, unmatched = self._attribute_gpu(gpus, rank_rows)
+        gpu_by_rank, unmatched, gpu_activity = self._attribute_gpu(gpus, rank_rows)
         job_samples: list[JobSample] = []
         for job, rows in rank_rows:
             ranks = []
             for tracked, sample in rows:
-                ranks.append(_rank_sample(job, tracked, sample, rank_cgroup, gpu_by_rank))
+                ranks.append(_rank_sample(job, tracked, sample, rank_cgroup, gpu_by_rank, gpu_activity))
             job_samples.append(
                 JobSample(
                     key=job.key or "",
@@ -408,9 +413,11 @@ class Sampler:
         self,
         gpus: tuple[GpuDeviceSample, ...],
         rank_rows: list[tuple[TrackedJob, list[tuple[TrackedRank, _RankRead]]]],
-    ) -> tuple[dict[ProcKey, dict[int, int]], tuple[int, ...]]:
+    ) -> tuple[dict[ProcKey, dict[int, int]], tuple[int, ...], dict[ProcKey, tuple[float, float]]]:
+        """Per rank: GPU memory by device; NVML pids that are no rank's; and its tree's
+        activity, the busiest (SM %, memory %) of its processes on any GPU."""
         if not gpus:
-            return {}, ()
+            return {}, (), {}
         owner: dict[int, ProcKey] = {}
         for _, rows in rank_rows:
             for tracked, read in rows:
@@ -423,12 +430,16 @@ class Sampler:
                     owner.setdefault(ns_pid, tracked.key)
         result: dict[ProcKey, dict[int, int]] = {}
         unmatched: list[int] = []
+        activity: dict[ProcKey, tuple[float, float]] = {}
         for device in gpus:
             for proc in device.processes:
                 key = owner.get(proc.pid)
                 if key is None:
                     unmatched.append(proc.pid)
                     continue
+                if proc.sm_percent is not None:
+                    sm, mem = activity.get(key, (0.0, 0.0))
+                    activity[key] = (max(sm, proc.sm_percent), max(mem, proc.memory_percent or 0.0))
                 if proc.used_bytes is None:
                     continue
                 per_gpu = result.setdefault(key, {})
@@ -445,4 +456,4 @@ class Sampler:
                     foreign[:5],
                     self.settings.proc_root,
                 )
-        return result, tuple(unmatched)
+        return result, tuple(unmatched), activity

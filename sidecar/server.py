@@ -65,7 +65,7 @@ def create_app(daemon: Daemon, *, manage_daemon: bool = True) -> FastAPI:
     @app.get("/ranks")
     def ranks() -> JSONResponse:
         return JSONResponse(
-            ranks_view(daemon.snapshot, daemon.settings.stall_after_seconds, daemon.stalls.stacks)
+            ranks_view(daemon.snapshot, daemon.settings.stall_after_seconds, daemon.stalls.stall)
         )
 
     def present(doc: dict[str, Any], request: Request) -> Response:
@@ -145,7 +145,7 @@ def _cgroup_view(c: CgroupSample) -> dict[str, Any]:
 def ranks_view(
     snap: Snapshot | None,
     stall_after: float = 60.0,
-    stacks_of: Callable[[str], tuple[dict[str, str], float | None]] | None = None,
+    stall_of: Callable[[str], dict[str, Any] | None] | None = None,
 ) -> dict[str, Any]:
     """The JSON of ``GET /ranks``: attached jobs, their ranks and the last sample of each."""
     if snap is None:
@@ -156,6 +156,7 @@ def ranks_view(
         ranks = []
         for r in job.ranks:
             cg = cgroups.get(r.cgroup) if r.cgroup else None
+            p = r.progress
             ranks.append(
                 {
                     "rank": r.rank,
@@ -186,9 +187,18 @@ def ranks_view(
                     "cpu_seconds": round(r.cpu_seconds, 3),
                     "threads": r.threads,
                     "gpu_memory_bytes": {str(k): v for k, v in r.gpu_memory_bytes.items()} or None,
+                    # NVML's per-process activity of the rank's tree this round (percent)
+                    "gpu_sm_percent": r.gpu_sm_percent,
+                    "gpu_memory_percent": r.gpu_memory_percent,
+                    "stalled": p is not None and p.stalled_seconds >= stall_after,
+                    "stalled_seconds": p.stalled_seconds if p else 0.0,
+                    "stall_reason": p.reason if p else None,
+                    "cpu_busy": p.cpu_busy if p else None,
+                    "gpu_busy": p.gpu_busy if p else None,
                     "cgroup": None if cg is None else _cgroup_view(cg),
                 }
             )
+        stalled = job.stalled_seconds >= stall_after
         # what a job chose (its entrypoint, run id, the stacks of its ranks) goes through the redactor
         jobs.append(
             redact_doc(
@@ -203,8 +213,10 @@ def ranks_view(
                     "started_at": job.started_at,
                     "agent_alive": job.agent_alive,
                     "stalled_seconds": job.stalled_seconds,
-                    "stalled": job.stalled_seconds >= stall_after,
-                    "stacks": (stacks_of(job.key)[0] or None) if stacks_of is not None else None,
+                    "stalled": stalled,
+                    "suspected_missing": list(job.suspected_missing) if stalled else [],
+                    # the snapshot taken when the stall reached --stall-after (stalls.py)
+                    "stall": stall_of(job.key) if stall_of is not None and stalled else None,
                     "ranks": ranks,
                 }
             )
@@ -232,7 +244,15 @@ def ranks_view(
                 "used_bytes": d.used_bytes,
                 "total_bytes": d.total_bytes,
                 "lost": d.lost,
-                "processes": [{"pid": p.pid, "used_bytes": p.used_bytes} for p in d.processes],
+                "processes": [
+                    {
+                        "pid": p.pid,
+                        "used_bytes": p.used_bytes,
+                        "sm_percent": p.sm_percent,
+                        "memory_percent": p.memory_percent,
+                    }
+                    for p in d.processes
+                ],
             }
             for d in snap.gpus
         ],

@@ -56,7 +56,8 @@ class Settings:
     shm_path: str = "/dev/shm"
     disabled: frozenset[str] = frozenset()
     stall_after_seconds: float = 60.0  # a job whose ranks all idle this long is "stalled"
-    py_spy: bool = False  # record each rank's Python stack (py-spy dump) when a job stalls
+    # py-spy stacks in the stall snapshot: True required, False off, None where installed and permitted
+    py_spy: bool | None = None
     oom_score_adj: int | None = -1000  # set at start; None leaves it as inherited
     self_protection: bool = True  # lock memory, raise the death path's priority
     web_config: str | None = None  # exporter-toolkit web config: TLS and basic auth

@@ -1,21 +1,42 @@
-"""Stalls before the timeout: a job whose every rank stopped making progress.
+"""Stalls before the timeout: ranks that stopped making progress, and who they wait for.
 
 Users should not wait the 10-30 minutes of a collective timeout to learn that a job hung.
-A rank makes progress while its CPU time grows faster than ``IDLE_CORE_FRACTION`` of a
-core; a job is stalled for as long as none of its live ranks does (``stalled_seconds``,
-0 while any rank works). A rank blocked in a gloo collective, a sleep or a lock uses no
-CPU. The limit of this signal: a rank waiting in ``cudaStreamSynchronize`` may spin a core
-at 100 %, and a spinning NCCL kernel keeps its GPU busy, so an NCCL hang can look busy
-here; the flight recorder and the watchdog are the evidence there.
+Each round every rank is judged over a window of a few seconds (CPU time moves in 10 ms
+ticks, and ranks keep background threads):
 
-With ``--py-spy`` and py-spy installed, the first time a job is stalled past the
-threshold each rank's Python stack is recorded (``py-spy dump``, in a thread of its own,
-never on the sampler's), logged, shown in /ranks and put into the job's next postmortem.
+* **working**: it used more than ``IDLE_CORE_FRACTION`` of a core, or its GPU ran kernels
+  (NVML per-process SM activity of at least ``GPU_BUSY_PERCENT`` on average), and is not
+  waiting as below;
+* **idle**: neither. A rank blocked in a gloo collective, a sleep or a lock uses no CPU and
+  no GPU;
+* **waiting**: its GPU is busy while a peer's GPU ran no kernel at all in the window. A
+  collective needs every rank, and a rank stuck in an NCCL collective keeps its GPU at
+  100 % (the kernel spins on the peer's data), so without this it looks busy: every step of
+  a job's ranks launches kernels on each GPU, and a peer whose GPU is silent for the
+  whole window cannot be taking part in the collective the busy ones run.
+
+A rank is stalled for as long as it has been idle or waiting; the job's ``stalled_seconds``
+is its longest-stalled rank's. The ranks the stalled ones wait for (``suspected_missing``):
+the GPU-silent peers of waiting ranks; else the ranks still working while others idle;
+at the snapshot, the ranks whose Python stack is outside ``torch.distributed`` while the
+others' are inside it, and the ranks the flight recorder shows never entering the
+collective the others wait in.
+
+When a job's stall reaches the threshold (``--stall-after``), once per episode, a thread
+of its own (never the sampler's) takes the **snapshot**: each rank's Python stack with
+``py-spy dump --nonblocking`` (reads the rank's memory without pausing it; on by default
+where py-spy is installed and ptrace is permitted), a flight-recorder dump requested
+through the job's own trigger where it set one (``TORCH_NCCL_DEBUG_INFO_PIPE_FILE``: the
+NCCL monitor dumps when a byte is written into ``<prefix><rank>.pipe``) and read back, and
+each rank's CPU and GPU activity. The job's next postmortem carries it as ``stall``, so the
+missing rank's stack is there even when that rank was later SIGKILLed.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
+import errno
 import logging
 import os
 import shutil
@@ -25,27 +46,75 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from sidecar.model import Snapshot
+from sidecar.model import JobSample, RankProgress, RankSample, Snapshot
+from sidecar.parse.flight import MAX_DUMP_BYTES, FlightDump, parse_dump, summarise
+from sidecar.probes.host import ptrace_scope
+from sidecar.saferead import JobRoot, Refused, poke_job_fifo, read_job_file
 
-__all__ = ["IDLE_CORE_FRACTION", "StallTracker"]
+__all__ = ["GPU_BUSY_PERCENT", "IDLE_CORE_FRACTION", "StallTracker", "in_collective", "py_spy_status"]
 
 log = logging.getLogger(__name__)
 
 IDLE_CORE_FRACTION = 0.05
-# CPU time moves in 10 ms ticks and ranks keep background threads (gloo, the store's
-# keep-alive): judge the rate over a window of a few seconds, not over one round.
+GPU_BUSY_PERCENT = 5.0
 WINDOW_SECONDS = (2.0, 10.0)
 PY_SPY_TIMEOUT_S = 20.0
+STACK_CAP = 20000
+ENDED_KEPT_S = 30.0  # a stall that ended this recently still preceded a death
+FLIGHT_WAIT_S = 15.0  # how long the snapshot waits for the dumps it asked for
+# a frame of torch.distributed's collectives (c10d) in a py-spy dump: the rank waits in one
+COLLECTIVE_FRAMES = ("torch/distributed/distributed_c10d.py", "torch/distributed/c10d_logger.py")
+
+REASONS = {
+    "idle": "no CPU and no GPU use",
+    "waiting": "its GPU busy while a peer's GPU ran nothing: waiting in a collective",
+}
+
+
+def in_collective(stack: str) -> bool:
+    """Whether a py-spy dump shows the thread inside a torch.distributed collective."""
+    return any(frame in stack for frame in COLLECTIVE_FRAMES)
+
+
+def py_spy_status(wanted: bool | None, proc_root: str = "/proc") -> tuple[str | None, str | None]:
+    """(py-spy's path, None) when stacks will be taken, else (None, why not). ``wanted``:
+    True (asked for), False (turned off), None (on where installed and permitted)."""
+    if wanted is False:
+        return None, "turned off (--no-py-spy)"
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")  # the same venv's
+    found = shutil.which("py-spy") or (beside if os.access(beside, os.X_OK) else None)
+    if found is None:
+        return None, "py-spy is not installed (pip install py-spy)"
+    scope = ptrace_scope(proc_root)
+    if scope >= 3:
+        return None, "ptrace is disabled on this machine (kernel.yama.ptrace_scope=3)"
+    if os.geteuid() != 0 and scope >= 1:
+        return None, f"not root and kernel.yama.ptrace_scope={scope}: py-spy may not attach"
+    return found, None
+
+
+@dataclass
+class _Rank:
+    history: collections.deque[tuple[float, float, float | None]]  # (at, cpu s, GPU SM %)
+    last_progress: float
 
 
 @dataclass
 class _Job:
-    last_progress: float
-    cpu: dict[int, collections.deque[tuple[float, float]]] = field(default_factory=dict)  # pid -> (at, cpu s)
+    ranks: dict[int, _Rank] = field(default_factory=dict)  # pid ->
     reported: bool = False
-    stacks: dict[str, str] = field(default_factory=dict)  # rank label -> py-spy dump
-    stacks_at: float | None = None
+    episode: int = 0  # counts the stalls reported, so a late snapshot lands only in its own
+    snapshot: dict[str, Any] | None = None  # the stall's, while it lasts
+
+
+@dataclass(frozen=True, slots=True)
+class _Judged:
+    fresh: bool
+    cpu_busy: bool
+    gpu_busy: bool | None
+    gpu_silent: bool  # GPU data for the whole window, and no kernel ran
 
 
 class StallTracker:
@@ -53,97 +122,280 @@ class StallTracker:
         self,
         threshold_seconds: float,
         *,
-        py_spy: bool = False,
+        py_spy: bool | None = None,
+        proc_root: str = "/proc",
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.threshold = threshold_seconds
         self.clock = clock
         self.wall = wall
+        self.proc_root = proc_root
         self.window = max(WINDOW_SECONDS[0], min(WINDOW_SECONDS[1], threshold_seconds / 2))
-        beside = os.path.join(os.path.dirname(sys.executable), "py-spy")  # the same venv's
-        found = shutil.which("py-spy") or (beside if os.access(beside, os.X_OK) else None)
-        self.py_spy = found if py_spy else None
+        self.py_spy, self.no_stacks = py_spy_status(py_spy, proc_root)
         if py_spy and self.py_spy is None:
-            log.warning("stalls: --py-spy given but py-spy is not installed (pip install py-spy): no stacks")
+            log.warning("stalls: --py-spy given but %s: no stacks", self.no_stacks)
         self._jobs: dict[str, _Job] = {}
         self._lock = threading.Lock()
 
-    def update(self, snap: Snapshot) -> dict[str, float]:
-        """Sampler thread: job key -> seconds every rank has been idle (0: progressing)."""
+    # -- the sampler's side ----------------------------------------------------------------
+
+    def update(self, snap: Snapshot) -> Snapshot:
+        """Sampler thread: the snapshot with each rank's progress and each job's stall."""
         now = self.clock()
-        out: dict[str, float] = {}
+        jobs = []
         live = set()
         for job in snap.jobs:
             live.add(job.key)
             with self._lock:
-                state = self._jobs.setdefault(job.key, _Job(now))
-            busy = not job.ranks
-            seen = set()
-            for r in job.ranks:
-                seen.add(r.key.pid)
-                history = state.cpu.setdefault(r.key.pid, collections.deque())
-                history.append((now, r.cpu_seconds))
-                while len(history) > 2 and history[1][0] <= now - self.window:
-                    history.popleft()
-                at, cpu = history[0]
-                if now - at < self.window:
-                    busy = True  # too new to judge (a start, a restart): progress by definition
-                elif (r.cpu_seconds - cpu) / (now - at) > IDLE_CORE_FRACTION:
-                    busy = True
-            for pid in [p for p in state.cpu if p not in seen]:
-                del state.cpu[pid]
-            if busy:
-                state.last_progress = now
-                if state.reported:
-                    log.info("job %s: making progress again", job.key)
-                state.reported = False
-            stalled = now - state.last_progress
-            out[job.key] = stalled
-            if stalled >= self.threshold and not state.reported:
-                state.reported = True
-                log.warning(
-                    "job %s: stalled: none of its %d rank(s) used CPU for %.0f s (a hang, or a collective "
-                    "waiting for a rank that never arrives)",
-                    job.key,
-                    len(job.ranks),
-                    stalled,
-                )
-                if self.py_spy is not None:
-                    pids = {r.rank_label: r.key.pid for r in job.ranks}
-                    threading.Thread(
-                        target=self._dump, args=(job.key, pids), name="trainwatch-py-spy", daemon=True
-                    ).start()
+                state = self._jobs.setdefault(job.key, _Job())
+            jobs.append(self._judge(job, state, now))
         with self._lock:
             for key in [k for k in self._jobs if k not in live]:
                 del self._jobs[key]
+        return dataclasses.replace(snap, jobs=tuple(jobs))
+
+    def _window(self, r: RankSample, state: _Job, now: float) -> _Judged:
+        rank = state.ranks.get(r.key.pid)
+        if rank is None:
+            rank = state.ranks[r.key.pid] = _Rank(collections.deque(), now)
+        h = rank.history
+        h.append((now, r.cpu_seconds, r.gpu_sm_percent))
+        while len(h) > 2 and h[1][0] <= now - self.window:
+            h.popleft()
+        at, cpu, _ = h[0]
+        if now - at < self.window:
+            return _Judged(True, True, None, False)  # too new to judge (a start, a restart)
+        cpu_busy = (r.cpu_seconds - cpu) / (now - at) > IDLE_CORE_FRACTION
+        sms = [sm for _, _, sm in list(h)[1:] if sm is not None]
+        if not sms:
+            return _Judged(False, cpu_busy, None, False)
+        gpu_busy = sum(sms) / len(sms) >= GPU_BUSY_PERCENT
+        return _Judged(False, cpu_busy, gpu_busy, len(sms) == len(h) - 1 and max(sms) == 0)
+
+    def _judge(self, job: JobSample, state: _Job, now: float) -> JobSample:
+        seen = {r.key.pid for r in job.ranks}
+        for pid in [p for p in state.ranks if p not in seen]:
+            del state.ranks[pid]
+        judged = {r.key.pid: self._window(r, state, now) for r in job.ranks}
+        silent = [r.rank_label for r in job.ranks if judged[r.key.pid].gpu_silent]
+        ranks = []
+        reasons: dict[str, str] = {}
+        working: list[str] = []
+        for r in job.ranks:
+            j = judged[r.key.pid]
+            rank = state.ranks[r.key.pid]
+            reason = None
+            if not j.fresh:
+                if j.gpu_busy and silent:
+                    reason = "waiting"
+                elif not j.cpu_busy and not j.gpu_busy:
+                    reason = "idle"
+            if reason is None:
+                rank.last_progress = now
+                working.append(r.rank_label)
+            else:
+                reasons[r.rank_label] = reason
+            ranks.append(
+                dataclasses.replace(
+                    r,
+                    progress=RankProgress(round(now - rank.last_progress, 3), reason, j.cpu_busy, j.gpu_busy),
+                )
+            )
+        stalled = max((now - state.ranks[r.key.pid].last_progress for r in job.ranks), default=0.0)
+        if "waiting" in reasons.values():
+            suspects = tuple(silent)
+        elif reasons and working:
+            suspects = tuple(working)
+        else:
+            suspects = ()
+        out = dataclasses.replace(
+            job, ranks=tuple(ranks), stalled_seconds=round(stalled, 3), suspected_missing=suspects
+        )
+        if stalled < self.threshold:
+            if state.reported:
+                log.info("job %s: making progress again", job.key)
+                with self._lock:
+                    if state.snapshot is not None:
+                        state.snapshot = {**state.snapshot, "ended_at": self.wall()}
+            state.reported = False
+        elif not state.reported:
+            state.reported = True
+            state.episode += 1
+            self._report(out, reasons, state.episode)
         return out
 
-    def stacks(self, job: str) -> tuple[dict[str, str], float | None]:
-        with self._lock:
-            state = self._jobs.get(job)
-            return (dict(state.stacks), state.stacks_at) if state else ({}, None)
+    def _report(self, job: JobSample, reasons: dict[str, str], episode: int) -> None:
+        by_reason: dict[str, list[str]] = {}
+        for label, reason in reasons.items():
+            by_reason.setdefault(reason, []).append(label)
+        log.warning(
+            "job %s: stalled for %.0f s: %s%s",
+            job.key,
+            job.stalled_seconds,
+            "; ".join(f"rank(s) {', '.join(labels)} {REASONS[why]}" for why, labels in by_reason.items()),
+            f"; they wait for rank(s) {', '.join(job.suspected_missing)}" if job.suspected_missing else "",
+        )
+        threading.Thread(
+            target=self._snapshot,
+            args=(job, self.wall(), episode),
+            name="trainwatch-stall-snapshot",
+            daemon=True,
+        ).start()
 
-    def _dump(self, job: str, pids: dict[str, int]) -> None:
-        assert self.py_spy is not None
-        stacks: dict[str, str] = {}
-        for label, pid in pids.items():
-            try:
-                done = subprocess.run(
-                    [self.py_spy, "dump", "--pid", str(pid)],
-                    capture_output=True,
-                    text=True,
-                    timeout=PY_SPY_TIMEOUT_S,
-                )
-                text = done.stdout if done.returncode == 0 else f"py-spy failed: {done.stderr.strip()[:500]}"
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                text = f"py-spy failed: {exc}"
-            stacks[label] = text[-20000:]
-            log.warning(
-                "job %s: rank %s (pid %d) Python stack while stalled:\n%s", job, label, pid, text.rstrip()
-            )
+    def stall(self, job: str) -> dict[str, Any] | None:
+        """The snapshot of the job's stall (the postmortem's ``stall``): while it lasts, and
+        for ``ENDED_KEPT_S`` after it ended (a rank's own exit at a timeout uses CPU: the
+        stall seems to end as the job dies); None otherwise."""
         with self._lock:
             state = self._jobs.get(job)
-            if state is not None:
-                state.stacks = stacks
-                state.stacks_at = self.wall()
+            snap = state.snapshot if state else None
+        ended = snap.get("ended_at") if snap else None
+        if ended is not None and self.wall() - ended > ENDED_KEPT_S:
+            return None
+        return snap
+
+    # -- the snapshot's thread ------------------------------------------------------------
+
+    def _snapshot(self, job: JobSample, at: float, episode: int) -> None:
+        """Stacks, the flight recorder and the activity of every rank of a stalled job."""
+        requested = self.wall()
+        flight_note, pending = self._request_flight(job)
+        ranks = []
+        for r in job.ranks:
+            stack, error = self._stack(r.key.pid) if self.py_spy else (None, self.no_stacks)
+            p = r.progress
+            ranks.append(
+                {
+                    "rank": r.rank,
+                    "label": r.rank_label,
+                    "pid": r.key.pid,
+                    "stalled_seconds": p.stalled_seconds if p else None,
+                    "reason": p.reason if p else None,
+                    "cpu_busy": p.cpu_busy if p else None,
+                    "gpu_busy": p.gpu_busy if p else None,
+                    "gpu_sm_percent": r.gpu_sm_percent,
+                    "gpu_memory_percent": r.gpu_memory_percent,
+                    "stack": stack,
+                    "stack_error": error,
+                    "in_collective": in_collective(stack) if stack else None,
+                }
+            )
+            if stack:
+                log.warning(
+                    "job %s: rank %s (pid %d) Python stack while stalled:\n%s",
+                    job.key,
+                    r.rank_label,
+                    r.key.pid,
+                    stack.rstrip(),
+                )
+        flight_lines, flight_laggards = self._read_flight(pending, requested)
+        suspects = list(job.suspected_missing)
+        how = "activity" if suspects else None
+        inside = {str(x["label"]) for x in ranks if x["in_collective"]}
+        outside = {str(x["label"]) for x in ranks if x["in_collective"] is False}
+        if inside and outside:
+            suspects, how = sorted(outside), "stacks"  # the others wait in a collective for them
+        if flight_laggards:
+            suspects, how = [str(r) for r in flight_laggards], "flight_recorder"
+        doc = {
+            "detected_at": at,
+            "stalled_seconds": job.stalled_seconds,
+            "ranks": ranks,
+            "suspected_missing": suspects,
+            "suspected_by": how,
+            "flight_recorder": "; ".join([flight_note, *flight_lines]) if flight_note else None,
+            "ended_at": None,
+        }
+        with self._lock:
+            state = self._jobs.get(job.key)
+            if state is not None and state.episode == episode and state.reported:
+                state.snapshot = doc
+
+    def _stack(self, pid: int) -> tuple[str | None, str | None]:
+        assert self.py_spy is not None
+        try:
+            done = subprocess.run(
+                [self.py_spy, "dump", "--nonblocking", "--pid", str(pid)],
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=PY_SPY_TIMEOUT_S,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return None, f"py-spy failed: {exc}"
+        if done.returncode != 0:
+            return None, f"py-spy failed: {done.stderr.strip()[:500]}"
+        return done.stdout[-STACK_CAP:], None
+
+    def _request_flight(self, job: JobSample) -> tuple[str | None, list[tuple[RankSample, JobRoot]]]:
+        """Write into each rank's dump FIFO where the job set one; what was asked, and the
+        ranks whose dumps to wait for (with their roots, taken while they live)."""
+        asked: list[str] = []
+        refused: list[str] = []
+        pending: list[tuple[RankSample, JobRoot]] = []
+        for r in job.ranks:
+            if not r.flight_pipe or r.rank is None or r.flight_recorder is None:
+                continue
+            path = f"{r.flight_pipe}{r.rank}.pipe"
+            try:
+                root = JobRoot(self.proc_root, r.key.pid)
+            except OSError as exc:
+                refused.append(f"rank {r.rank_label}: {exc.strerror}")
+                continue
+            try:
+                poke_job_fifo(root, path, owner=r.uid)
+            except (Refused, OSError, TimeoutError) as exc:
+                root.close()
+                why = "no such FIFO" if getattr(exc, "errno", None) == errno.ENOENT else str(exc)
+                refused.append(f"rank {r.rank_label}: {path!r} not written ({why})")
+                continue
+            asked.append(f"rank {r.rank_label} through {path!r}")
+            pending.append((r, root))
+        if not asked and not refused:
+            return None, []
+        note = f"dump requested from {', '.join(asked)}" if asked else "no dump requested"
+        return "; ".join([note, *refused]), pending
+
+    def _read_flight(
+        self, pending: list[tuple[RankSample, JobRoot]], requested: float
+    ) -> tuple[list[str], tuple[int, ...]]:
+        """Wait (bounded) for the dumps asked for, newer than the request; summarise them."""
+        dumps: list[FlightDump] = []
+        missing: list[str] = []
+        deadline = self.clock() + FLIGHT_WAIT_S
+        try:
+            waiting = list(pending)
+            while waiting:
+                for item in list(waiting):
+                    r, root = item
+                    assert r.flight_recorder is not None and r.rank is not None
+                    path = f"{r.flight_recorder[1]}{r.rank}"
+                    try:
+                        got = read_job_file(root, path, owner=r.uid, cap=MAX_DUMP_BYTES)
+                    except (OSError, Refused, TimeoutError):
+                        continue
+                    if got.mtime < requested - 1.0:
+                        continue  # an older dump: not the one asked for yet
+                    waiting.remove(item)
+                    try:
+                        dumps.append(parse_dump(got.data, r.rank, path))
+                    except ValueError as exc:
+                        missing.append(str(exc))
+                if waiting and self.clock() >= deadline:
+                    missing.extend(
+                        f"rank {r.rank_label}: no dump at {(r.flight_recorder or (0, '?'))[1]}{r.rank}"
+                        f" within {FLIGHT_WAIT_S:.0f} s"
+                        for r, _ in waiting
+                    )
+                    break
+                if waiting:
+                    time.sleep(0.25)  # polling a file the rank is writing, bounded by the deadline
+        finally:
+            for _, root in pending:
+                root.close()
+        verdict = summarise(dumps, ())
+        lines = [*(verdict.lines if verdict else ()), *missing]
+        if dumps and verdict is None:
+            lines.append("flight recorder: no collective pending on any rank that dumped")
+        return lines, verdict.laggards if verdict else ()

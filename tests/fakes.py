@@ -23,6 +23,9 @@ class FakeDevice:
     processes: list[tuple[int, int | None]] = field(default_factory=list)
     lost_after: int | None = None  # sample count after which the GPU is lost
     v2_supported: bool = True
+    # per-process utilisation samples still to hand out: (pid, SM %, memory %); None: the
+    # device does not report it (NOT_SUPPORTED)
+    utilisation: list[tuple[int, int, int]] | None = field(default_factory=list)
 
 
 class FakeNvml:
@@ -38,6 +41,8 @@ class FakeNvml:
         self.inited = False
         self.memory_calls = [0] * len(devices)
         self.shutdowns = 0
+        self.stamp = 1_700_000_000_000_000
+        self.utilisation_asked: list[tuple[int, int]] = []
 
     def nvmlInit(self) -> None:
         if self.init_error is not None:
@@ -90,6 +95,23 @@ class FakeNvml:
             )
             for pid, used in self.devices[h].processes
         ]
+
+
+    def nvmlDeviceGetProcessUtilization(self, h: int, last_seen: int) -> list[Any]:
+        """Samples newer than ``last_seen`` (us): each queued sample once, stamped in turn."""
+        self._check_lost(h)
+        dev = self.devices[h]
+        self.utilisation_asked.append((h, last_seen))
+        if dev.utilisation is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not dev.utilisation:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        out = []
+        for pid, sm, mem in dev.utilisation:
+            self.stamp += 1000
+            out.append(SimpleNamespace(pid=pid, timeStamp=self.stamp, smUtil=sm, memUtil=mem, encUtil=0, decUtil=0))
+        dev.utilisation = []
+        return out
 
 
 def scenario(name: str, rank_pids: tuple[int, ...] = ()) -> Any:

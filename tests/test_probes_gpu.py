@@ -56,6 +56,27 @@ def test_two_gpus_processes_and_v2_memory():
     assert [(p.pid, p.used_bytes) for p in d0.processes] == [(101, 2 * GIB)]
 
 
+def test_each_process_activity_since_the_last_round():
+    """nvmlDeviceGetProcessUtilization: the mean of a process's samples since the newest one
+    seen; no sample since is a process that ran nothing (0), a device that does not report
+    it gives None and is not asked again."""
+    fake = scenario("two_gpus", (101, 102))()
+    fake.devices[0].utilisation = [(101, 100, 0), (101, 90, 2)]
+    fake.devices[1].utilisation = None
+    probe = GpuProbe(loader=lambda: fake)
+    r = probe.sample()
+    p0, p1 = r.devices[0].processes[0], r.devices[1].processes[0]
+    assert (p0.pid, p0.sm_percent, p0.memory_percent) == (101, 95.0, 1.0)
+    assert (p1.pid, p1.sm_percent, p1.memory_percent) == (102, None, None)
+    r = probe.sample()  # nothing new: NVML_ERROR_NOT_FOUND
+    assert (r.devices[0].processes[0].sm_percent, r.devices[0].processes[0].memory_percent) == (0.0, 0.0)
+    assert r.success
+    # asked from 0, then from the newest sample's stamp; device 1 once only
+    assert fake.utilisation_asked == [(0, 0), (1, 0), (0, fake.stamp)]
+    fake.devices[0].utilisation = [(102, 50, 50)]  # a pid that is no compute process: left out
+    assert [p.sm_percent for p in probe.sample().devices[0].processes] == [0.0]
+
+
 def test_gpu_lost_mid_run_is_reported_and_the_other_gpu_goes_on():
     fake = scenario("gpu_lost_mid_run", (101, 102))()
     probe = GpuProbe(loader=lambda: fake)

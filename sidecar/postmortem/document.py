@@ -150,7 +150,7 @@ class Parts:
     host_memory: HostAtDeath
     cgroup: CgroupAtDeath | None
     timeline: list[TimelinePoint]
-    stacks: dict[str, Any] | None
+    stall: dict[str, Any] | None  # the snapshot taken when the job stalled before the death
     advice: list[str]
     warnings: list[Warned] = field(default_factory=list)  # what foresight predicted before the death
     extra: dict[str, Any] = field(default_factory=dict)  # diagnose: inputs, collect, diagnosed_by
@@ -206,7 +206,7 @@ def _cgroup(c: CgroupAtDeath | None) -> dict[str, Any] | None:
 
 def build(p: Parts) -> dict[str, Any]:
     """The document, in the contract's key order, with every string a job could have put
-    there (evidence lines, rank output, error files, summaries, the entrypoint, stacks)
+    there (evidence lines, rank output, error files, summaries, the entrypoint, the stall's stacks)
     through the redactor; the timeline holds only the daemon's numbers and times."""
     v = p.verdict
     if v is None:
@@ -283,7 +283,7 @@ def build(p: Parts) -> dict[str, Any]:
             }
             for t in p.timeline
         ],
-        "stacks": p.stacks,
+        "stall": p.stall,
         "advice": p.advice,
         **p.extra,
     }

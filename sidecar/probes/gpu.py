@@ -8,6 +8,12 @@ that falls off the bus (NVML_ERROR_GPU_IS_LOST) is kept in the sample with ``los
 so the loss is visible, and the probe reports failure while it lasts.
 
 NVML lists processes by host (initial PID namespace) pid; the caller maps them to ranks.
+
+Each process's activity comes from ``nvmlDeviceGetProcessUtilization``: the driver keeps a
+short buffer of per-process samples (SM and memory-controller busy percent); each round
+asks for those newer than the last one seen, so a process with no sample since ran no
+kernel (0 %). A device that does not report it (NOT_SUPPORTED: some vGPU, MIG) gives None,
+and is not asked again.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ log = logging.getLogger(__name__)
 
 # NVML return codes (nvml.h); pynvml raises NVMLError subclasses whose .value is one of these.
 NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
@@ -74,6 +81,9 @@ class GpuProbe:
         self._handles: list[Any] = []
         self._names: list[tuple[str | None, str | None]] = []
         self._memory_v2: list[bool] = []
+        self._util_seen: list[
+            int | None
+        ] = []  # per device: newest utilisation sample (us); None: unsupported
         self._next_init = 0.0
         self._init_message: str | None = None
 
@@ -109,6 +119,7 @@ class GpuProbe:
         self._handles = handles
         self._names = [self._identity(h) for h in handles]
         self._memory_v2 = [True] * len(handles)
+        self._util_seen = [0] * len(handles)
         return None
 
     def _identity(self, handle: Any) -> tuple[str | None, str | None]:
@@ -158,9 +169,15 @@ class GpuProbe:
         used = total = None
         try:
             used, total = self._memory(index, handle)
+            listed = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            util = self._utilisation(index, handle)
             procs = tuple(
-                GpuProcessSample(int(p.pid), _bytes_or_none(p.usedGpuMemory))
-                for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+                GpuProcessSample(
+                    int(p.pid),
+                    _bytes_or_none(p.usedGpuMemory),
+                    *(util.get(int(p.pid), (0.0, 0.0)) if util is not None else (None, None)),
+                )
+                for p in listed
             )
         except Exception as exc:
             if not _is_nvml_error(nvml, exc):
@@ -175,6 +192,41 @@ class GpuProbe:
                 problems.append(f"GPU {index}: {exc}")
                 procs = ()
         return GpuDeviceSample(index, uuid, name, used, total, processes=procs)
+
+    def _utilisation(self, index: int, handle: Any) -> dict[int, tuple[float, float]] | None:
+        """pid -> mean (SM %, memory %) of its samples since the last round; None when the
+        device does not report per-process utilisation. Raises other NVML errors."""
+        seen = self._util_seen[index]
+        if seen is None:
+            return None
+        nvml = self._nvml
+        try:
+            samples = nvml.nvmlDeviceGetProcessUtilization(handle, seen)
+        except AttributeError:  # bindings older than the call
+            self._util_seen[index] = None
+            return None
+        except Exception as exc:
+            if not _is_nvml_error(nvml, exc):
+                raise
+            code = _code(exc)
+            if code in (NVML_ERROR_NOT_FOUND, 0):  # no sample since: nothing ran
+                return {}
+            if code in (NVML_ERROR_NOT_SUPPORTED, NVML_ERROR_FUNCTION_NOT_FOUND):
+                self._util_seen[index] = None
+                return None
+            if code in (NVML_ERROR_GPU_IS_LOST, NVML_ERROR_UNKNOWN):
+                raise
+            return None  # unknown this round; the memory of its processes is still good
+        sums: dict[int, list[float]] = {}
+        newest = seen
+        for sample in samples:
+            acc = sums.setdefault(int(sample.pid), [0.0, 0.0, 0.0])
+            acc[0] += min(100.0, float(sample.smUtil))
+            acc[1] += min(100.0, float(sample.memUtil))
+            acc[2] += 1
+            newest = max(newest, int(sample.timeStamp))
+        self._util_seen[index] = newest
+        return {pid: (round(a[0] / a[2], 1), round(a[1] / a[2], 1)) for pid, a in sums.items()}
 
     def _memory(self, index: int, handle: Any) -> tuple[int | None, int | None]:
         """Used (without the driver's reservation when v2 is available) and total bytes."""

@@ -141,3 +141,12 @@ class HostReader:
             shm_total_bytes=shm_total,
             shm_used_bytes=shm_used,
         )
+
+
+def ptrace_scope(proc_root: str = "/proc") -> int:
+    """kernel.yama.ptrace_scope: 0 classic ptrace rules, 1 only descendants, 2 only with
+    CAP_SYS_PTRACE, 3 never; 0 where Yama is not built in."""
+    try:
+        return int(read_bytes(f"{proc_root}/sys/kernel/yama/ptrace_scope").strip() or b"0")
+    except (OSError, ProbeError, ValueError):
+        return 0

@@ -225,6 +225,7 @@ def parse_rank_env(env: dict[str, str]) -> RankEnv:
             or "/tmp/nccl_trace_rank_",
         ),
         run_output=env.get("TRAINWATCH_RUN_OUTPUT") or None,
+        flight_pipe=env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE") or None,
     )
 
 

@@ -7,6 +7,8 @@
  * "fallen off the bus": every per-device query returns NVML_ERROR_GPU_IS_LOST (15), as the
  * driver does after an Xid 79.
  *
+ * Per-process utilisation (SM and memory busy percent) is read from $TRAINWATCH_SHIM_BUSY.
+ *
  * Build: cc -shared -fPIC -o libnvidia-ml.so.1 nvml_shim.c
  */
 #include <stdio.h>
@@ -115,6 +117,49 @@ int nvmlDeviceGetComputeRunningProcesses_v3(void *device, unsigned int *count, n
         infos[i].pid = found[i];
         infos[i].usedGpuMemory = GIB;
     }
+    *count = n;
+    return NVML_SUCCESS;
+}
+
+/* Per-process utilisation: the file $TRAINWATCH_SHIM_BUSY holds "pid sm mem" lines; each
+ * call returns one sample per line, stamped now (microseconds), as the driver does for a
+ * process that ran kernels since lastSeenTimeStamp; no line, no sample (NOT_FOUND). */
+typedef struct {
+    unsigned int pid;
+    unsigned long long timeStamp;
+    unsigned int smUtil, memUtil, encUtil, decUtil;
+} nvmlProcessUtilizationSample_t;
+
+#define NVML_ERROR_NOT_FOUND 6
+#include <sys/time.h>
+
+int nvmlDeviceGetProcessUtilization(void *device, nvmlProcessUtilizationSample_t *samples,
+                                    unsigned int *count, unsigned long long last) {
+    const char *path = getenv("TRAINWATCH_SHIM_BUSY");
+    unsigned int pid, sm, mem, n = 0;
+    struct timeval tv;
+    unsigned long long now;
+    FILE *f;
+    (void)device;
+    if (lost()) return NVML_ERROR_GPU_IS_LOST;
+    gettimeofday(&tv, NULL);
+    now = (unsigned long long)tv.tv_sec * 1000000ULL + (unsigned long long)tv.tv_usec;
+    f = path ? fopen(path, "r") : NULL;
+    if (f != NULL) {
+        while (fscanf(f, "%u %u %u", &pid, &sm, &mem) == 3) {
+            if (samples != NULL && n < *count) {
+                memset(&samples[n], 0, sizeof samples[n]);
+                samples[n].pid = pid;
+                samples[n].timeStamp = now > last ? now : last + 1;
+                samples[n].smUtil = sm;
+                samples[n].memUtil = mem;
+            }
+            n++;
+        }
+        fclose(f);
+    }
+    if (n == 0) return NVML_ERROR_NOT_FOUND;
+    if (samples == NULL || *count < n) { *count = n; return NVML_ERROR_INSUFFICIENT_SIZE; }
     *count = n;
     return NVML_SUCCESS;
 }

@@ -73,6 +73,17 @@ def load_batches(mb: int) -> None:
         pass
 
 
+def stray(spin: int) -> None:
+    """The --hang-rank's detour, away from every collective: asleep, or busy on its CPU."""
+    if not spin:
+        time.sleep(0.2)
+        return
+    end = time.monotonic() + 0.2
+    n = 0
+    while time.monotonic() < end:
+        n += 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hold-mb", type=int, default=64)
@@ -121,6 +132,10 @@ def main() -> int:
     ap.add_argument("--ignore-sigterm-rank", type=int, default=-1, help="this rank ignores SIGTERM")
     ap.add_argument("--hang-rank", type=int, default=-1, help="this rank stops joining collectives")
     ap.add_argument("--hang-after", type=float, default=2.0)
+    ap.add_argument("--hang-file", default=None, help="the --hang-rank also stops once this file exists")
+    ap.add_argument(
+        "--hang-spin", type=int, default=0, help="1: the --hang-rank spins its CPU instead of sleeping"
+    )
     ap.add_argument("--pg-timeout", type=float, default=1800.0, help="init_process_group timeout, s")
     ap.add_argument("--raise-rank", type=int, default=-1, help="this rank raises an exception")
     ap.add_argument("--raise-after", type=float, default=2.0)
@@ -233,10 +248,14 @@ def main() -> int:
             model.append(hold(64))  # every rank its own full copy
             time.sleep(args.load_interval)
             continue
-        if rank == args.hang_rank and restart == 0 and elapsed > args.hang_after:
+        if (
+            rank == args.hang_rank
+            and restart == 0
+            and (elapsed > args.hang_after or (args.hang_file and os.path.exists(args.hang_file)))
+        ):
             if stop:
                 break
-            time.sleep(0.2)  # alive, but never in a collective again: its peers time out
+            stray(args.hang_spin)  # alive, but never in a collective again: its peers time out
             continue
         if rank == args.abort_rank and restart == 0 and args.abort_file and os.path.exists(args.abort_file):
             os.abort()  # SIGABRT, as a CUDA runtime does on a fatal device error

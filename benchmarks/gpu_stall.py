@@ -1,0 +1,243 @@
+"""On the GPU machine: does the stall detector see a rank stuck in an NCCL collective while
+its GPU is busy, and does it keep quiet while the job works?
+
+    python benchmarks/gpu_stall.py OUT_DIR
+
+Starts the real daemon (``--attach-torchrun --stall-after 10 --interval 0.5``) and a
+2-rank NCCL job on GPU 0 (tests/workloads/gpu_hang.py: 30 s of large matmuls with a
+64 MiB all_reduce a step, 30 s of a small MLP's steps, then an all_reduce rank 1 never
+joins; flight recorder on, with its on-demand FIFO). Beside the daemon, this script reads
+NVML's per-process utilisation itself every 0.5 s, and each rank's CPU time, so the
+signal the detector judges is kept raw. When the daemon has flagged the stall and taken
+its snapshot, rank 1 is SIGKILLed (the user's kill) and the postmortem is kept.
+
+Writes to OUT_DIR: ``gpu-stall.json`` (machine, per-phase activity of each rank, the
+daemon's judgement over time, the snapshot, the postmortem), ``daemon.log``,
+``torchrun.log``. The JSON is kept under tests/fixtures/device-h200/ and
+benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.results import machine  # noqa: E402
+
+BIG_S, SMALL_S, STALL_AFTER = 30.0, 30.0, 10.0
+
+
+def _get(base: str, path: str) -> Any:
+    with urllib.request.urlopen(base + path, timeout=5) as r:
+        body = r.read().decode()
+    return json.loads(body) if path != "/metrics" else body
+
+
+def _cpu(pid: int) -> float | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _phases(work: Path) -> dict[int, list[tuple[str, float, int]]]:
+    out: dict[int, list[tuple[str, float, int]]] = {}
+    for rank in (0, 1):
+        f = work / f"phase_rank{rank}"
+        if f.exists():
+            out[rank] = [(n, float(t), int(p)) for n, t, p in (ln.split() for ln in f.read_text().splitlines())]
+    return out
+
+
+def main() -> int:
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="tw-gpu-stall-"))
+    (work / "fr").mkdir()
+    import pynvml
+
+    pynvml.nvmlInit()
+    dev = pynvml.nvmlDeviceGetHandleByIndex(0)
+    py = sys.executable
+    daemon_log = open(out / "daemon.log", "w")  # noqa: SIM115
+    daemon = subprocess.Popen(
+        [py, "-m", "sidecar", "--attach-torchrun", "--port", "0", "--interval", "0.5",
+         "--stall-after", str(STALL_AFTER), "--postmortem-dir", str(work / "pm")],
+        stdout=daemon_log, stderr=subprocess.STDOUT, cwd=REPO,
+    )  # fmt: skip
+    base = None
+    for _ in range(200):
+        m = re.search(r"serving (https?)://([0-9.]+):(\d+)", (out / "daemon.log").read_text())
+        if m:
+            base = f"http://{m.group(2)}:{m.group(3)}"
+            break
+        time.sleep(0.1)
+    assert base, (out / "daemon.log").read_text()
+    env = dict(
+        os.environ,
+        NCCL_SOCKET_IFNAME="lo",
+        NCCL_IB_DISABLE="1",
+        NCCL_NVLS_ENABLE="0",
+        TORCH_FR_BUFFER_SIZE="2000",
+        TORCH_NCCL_DUMP_ON_TIMEOUT="1",
+        TORCH_FR_DUMP_TEMP_FILE=str(work / "fr" / "nccl_trace_rank_"),
+        TORCH_NCCL_DEBUG_INFO_TEMP_FILE=str(work / "fr" / "nccl_trace_rank_"),
+        TORCH_NCCL_DEBUG_INFO_PIPE_FILE=str(work / "fr" / "pipe_rank_"),
+    )
+    torchrun = str(Path(py).parent / "torchrun")
+    job_log = open(out / "torchrun.log", "w")  # noqa: SIM115
+    job = subprocess.Popen(
+        [torchrun, "--standalone", "--nproc-per-node=2", "--monitor-interval=0.1",
+         "tests/workloads/gpu_hang.py", str(work), str(BIG_S), str(SMALL_S)],
+        stdout=job_log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
+    )  # fmt: skip
+    samples: list[dict[str, Any]] = []
+    judged: list[dict[str, Any]] = []
+    stop = threading.Event()
+
+    def sample_nvml() -> None:
+        seen = 0
+        while not stop.is_set():
+            now = time.time()
+            try:
+                got = pynvml.nvmlDeviceGetProcessUtilization(dev, seen)
+            except pynvml.NVMLError as exc:
+                got = []
+                if "Not Found" not in str(exc):
+                    samples.append({"at": now, "error": str(exc)})
+            per: dict[int, list[tuple[int, int]]] = {}
+            for s in got:
+                per.setdefault(int(s.pid), []).append((int(s.smUtil), int(s.memUtil)))
+                seen = max(seen, int(s.timeStamp))
+            samples.append(
+                {
+                    "at": now,
+                    "util": {str(p): v for p, v in per.items()},
+                    "cpu": {str(p): _cpu(p) for r in _phases(work).values() for _, _, p in r[:1]},
+                }
+            )
+            stop.wait(0.5)
+
+    sampler = threading.Thread(target=sample_nvml, daemon=True)
+    sampler.start()
+    result: dict[str, Any] = {"machine": machine(), "settings": {"big_s": BIG_S, "small_s": SMALL_S,
+                              "stall_after": STALL_AFTER, "interval": 0.5}}  # fmt: skip
+    snapshot_job = None
+    deadline = time.time() + BIG_S + SMALL_S + 240
+    while time.time() < deadline and job.poll() is None:
+        try:
+            doc = _get(base, "/ranks")
+        except OSError:
+            time.sleep(0.5)
+            continue
+        for j in doc["jobs"]:
+            judged.append(
+                {
+                    "at": time.time(),
+                    "stalled": j["stalled"],
+                    "stalled_seconds": j["stalled_seconds"],
+                    "suspected_missing": j["suspected_missing"],
+                    "ranks": {
+                        r["label"]: [r["stall_reason"], r["cpu_busy"], r["gpu_busy"], r["gpu_sm_percent"],
+                                     r["gpu_memory_percent"]]
+                        for r in j["ranks"]
+                    },
+                }
+            )  # fmt: skip
+            if j["stalled"] and j.get("stall"):
+                snapshot_job = j
+        if snapshot_job is not None:
+            break
+        time.sleep(0.5)
+    result["stall_seen"] = snapshot_job is not None
+    if snapshot_job is not None:
+        time.sleep(10)  # ten seconds more of the hang, for the raw signal
+        result["ranks_at_stall"] = _get(base, "/ranks")
+        result["metrics_at_stall"] = [
+            ln for ln in _get(base, "/metrics").splitlines() if "stall" in ln or "gpu" in ln
+        ]
+        phases = _phases(work)
+        victim = phases[1][0][2]
+        result["killed"] = {"rank": 1, "pid": victim, "at": time.time()}
+        os.kill(victim, signal.SIGKILL)
+        for _ in range(240):
+            try:
+                pm = _get(base, "/postmortem")
+            except OSError:
+                pm = None
+            if pm and pm.get("victim", {}).get("rank") == 1 and all(
+                r["fate"] not in ("running", "unknown") for r in pm["ranks"]
+            ):
+                result["postmortem"] = pm
+                break
+            time.sleep(0.5)
+    try:
+        job.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        job.kill()
+    stop.set()
+    sampler.join()
+    result["phases"] = {str(k): v for k, v in _phases(work).items()}
+    result["nvml_samples"] = samples
+    result["judged"] = judged
+    result["flight_dumps"] = sorted(p.name for p in (work / "fr").iterdir())
+    daemon.send_signal(signal.SIGTERM)
+    daemon.wait(timeout=30)
+    (out / "gpu-stall.json").write_text(json.dumps(result, indent=1))
+    shutil.rmtree(work, ignore_errors=True)
+    print(summary(result))
+    return 0
+
+
+def summary(result: dict[str, Any]) -> str:
+    """Per phase and rank: NVML SM/memory percent (mean, min) and CPU cores; the daemon's
+    stalled rounds; when the stall was flagged after the hang began."""
+    phases = result["phases"]
+    start = {name: at for name, at, _ in phases.get("0", [])}
+    pids = {rank: entries[0][2] for rank, entries in phases.items()}
+    bounds = [("big", start.get("big"), start.get("small")), ("small", start.get("small"), start.get("hang")),
+              ("hang", start.get("hang"), result.get("killed", {}).get("at"))]  # fmt: skip
+    lines = []
+    for name, t0, t1 in bounds:
+        if t0 is None or t1 is None:
+            continue
+        for rank, pid in sorted(pids.items()):
+            rows = [s for s in result["nvml_samples"] if t0 + 2 <= s["at"] <= t1 and "util" in s]
+            sm = [sum(v[0] for v in s["util"][str(pid)]) / len(s["util"][str(pid)]) if str(pid) in s["util"] else 0
+                  for s in rows]  # fmt: skip
+            mem = [sum(v[1] for v in s["util"][str(pid)]) / len(s["util"][str(pid)]) if str(pid) in s["util"] else 0
+                   for s in rows]  # fmt: skip
+            cpus = [(s["at"], s["cpu"].get(str(pid))) for s in rows if s["cpu"].get(str(pid)) is not None]
+            cores = (cpus[-1][1] - cpus[0][1]) / (cpus[-1][0] - cpus[0][0]) if len(cpus) > 1 else None
+            if sm:
+                lines.append(
+                    f"{name:5} rank {rank}: SM mean {sum(sm) / len(sm):5.1f} min {min(sm):5.1f} | "
+                    f"memory mean {sum(mem) / len(mem):5.1f} max {max(mem):5.1f} | CPU "
+                    + (f"{cores:.2f} cores" if cores is not None else "?")
+                )
+        rounds = [j for j in result["judged"] if t0 <= j["at"] <= t1]
+        lines.append(f"{name:5} daemon: {sum(j['stalled'] for j in rounds)} of {len(rounds)} polls stalled")
+    hang = start.get("hang")
+    flagged = next((j["at"] for j in result["judged"] if hang and j["at"] >= hang and j["stalled"]), None)
+    if hang and flagged:
+        lines.append(f"stall flagged {flagged - hang:.1f} s after the hang began")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""A torchrun worker for the GPU stall run (benchmarks/gpu_stall.py): two NCCL ranks on one
+GPU, then a collective one rank never joins.
+
+NCCL refuses two ranks of one host on one device ("Duplicate GPU detected"); each rank sets
+its own ``NCCL_HOSTID``, so NCCL takes them for two hosts and carries their traffic over
+its socket transport on loopback, while both run their kernels on cuda:0. The collectives
+are NCCL's own: the all_reduce kernel of a rank whose peer never comes spins on the GPU.
+
+Phases, each announced in ``<out>/phase_rank<R>`` (name and time):
+``big`` (bf16 matmuls and a 64 MiB all_reduce a step), ``small`` (a small MLP's steps:
+short kernels, launch-bound), then ``hang``: rank 1 sleeps outside every collective while
+rank 0 enters an all_reduce and waits for it in ``torch.cuda.synchronize()``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from datetime import timedelta
+
+
+def phase(out: str, rank: int, name: str) -> None:
+    with open(f"{out}/phase_rank{rank}", "a") as f:
+        f.write(f"{name} {time.time():.3f} {os.getpid()}\n")
+
+
+def main() -> int:
+    out, big_s, small_s = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+    rank = int(os.environ["RANK"])
+    os.environ["NCCL_HOSTID"] = f"trainwatch-stall-host-{rank}"
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", timeout=timedelta(seconds=900))
+    grad = torch.ones(16 << 20, device="cuda")  # 64 MiB
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    phase(out, rank, "big")
+    end = time.monotonic() + big_s
+    while time.monotonic() < end:
+        for _ in range(4):
+            a = (a @ a).clamp_(-1, 1)
+        dist.all_reduce(grad)
+        torch.cuda.synchronize()
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(64, 256, device="cuda")
+    phase(out, rank, "small")
+    end = time.monotonic() + small_s
+    while time.monotonic() < end:
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        for p in model.parameters():
+            assert p.grad is not None
+            dist.all_reduce(p.grad)
+        loss.item()
+    dist.barrier()
+    phase(out, rank, "hang")
+    if rank == 1:
+        while True:
+            time.sleep(1)  # never in a collective again
+    dist.all_reduce(grad)
+    torch.cuda.synchronize()  # waits here until the timeout
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
