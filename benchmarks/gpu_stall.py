@@ -60,7 +60,8 @@ def _phases(work: Path) -> dict[int, list[tuple[str, float, int]]]:
     for rank in (0, 1):
         f = work / f"phase_rank{rank}"
         if f.exists():
-            out[rank] = [(n, float(t), int(p)) for n, t, p in (ln.split() for ln in f.read_text().splitlines())]
+            rows = (ln.split() for ln in f.read_text().splitlines())
+            out[rank] = [(n, float(t), int(p)) for n, t, p in rows]
     return out
 
 
@@ -180,8 +181,10 @@ def main() -> int:
                 pm = _get(base, "/postmortem")
             except OSError:
                 pm = None
-            if pm and pm.get("victim", {}).get("rank") == 1 and all(
-                r["fate"] not in ("running", "unknown") for r in pm["ranks"]
+            if (
+                pm
+                and pm.get("victim", {}).get("rank") == 1
+                and all(r["fate"] not in ("running", "unknown") for r in pm["ranks"])
             ):
                 result["postmortem"] = pm
                 break
@@ -218,10 +221,9 @@ def summary(result: dict[str, Any]) -> str:
             continue
         for rank, pid in sorted(pids.items()):
             rows = [s for s in result["nvml_samples"] if t0 + 2 <= s["at"] <= t1 and "util" in s]
-            sm = [sum(v[0] for v in s["util"][str(pid)]) / len(s["util"][str(pid)]) if str(pid) in s["util"] else 0
-                  for s in rows]  # fmt: skip
-            mem = [sum(v[1] for v in s["util"][str(pid)]) / len(s["util"][str(pid)]) if str(pid) in s["util"] else 0
-                   for s in rows]  # fmt: skip
+            mine = [s["util"].get(str(pid), [(0, 0)]) for s in rows]
+            sm = [sum(v[0] for v in m) / len(m) for m in mine]
+            mem = [sum(v[1] for v in m) / len(m) for m in mine]
             cpus = [(s["at"], s["cpu"].get(str(pid))) for s in rows if s["cpu"].get(str(pid)) is not None]
             cores = (cpus[-1][1] - cpus[0][1]) / (cpus[-1][0] - cpus[0][0]) if len(cpus) > 1 else None
             if sm:
