@@ -109,7 +109,7 @@ class FakeNvml:
         out = []
         for pid, sm, mem in dev.utilisation:
             self.stamp += 1000
-            out.append(SimpleNamespace(pid=pid, timeStamp=self.stamp, smUtil=sm, memUtil=mem, encUtil=0, decUtil=0))
+            out.append(SimpleNamespace(pid=pid, timeStamp=self.stamp, smUtil=sm, memUtil=mem))
         dev.utilisation = []
         return out
 

@@ -61,7 +61,8 @@ def test_a_hang_is_caught_at_the_stall_and_its_stacks_outlive_the_timeout(tmp_pa
         sys.executable, "-m", "sidecar", "run", "--port", str(port), "--postmortem-dir", str(tmp_path / "pm"),
         "--interval", "0.5", "--stall-after", "10", "--",
         TORCHRUN, "--standalone", "--nproc-per-node=2", "--monitor-interval=0.1", str(WORKLOAD),
-        "--hold-mb=30", "--workers=0", "--hang-rank=1", "--hang-after=2", "--pg-timeout=120", "--duration=600",
+        "--hold-mb=30", "--workers=0", "--hang-rank=1", "--hang-after=2", "--pg-timeout=120",
+        "--duration=600",
     ]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1")
     with subprocess.Popen(
