@@ -96,7 +96,6 @@ class FakeNvml:
             for pid, used in self.devices[h].processes
         ]
 
-
     def nvmlDeviceGetProcessUtilization(self, h: int, last_seen: int) -> list[Any]:
         """Samples newer than ``last_seen`` (us): each queued sample once, stamped in turn."""
         self._check_lost(h)
