@@ -25,6 +25,13 @@ def phase(out: str, rank: int, name: str) -> None:
         f.write(f"{name} {time.time():.3f} {os.getpid()}\n")
 
 
+def done(end: float, dist, torch) -> bool:  # noqa: ANN001 (modules imported late)
+    """Whether the phase is over, agreed by every rank (each step runs the same collectives)."""
+    flag = torch.tensor([1.0 if time.monotonic() >= end else 0.0], device="cuda")
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
 def main() -> int:
     out, big_s, small_s = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
     rank = int(os.environ["RANK"])
@@ -38,7 +45,7 @@ def main() -> int:
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     phase(out, rank, "big")
     end = time.monotonic() + big_s
-    while time.monotonic() < end:
+    while not done(end, dist, torch):
         for _ in range(4):
             a = (a @ a).clamp_(-1, 1)
         dist.all_reduce(grad)
@@ -48,7 +55,7 @@ def main() -> int:
     x = torch.randn(64, 256, device="cuda")
     phase(out, rank, "small")
     end = time.monotonic() + small_s
-    while time.monotonic() < end:
+    while not done(end, dist, torch):
         loss = model(x).square().mean()
         opt.zero_grad()
         loss.backward()
