@@ -25,7 +25,7 @@ def phase(out: str, rank: int, name: str) -> None:
         f.write(f"{name} {time.time():.3f} {os.getpid()}\n")
 
 
-def done(end: float, dist, torch) -> bool:  # noqa: ANN001 (modules imported late)
+def done(end: float, dist, torch) -> bool:  # the modules, imported late
     """Whether the phase is over, agreed by every rank (each step runs the same collectives)."""
     flag = torch.tensor([1.0 if time.monotonic() >= end else 0.0], device="cuda")
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
