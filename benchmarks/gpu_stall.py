@@ -2,6 +2,7 @@
 its GPU is busy, and does it keep quiet while the job works?
 
     python benchmarks/gpu_stall.py OUT_DIR
+    python benchmarks/gpu_stall.py --results OUT_DIR/gpu-stall.json   # into benchmarks/results/
 
 Starts the real daemon (``--attach-torchrun --stall-after 10 --interval 0.5``) and a
 2-rank NCCL job on GPU 0 (tests/workloads/gpu_hang.py: 30 s of large matmuls with a
@@ -36,7 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.results import machine  # noqa: E402
+from benchmarks.results import machine, write  # noqa: E402
 
 BIG_S, SMALL_S, STALL_AFTER = 30.0, 30.0, 10.0
 
@@ -66,6 +67,12 @@ def _phases(work: Path) -> dict[int, list[tuple[str, float, int]]]:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--results"]:  # a kept run (its gpu-stall.json) into benchmarks/results/
+        kept = json.loads(Path(sys.argv[2]).read_text())
+        write(
+            "gpu-stall-h200", {"settings": kept["settings"], **summarise(kept)}, machine_info=kept["machine"]
+        )
+        return 0
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="tw-gpu-stall-"))
@@ -207,18 +214,19 @@ def main() -> int:
     return 0
 
 
-def summary(result: dict[str, Any]) -> str:
-    """Per phase and rank: NVML SM/memory percent (mean, min) and CPU cores; the daemon's
-    stalled rounds; when the stall was flagged after the hang began."""
+def summarise(result: dict[str, Any]) -> dict[str, Any]:
+    """Per phase and rank: NVML SM/memory percent (mean, min/max) and CPU cores; the
+    daemon's stalled polls per phase; how long after the hang began it was flagged."""
     phases = result["phases"]
     start = {name: at for name, at, _ in phases.get("0", [])}
     pids = {rank: entries[0][2] for rank, entries in phases.items()}
     bounds = [("big", start.get("big"), start.get("small")), ("small", start.get("small"), start.get("hang")),
               ("hang", start.get("hang"), result.get("killed", {}).get("at"))]  # fmt: skip
-    lines = []
+    out: dict[str, Any] = {"phases": {}}
     for name, t0, t1 in bounds:
         if t0 is None or t1 is None:
             continue
+        ranks: dict[str, Any] = {}
         for rank, pid in sorted(pids.items()):
             rows = [s for s in result["nvml_samples"] if t0 + 2 <= s["at"] <= t1 and "util" in s]
             mine = [s["util"].get(str(pid), [(0, 0)]) for s in rows]
@@ -227,17 +235,40 @@ def summary(result: dict[str, Any]) -> str:
             cpus = [(s["at"], s["cpu"].get(str(pid))) for s in rows if s["cpu"].get(str(pid)) is not None]
             cores = (cpus[-1][1] - cpus[0][1]) / (cpus[-1][0] - cpus[0][0]) if len(cpus) > 1 else None
             if sm:
-                lines.append(
-                    f"{name:5} rank {rank}: SM mean {sum(sm) / len(sm):5.1f} min {min(sm):5.1f} | "
-                    f"memory mean {sum(mem) / len(mem):5.1f} max {max(mem):5.1f} | CPU "
-                    + (f"{cores:.2f} cores" if cores is not None else "?")
-                )
+                ranks[rank] = {
+                    "sm_mean": round(sum(sm) / len(sm), 1),
+                    "sm_min": round(min(sm), 1),
+                    "memory_mean": round(sum(mem) / len(mem), 1),
+                    "memory_max": round(max(mem), 1),
+                    "cpu_cores": None if cores is None else round(cores, 2),
+                }
         rounds = [j for j in result["judged"] if t0 <= j["at"] <= t1]
-        lines.append(f"{name:5} daemon: {sum(j['stalled'] for j in rounds)} of {len(rounds)} polls stalled")
+        out["phases"][name] = {
+            "seconds": round(t1 - t0, 1),
+            "ranks": ranks,
+            "polls": len(rounds),
+            "stalled_polls": sum(bool(j["stalled"]) for j in rounds),
+        }
     hang = start.get("hang")
-    flagged = next((j["at"] for j in result["judged"] if hang and j["at"] >= hang and j["stalled"]), None)
+    flagged = next((j for j in result["judged"] if hang and j["at"] >= hang and j["stalled"]), None)
     if hang and flagged:
-        lines.append(f"stall flagged {flagged - hang:.1f} s after the hang began")
+        out["flagged_after_seconds"] = round(flagged["at"] - hang, 1)
+        out["flagged"] = {"ranks": flagged["ranks"], "suspected_missing": flagged["suspected_missing"]}
+    return out
+
+
+def summary(result: dict[str, Any]) -> str:
+    s = summarise(result)
+    lines = []
+    for name, ph in s["phases"].items():
+        for rank, r in ph["ranks"].items():
+            lines.append(
+                f"{name:5} rank {rank}: SM mean {r['sm_mean']:5.1f} min {r['sm_min']:5.1f} | memory mean "
+                f"{r['memory_mean']:5.1f} max {r['memory_max']:5.1f} | CPU {r['cpu_cores']} cores"
+            )
+        lines.append(f"{name:5} daemon: {ph['stalled_polls']} of {ph['polls']} polls stalled")
+    if "flagged_after_seconds" in s:
+        lines.append(f"stall flagged {s['flagged_after_seconds']} s after the hang began")
     return "\n".join(lines)
 
 

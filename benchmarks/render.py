@@ -389,6 +389,47 @@ def pss_cost() -> str:
     )
 
 
+def gpu_stall() -> str:
+    doc = _load("gpu-stall-h200")
+    if doc is None:
+        return _missing("gpu-stall-h200", "run `benchmarks/gpu_stall.py` on a GPU machine, then `--results`")
+    r = doc["results"]
+    rows = [
+        "| phase | rank | NVML SM busy, mean (min) | memory busy, mean | CPU | daemon's polls stalled |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    names = {"big": "bf16 matmuls, 64 MiB all_reduce", "small": "a small MLP's steps", "hang": "the hang"}
+    for name, ph in r["phases"].items():
+        for rank, x in ph["ranks"].items():
+            rows.append(
+                f"| {names.get(name, name)} | {rank} | {x['sm_mean']:.1f} % ({x['sm_min']:.0f} %)"
+                f" | {x['memory_mean']:.1f} % | {x['cpu_cores']:.2f} cores"
+                + (
+                    f" | {ph['stalled_polls']} of {ph['polls']} |"
+                    if name != "hang"
+                    else f" | flagged {r.get('flagged_after_seconds', float('nan')):.1f} s in |"
+                )
+            )
+    flagged = r.get("flagged_after_seconds")
+    return (
+        f"`benchmarks/gpu_stall.py` ({_provenance(doc)}): two NCCL ranks on one GPU (each its own"
+        f" `NCCL_HOSTID`, so NCCL carries their traffic over sockets), the daemon at `--stall-after"
+        f" {r['settings']['stall_after']:.0f} --interval {r['settings']['interval']}`:\n\n"
+        + "\n".join(rows)
+        + "\n\n"
+        + (
+            f"The hang was flagged {flagged:.1f} s after it began (the threshold plus the 5 s window a rank"
+            " is judged over): rank 0 `waiting`, its GPU busy while rank 1's ran nothing, rank 1 the"
+            " suspect; the snapshot asked both flight recorders through their FIFOs (rank 1 \"never"
+            " entered\" the collective) and took both stacks; the postmortem of rank 1's SIGKILL carries it."
+            " The memory-busy column is why memory activity is not used to tell a spinning kernel from"
+            " work: the small model's steps read 0 % too.\n"
+            if flagged is not None
+            else "The hang was not flagged.\n"
+        )
+    )
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     "overhead": overhead,
     "deaths": deaths,
@@ -399,6 +440,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "foresight": foresight,
     "pss": pss_cost,
     "fuzz": fuzzing,
+    "gpu_stall": gpu_stall,
 }
 BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated: \2 -->)", re.S)
 

@@ -1,0 +1,102 @@
+"""The GPU machine's stall run (benchmarks/gpu_stall.py on the lent H200, kept as
+tests/fixtures/device-h200/gpu-stall.json): two NCCL ranks on one GPU train (large matmuls,
+then a small MLP), then rank 0 enters an all_reduce rank 1 never joins.
+
+The raw signal the run kept (NVML's per-process utilisation and each rank's CPU time,
+read every 0.5 s beside the daemon) is replayed through today's StallTracker: the hang is
+flagged with rank 0 waiting while its GPU is busy, the training never is. What the daemon
+itself flagged and snapshotted in that run (its /ranks, its flight-recorder request, the
+postmortem after rank 1 was SIGKILLed) is checked as the run's record."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sidecar.model import JobSample, ProcKey, RankSample, Snapshot
+from sidecar.stalls import StallTracker
+from tests.paths import DEVICE_H200
+
+RUN = json.loads((DEVICE_H200 / "gpu-stall.json").read_text())
+STALL_AFTER = RUN["settings"]["stall_after"]
+START = {name: at for name, at, _ in RUN["phases"]["0"]}
+PIDS = {int(rank): entries[0][2] for rank, entries in RUN["phases"].items()}
+
+
+def _replay() -> list[tuple[float, JobSample]]:
+    """Each kept NVML/CPU sample as a snapshot of the two ranks, through one tracker."""
+    clock = [0.0]
+    tracker = StallTracker(STALL_AFTER, py_spy=False, clock=lambda: clock[0], wall=lambda: clock[0])
+    out = []
+    for s in RUN["nvml_samples"]:
+        cpu = s.get("cpu", {})
+        if "util" not in s or any(cpu.get(str(pid)) is None for pid in PIDS.values()):
+            continue  # before the ranks announced themselves, or after one died
+        clock[0] = s["at"]
+        ranks = []
+        for rank, pid in sorted(PIDS.items()):
+            mine = s["util"].get(str(pid), [])
+            sm = sum(v[0] for v in mine) / len(mine) if mine else 0.0
+            ranks.append(
+                RankSample(
+                    "j", rank, str(rank), rank, 0, ProcKey(pid, 1), 1, None, cpu[str(pid)], 1, 1, 1, None,
+                    gpu_sm_percent=sm,
+                )
+            )  # fmt: skip
+        job = JobSample("j", ProcKey(1, 1), None, 2, 0, 0, None, 0.0, tuple(ranks))
+        out.append(
+            (s["at"], tracker.update(Snapshot(0.0, 0.0, (job,), None, (), (), {}, 0, 0, 0.0, 0)).jobs[0])
+        )
+    return out
+
+
+def test_the_kept_signal_is_a_spinning_gpu_beside_a_silent_one():
+    hang = [
+        s for s in RUN["nvml_samples"] if START["hang"] + 2 <= s["at"] <= RUN["killed"]["at"] and "util" in s
+    ]
+    assert len(hang) >= 20
+    for s in hang:
+        assert [v[0] for v in s["util"][str(PIDS[0])]] and min(v[0] for v in s["util"][str(PIDS[0])]) >= 99
+        assert str(PIDS[1]) not in s["util"] or max(v[0] for v in s["util"][str(PIDS[1])]) == 0
+
+
+def test_replayed_the_training_is_never_stalled_and_the_hang_is():
+    replay = _replay()
+    training = [job for at, job in replay if START["big"] <= at < START["hang"]]
+    assert len(training) >= 100  # 60 s of work at 2 samples a second
+    assert max(job.stalled_seconds for job in training) < STALL_AFTER
+    # a real wait, short: rank 1 came to the small phase's first collective 1.4 s after rank
+    # 0 (it built its model), whose GPU spun meanwhile; nowhere else did a rank wait
+    waits = [at for at, job in replay if START["big"] <= at < START["hang"] and job.stalled_seconds > 0]
+    assert all(abs(at - START["small"]) < 5 for at in waits), waits
+    hang = [(at, job) for at, job in replay if at >= START["hang"]]
+    flagged = next(((at, job) for at, job in hang if job.stalled_seconds >= STALL_AFTER), None)
+    assert flagged is not None
+    at, job = flagged
+    # the threshold, plus the window over which a rank is judged
+    assert at - START["hang"] <= STALL_AFTER + 5 + 2
+    r0, r1 = job.ranks
+    assert r0.progress is not None and r0.progress.reason == "waiting" and r0.progress.gpu_busy
+    assert r0.progress.cpu_busy  # it spins in torch.cuda.synchronize(): CPU alone would miss it
+    assert r1.progress is not None and r1.progress.reason == "idle"
+    assert job.suspected_missing == ("1",)
+
+
+@pytest.mark.parametrize("where", ["ranks", "postmortem"])
+def test_the_runs_daemon_snapshotted_the_stall(where):
+    """The run's record: the stall's snapshot asked both ranks' flight recorders through
+    their FIFOs and read the answer (rank 1 never entered the collective); py-spy's stacks
+    were taken without pausing the ranks; the postmortem after rank 1's SIGKILL kept it."""
+    if where == "ranks":
+        stall = RUN["ranks_at_stall"]["jobs"][0]["stall"]
+    else:
+        pm = RUN["postmortem"]
+        assert pm["killer"]["kind"] == "external_signal" and pm["victim"]["rank"] == 1
+        stall = pm["stall"]
+    assert stall["suspected_missing"] == ["1"] and stall["suspected_by"] == "flight_recorder"
+    assert "(never entered #7012)" in stall["flight_recorder"]
+    ranks = {r["label"]: r for r in stall["ranks"]}
+    assert ranks["0"]["reason"] == "waiting" and ranks["0"]["gpu_sm_percent"] == 100.0
+    assert "synchronize (torch/cuda/__init__.py" in ranks["0"]["stack"]
+    assert "main (gpu_hang.py" in ranks["1"]["stack"] and ranks["1"]["reason"] == "idle"
