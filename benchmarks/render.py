@@ -420,7 +420,7 @@ def gpu_stall() -> str:
         + (
             f"The hang was flagged {flagged:.1f} s after it began (the threshold plus the 5 s window a rank"
             " is judged over): rank 0 `waiting`, its GPU busy while rank 1's ran nothing, rank 1 the"
-            " suspect; the snapshot asked both flight recorders through their FIFOs (rank 1 \"never"
+            ' suspect; the snapshot asked both flight recorders through their FIFOs (rank 1 "never'
             " entered\" the collective) and took both stacks; the postmortem of rank 1's SIGKILL carries it."
             " The memory-busy column is why memory activity is not used to tell a spinning kernel from"
             " work: the small model's steps read 0 % too.\n"
