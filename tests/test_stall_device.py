@@ -15,6 +15,7 @@ import json
 import pytest
 
 from sidecar.model import JobSample, ProcKey, RankSample, Snapshot
+from sidecar.postmortem.text import render_text
 from sidecar.stalls import StallTracker
 from tests.paths import DEVICE_H200
 
@@ -100,3 +101,13 @@ def test_the_runs_daemon_snapshotted_the_stall(where):
     assert ranks["0"]["reason"] == "waiting" and ranks["0"]["gpu_sm_percent"] == 100.0
     assert "synchronize (torch/cuda/__init__.py" in ranks["0"]["stack"]
     assert "main (gpu_hang.py" in ranks["1"]["stack"] and ranks["1"]["reason"] == "idle"
+
+
+def test_the_text_view_tells_the_stall():
+    text = render_text(RUN["postmortem"])
+    assert (
+        "stalled before the death: flagged at T-11 s, after 10 s without progress; waiting for rank 1" in text
+    )
+    assert "(told by the flight recorder)" in text and "(never entered #7012)" in text
+    assert "  rank 0: waiting, CPU busy, GPU 100 % busy\n      synchronize (torch/cuda/__init__.py" in text
+    assert "  rank 1: idle, CPU idle, GPU 0 % busy\n      main (gpu_hang.py:70)" in text

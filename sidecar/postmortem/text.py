@@ -171,6 +171,48 @@ def _warnings(doc: dict[str, Any]) -> list[str]:
     return ["", "warned before the death:", *lines] if lines else []
 
 
+def _secs(v: Any) -> str:
+    return f"{v:.0f} s" if isinstance(v, (int, float)) else "?"
+
+
+STACK_LINES = 12  # the innermost frames of each stack, in the text view (the JSON has all)
+
+
+def _stall(doc: dict[str, Any]) -> list[str]:
+    """The snapshot taken when the job stalled before the death: who waited, for whom, how
+    that was told, and each rank's innermost frames."""
+    stall = doc.get("stall")
+    if not isinstance(stall, dict):
+        return []
+    died = epoch_of((doc.get("victim") or {}).get("died_at"))
+    at = epoch_of(stall.get("detected_at"))
+    when = f"T-{died - at:.0f} s" if at is not None and died is not None else str(stall.get("detected_at"))
+    suspects = ", ".join(str(x) for x in stall.get("suspected_missing") or [])
+    by = {"flight_recorder": "the flight recorder", "stacks": "the stacks", "activity": "activity"}
+    lines = [
+        "",
+        f"stalled before the death: flagged at {when}, after {_secs(stall.get('stalled_seconds'))} without progress"
+        + (
+            f"; waiting for rank {suspects} (told by {by.get(stall.get('suspected_by'), '?')})"
+            if suspects
+            else ""
+        ),
+    ]
+    if stall.get("flight_recorder"):
+        lines.append(f"  flight recorder: {stall['flight_recorder']}")
+    for r in stall.get("ranks") or []:
+        gpu = r.get("gpu_sm_percent")
+        lines.append(
+            f"  rank {r.get('label')}: {r.get('reason') or 'working'}"
+            + f", CPU {'busy' if r.get('cpu_busy') else 'idle'}"
+            + (f", GPU {gpu:.0f} % busy" if isinstance(gpu, (int, float)) else "")
+            + ("" if r.get("stack") else f"; no stack: {r.get('stack_error')}")
+        )
+        frames = [ln for ln in str(r.get("stack") or "").splitlines() if ln.startswith("    ")]
+        lines += [f"  {ln}" for ln in frames[:STACK_LINES]]
+    return lines
+
+
 def _by_time(points: list[tuple[float, int]], most: int = 72) -> list[int]:
     """At most ``most`` values evenly spaced in time (the sampler runs faster near a limit,
     so the last points would otherwise crowd out the minutes before)."""
@@ -226,6 +268,7 @@ def render_text(doc: dict[str, Any]) -> str:
         lines += _ranks(doc["ranks"])
     lines += _memory(doc)
     lines += _warnings(doc)
+    lines += _stall(doc)
     lines += _curve(doc)
     lines += _charge_curve(doc)
     if doc.get("advice"):
