@@ -189,7 +189,7 @@ def _stall(doc: dict[str, Any]) -> list[str]:
     when = f"T-{died - at:.0f} s" if at is not None and died is not None else str(stall.get("detected_at"))
     suspects = ", ".join(str(x) for x in stall.get("suspected_missing") or [])
     by = {"flight_recorder": "the flight recorder", "stacks": "the stacks", "activity": "activity"}
-    told = by.get(stall.get("suspected_by"), "?")
+    told = by.get(str(stall.get("suspected_by")), "?")
     head = f"stalled before the death: flagged at {when}, after {_secs(stall.get('stalled_seconds'))}"
     lines = [
         "",
