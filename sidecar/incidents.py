@@ -192,6 +192,7 @@ def join_evidence(
                 cgroup_limited_by=k.cgroup_limited_by,
                 exit_source=source,
                 gpus=tuple(sorted(rank_gpus.get(pid, ()))),
+                slurm_times=k.sample.slurm_times,
             )
         )
     after_cg = {c.path: c.oom_kills for c in latest.cgroups if c.oom_kills is not None} if latest else {}

@@ -125,6 +125,9 @@ class RankEnv:
     # TORCH_NCCL_DEBUG_INFO_PIPE_FILE: the prefix of the FIFO through which the rank's NCCL
     # monitor dumps its flight recorder on demand (``<prefix><rank>.pipe``); None when unset
     flight_pipe: str | None = None
+    # SLURM_JOB_START_TIME, SLURM_JOB_END_TIME (epoch s): the allocation's start and its time
+    # limit's end, where the rank runs in a Slurm job
+    slurm_times: tuple[int, int] | None = None
     # TRAINWATCH_RUN_OUTPUT: the job runs under `trainwatch run`, which keeps its output there
     run_output: str | None = None
 
@@ -287,6 +290,7 @@ class RankSample:
     binding_limit: MemoryLimit | None = None
     exhaustion_seconds: float | None = None
     flight_pipe: str | None = None  # RankEnv's
+    slurm_times: tuple[int, int] | None = None  # RankEnv's
     # the tree's GPU activity this round, the busiest of its processes on any GPU (percent;
     # None when NVML reports no utilisation for it: no GPU, or not supported)
     gpu_sm_percent: float | None = None

@@ -110,6 +110,7 @@ def _rank_sample(
         tree_unreclaimable_bytes=read.tree_unreclaimable_bytes,
         workers_uss=read.workers_uss,
         flight_pipe=tracked.env.flight_pipe if tracked.env else None,
+        slurm_times=tracked.env.slurm_times if tracked.env else None,
         gpu_sm_percent=sm,
         gpu_memory_percent=mem,
     )

@@ -16,7 +16,7 @@ import pytest
 
 from sidecar.demo import join_cgroup, memory_cgroup
 from tests.e2e import REPO, DaemonProc, TorchrunJob, job_postmortem, wait_for
-from tests.skips import requires
+from tests.skips import met, requires, skip
 
 pytestmark = [pytest.mark.slow]
 GIB = 1 << 30
@@ -184,14 +184,18 @@ def _mem_available() -> int:
 
 
 @requires("earlyoom", "free-memory")
-def test_a_real_earlyoom_is_named_by_its_own_log(tmp_path):
+@pytest.mark.parametrize("tracepoint", [False, True], ids=["by-its-log", "by-the-tracepoint"])
+def test_a_real_earlyoom_is_named(tmp_path, tracepoint):
     """A real earlyoom, told to act 1.5 GiB below the memory available now, SIGTERMs the
-    growing rank (oom_score_adj=1000: its first choice). The tracepoint is off, so the
-    verdict comes from earlyoom's own log line naming the pid."""
+    growing rank (oom_score_adj=1000: its first choice). With the tracepoint off the verdict
+    comes from earlyoom's own log line naming the pid; with it on, from the signal's sender,
+    which the catalogue knows as earlyoom."""
+    if tracepoint and not met("tracefs"):
+        skip("tracefs", "the tracepoint's view of a real earlyoom")
     threshold_kib = (_mem_available() - int(1.5 * GIB)) // 1024
     log_path = tmp_path / "earlyoom.log"
     with (
-        DaemonProc(tmp_path, "--disable", "tracepoint") as daemon,
+        DaemonProc(tmp_path, *(() if tracepoint else ("--disable", "tracepoint"))) as daemon,
         TorchrunJob(tmp_path, "eo", hold_mb=50, workers=0, grow_rank=1, grow_after=3, grow_mb=4) as job,
     ):
         pids = job.ready()
@@ -212,9 +216,18 @@ def test_a_real_earlyoom_is_named_by_its_own_log(tmp_path):
         killer = doc["killer"]
         assert killer["kind"] == "userspace_oom" and killer["confidence"] == "certain", killer
         assert "earlyoom" in killer["summary"]
-        assert any(e["source"] == "log" and str(pids[1][0]) in e["detail"] for e in killer["evidence"]), (
-            killer
-        )
+        if tracepoint:
+            sender = killer["sender"]
+            assert (sender["tool"], sender["pid"], sender["comm"]) == (
+                "earlyoom",
+                earlyoom.pid,
+                "earlyoom",
+            ), sender
+            assert sender["exe"] == str(EARLYOOM), sender
+        else:
+            assert any(e["source"] == "log" and str(pids[1][0]) in e["detail"] for e in killer["evidence"]), (
+                killer
+            )
         assert doc["victim"]["signal"] == "SIGTERM"
         assert _fates(doc) == {0: "terminated_by_agent", 1: "root_cause"}
         assert daemon.stop() == 0

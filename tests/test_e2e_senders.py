@@ -9,6 +9,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -51,20 +52,51 @@ def _stand_in(tmp: Path, name: str) -> Path:
     return exe
 
 
+NOW = int(time.time())
+# the allocation of a Slurm job as its ranks' environment tells it (--time=01:00:00)
+ENDED = {"SLURM_JOB_START_TIME": str(NOW - 3600 - 60), "SLURM_JOB_END_TIME": str(NOW - 60)}
+RUNNING = {"SLURM_JOB_START_TIME": str(NOW - 600), "SLURM_JOB_END_TIME": str(NOW - 600 + 4 * 3600)}
+
+
 @pytest.mark.root
 @requires("tracefs", "memcg")
 @pytest.mark.parametrize(
-    ("tool", "name", "cgroup", "words"),
+    ("tool", "name", "cgroup", "words", "env"),
     [
-        ("slurm", "slurmstepd", "slurm_{id}/uid_0/job_1/step_0", "by Slurm"),
-        ("containerd", "containerd-shim", None, "by the container runtime"),
-        ("user", None, None, "by a shell on this node"),
+        ("slurm", "slurmstepd", "slurm_{id}/uid_0/job_1/step_0", "by Slurm (the job step was", None),
+        (
+            "slurm",
+            "slurmstepd",
+            "slurm_{id}/uid_0/job_1/step_0",
+            "by Slurm, which ended the job at its time limit (--time=01:00:00)",
+            ENDED,
+        ),
+        (
+            "slurm",
+            "slurmstepd",
+            "slurm_{id}/uid_0/job_1/step_0",
+            "before the job's time limit (--time=04:00:00)",
+            RUNNING,
+        ),
+        ("kubelet", "kubelet", "system.slice_{id}/kubelet.service", "by Kubernetes' kubelet", None),
+        ("containerd", "containerd-shim", None, "by the container runtime", None),
+        ("docker", "dockerd", "system.slice_{id}/docker.service", "by Docker", None),
+        (
+            "systemd",
+            "systemd",
+            "system.slice_{id}/trainer.service",
+            "by systemd (its unit was stopped)",
+            None,
+        ),
+        ("nvrx", "ft_launcher", None, "by NVIDIA Resiliency Extension", None),
+        ("ray", "raylet", None, "by Ray", None),
+        ("user", None, None, "by a shell on this node", None),
     ],
 )
-def test_the_sender_s_tool_is_named(tmp_path, tool, name, cgroup, words):
+def test_the_sender_s_tool_is_named(tmp_path, tool, name, cgroup, words, env):
     with (
         DaemonProc(tmp_path) as daemon,
-        TorchrunJob(tmp_path, f"send-{tool}", hold_mb=50, workers=0) as job,
+        TorchrunJob(tmp_path, f"send-{tool}", hold_mb=50, workers=0, env=env) as job,
     ):
         pids = job.ready()
         daemon.wait_sampled(job, pids)
@@ -89,5 +121,6 @@ def test_the_sender_s_tool_is_named(tmp_path, tool, name, cgroup, words):
     assert s["comm"] == (name or "bash")
     assert s["parents"] and s["parents"][0]["pid"] == os.getpid(), s  # started by this test
     if cgroup is not None:
-        assert s["cgroup"].endswith("/job_1/step_0"), s
+        assert s["cgroup"].endswith(cgroup.rsplit("}", 1)[-1]), s
+    assert s["detail"] == {id(ENDED): "time_limit", id(RUNNING): "cancelled"}.get(id(env)), s
     assert words in k["summary"] and f"pid {sender.pid} ({s['comm']})" in k["summary"], k["summary"]

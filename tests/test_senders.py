@@ -109,3 +109,39 @@ def test_the_advice_follows_the_tool() -> None:
     assert tips("slurm")[0].startswith("Slurm ended the step: `sacct")
     assert tips("user")[0].startswith("It was killed from a shell on this node (uid 1000)")
     assert tips("unknown")[0].startswith("Nothing on this machine recorded an OOM")
+
+
+SLURM_TIMES = (1_800_000_000, 1_800_000_000 + 4 * 3600)  # an allocation of --time=04:00:00
+
+
+@pytest.mark.parametrize(
+    ("seen_at", "chain", "detail", "said"),
+    [
+        # at the limit (the controller's check comes a little after the end): the time limit
+        (
+            SLURM_TIMES[1] + 31,
+            ("slurmstepd",),
+            "time_limit",
+            "ended the job at its time limit (--time=04:00:00)",
+        ),
+        (SLURM_TIMES[1] - 2, ("slurmstepd",), "time_limit", "(--time=04:00:00)"),
+        # well before it: a cancellation, a preemption, a node failure
+        (SLURM_TIMES[0] + 600, ("slurmstepd",), "cancelled", "03:50:00 before the job's time limit"),
+        # scancel in the chain says so, whenever it came
+        (
+            SLURM_TIMES[1] + 31,
+            ("scancel", "bash"),
+            "cancelled",
+            "Slurm's scancel (uid 0): the job was cancelled",
+        ),
+        # no allocation times in the rank's environment: the tool, without the why
+        (None, ("slurmstepd",), None, "Slurm (the job step was cancelled or reached its time limit)"),
+    ],
+)
+def test_slurm_says_whether_the_time_limit_ended_the_job(seen_at, chain, detail, said) -> None:
+    from sidecar.autopsy.senders import slurm_detail
+
+    sender = Sender(500, chain[0], None, 0, None, tuple((400, c, None) for c in chain[1:]), seen_at=seen_at)
+    assert tool_of(sender, None) == "slurm"
+    got = slurm_detail(sender, SLURM_TIMES if seen_at is not None else None)
+    assert got[0] == detail and said in got[1], got

@@ -45,6 +45,15 @@ SENDER_ADVICE = {
     "user": "It was killed from a shell on this node (uid {uid}): the sender's parents name the session "
     "(sshd, tmux, cron, a script).",
 }
+SENDER_DETAIL_ADVICE: dict[tuple[str, str | None], str] = {
+    (
+        "slurm",
+        "time_limit",
+    ): "The job ran out of its Slurm time limit: raise --time, or save a checkpoint before "
+    "the end (`#SBATCH --signal=B:USR1@300` sends a signal 5 minutes before) and requeue.",
+    ("slurm", "cancelled"): "Slurm cancelled the job before its time limit: `sacct -j $SLURM_JOB_ID -o "
+    "JobID,State,Reason` says whether it was scancel (and by whom), a preemption or a node failure.",
+}
 EVERY_RANK_ADVICE = (
     "each process loads its own full copy. Load the weights once (low_cpu_mem_usage=True, meta-device or "
     "ZeRO-3 init), load them straight to the GPU, or stagger loading across ranks."
@@ -156,7 +165,13 @@ def advice(
             "avoid copying the dataset into each worker, or use shared memory for it."
         )
     sender = v.facts.sender
-    if v.kind == Kind.EXTERNAL_SIGNAL and sender is not None and sender.tool in SENDER_ADVICE:
+    if (
+        v.kind == Kind.EXTERNAL_SIGNAL
+        and sender is not None
+        and (sender.tool, sender.detail) in SENDER_DETAIL_ADVICE
+    ):
+        out.append(SENDER_DETAIL_ADVICE[(sender.tool, sender.detail)])
+    elif v.kind == Kind.EXTERNAL_SIGNAL and sender is not None and sender.tool in SENDER_ADVICE:
         out.append(SENDER_ADVICE[sender.tool].format(uid=sender.uid))
     elif v.kind == Kind.EXTERNAL_SIGNAL:
         out.append(

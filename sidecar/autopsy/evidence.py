@@ -78,6 +78,8 @@ class RankState:
     # who told the exit status: "connector", "pidfd", "proc" (a zombie), "agent-log"
     exit_source: str | None = None
     gpus: tuple[int, ...] = ()  # the GPU indices NVML ever attributed memory of the rank's tree to
+    # SLURM_JOB_START_TIME and SLURM_JOB_END_TIME of its environment (epoch s): its allocation
+    slurm_times: tuple[int, int] | None = None
 
     @property
     def dead(self) -> bool:
@@ -143,6 +145,9 @@ class Sender:
     cgroup: str | None
     parents: tuple[tuple[int, str, str | None], ...]
     tool: str = "unknown"
+    seen_at: float | None = None  # wall-clock time /proc was read (just after the signal)
+    # what the tool was doing, where the catalogue can tell: "time_limit", "cancelled"
+    detail: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,7 @@ from sidecar.autopsy.evidence import (
     signal_name,
 )
 from sidecar.autopsy.said import WAITING, findings_of, from_output, gpu_fault
-from sidecar.autopsy.senders import tool_of, words
+from sidecar.autopsy.senders import slurm_detail, tool_of, words
 from sidecar.model import Confidence, Fate, Kind
 
 __all__ = ["autopsy"]
@@ -229,11 +229,12 @@ def _victim_verdict(
                 Confidence.CERTAIN,
                 f"The kernel's OOM killer killed {who}{rss}: the whole machine ran out of memory.",
             )
-        limit_cgroup = oom.oom_memcg or victim.cgroup_limited_by or victim.cgroup or "its cgroup"
+        limit_cgroup = oom.oom_memcg or victim.cgroup_limited_by or victim.cgroup
+        which = f"memory cgroup {limit_cgroup}" if limit_cgroup else "its memory cgroup"
         return (
             Kind.CGROUP_OOM,
             Confidence.CERTAIN,
-            f"{who} was killed by the kernel because memory cgroup {limit_cgroup} reached its limit.",
+            f"{who} was killed by the kernel because {which} reached its limit.",
         )
     sent = _sender(victim, ev.signals)
     fault = False  # the kernel delivered it for the rank's own fault (si_code > 0)
@@ -252,7 +253,8 @@ def _victim_verdict(
         name = signal_name(sent.signal)
         sender = sent.sender or Sender(sent.sender_pid, sent.sender_comm, None, None, None, ())
         tool = tool_of(sender, ev.agent_pid, victim.cgroup)
-        facts["sender"] = replace(sender, tool=tool)
+        detail, said = slurm_detail(sender, victim.slurm_times) if tool == "slurm" else (None, words(tool))
+        facts["sender"] = replace(sender, tool=tool, detail=detail)
         chain = ", ".join(f"{comm} ({pid})" for pid, comm, _ in sender.parents[:4])
         items.append(
             EvidenceItem(
@@ -286,7 +288,7 @@ def _victim_verdict(
         return (
             Kind.EXTERNAL_SIGNAL,
             Confidence.CERTAIN,
-            f"{who} was killed from outside by {words(tool)}: pid {sent.sender_pid} ({sent.sender_comm}) "
+            f"{who} was killed from outside by {said}: pid {sent.sender_pid} ({sent.sender_comm}) "
             f"sent {name}" + (f" (started by {chain})." if chain else "."),
         )
     found = _userspace_for(victim, ev)

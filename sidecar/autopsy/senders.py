@@ -24,7 +24,7 @@ import re
 
 from sidecar.autopsy.evidence import Sender
 
-__all__ = ["TOOLS", "tool_of", "words"]
+__all__ = ["TOOLS", "slurm_detail", "tool_of", "words"]
 
 SLURM = ("slurmstepd", "slurmd", "scancel", "srun", "salloc", "sbatch", "sattach")
 CONTAINERD = ("containerd", "containerd-shim", "runc", "crun", "conmon", "podman")
@@ -91,6 +91,37 @@ def tool_of(sender: Sender, agent_pid: int | None, victim_cgroup: str | None = N
     if sender.cgroup and SLURM_CGROUP.search(sender.cgroup):
         return "slurm"
     return "unknown"
+
+
+# slurmctld enforces a time limit from its periodic check, so the kill comes at or after the
+# allocation's end (SLURM_JOB_END_TIME); a few seconds of clock difference between the
+# controller and this node are allowed
+SLURM_END_SLACK_S = 5.0
+
+
+def _hms(seconds: float) -> str:
+    s = round(seconds)
+    days, s = divmod(s, 86400)
+    return (f"{days}-" if days else "") + f"{s // 3600:02d}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def slurm_detail(sender: Sender, times: tuple[int, int] | None) -> tuple[str | None, str]:
+    """For a Slurm kill: ("time_limit" | "cancelled" | None, the words). The job's time limit
+    is known from the rank's SLURM_JOB_START_TIME and SLURM_JOB_END_TIME; a kill from scancel
+    is one in the sender's chain."""
+    chain = [_names(sender.comm, sender.exe), *(_names(c, e) for _, c, e in sender.parents)]
+    if any("scancel" in names for names in chain):
+        return "cancelled", f"Slurm's scancel (uid {sender.uid}): the job was cancelled"
+    if times is None or sender.seen_at is None:
+        return None, words("slurm")
+    start, end = times
+    limit = f"--time={_hms(end - start)}"
+    if sender.seen_at >= end - SLURM_END_SLACK_S:
+        return "time_limit", f"Slurm, which ended the job at its time limit ({limit})"
+    return "cancelled", (
+        f"Slurm, {_hms(end - sender.seen_at)} before the job's time limit ({limit}): the job was cancelled "
+        "(scancel), preempted, or its node failed"
+    )
 
 
 def words(tool: str) -> str:

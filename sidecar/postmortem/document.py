@@ -225,6 +225,7 @@ def build(p: Parts) -> dict[str, Any]:
             "cgroup": sender.cgroup,
             "parents": [{"pid": pid, "comm": comm} for pid, comm, _ in sender.parents],
             "tool": sender.tool,
+            "detail": sender.detail,
         }
     doc = {
         "schema": SCHEMA,

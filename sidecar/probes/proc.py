@@ -226,7 +226,14 @@ def parse_rank_env(env: dict[str, str]) -> RankEnv:
         ),
         run_output=env.get("TRAINWATCH_RUN_OUTPUT") or None,
         flight_pipe=env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE") or None,
+        slurm_times=_slurm_times(env),
     )
+
+
+def _slurm_times(env: dict[str, str]) -> tuple[int, int] | None:
+    start = _int_or_none(env.get("SLURM_JOB_START_TIME"))
+    end = _int_or_none(env.get("SLURM_JOB_END_TIME"))
+    return (start, end) if start is not None and end is not None and 0 < start <= end else None
 
 
 def parse_cmdline(data: bytes) -> tuple[str, ...]:

@@ -6,6 +6,7 @@ process's memory (no cmdline: it takes the target's mmap lock)."""
 from __future__ import annotations
 
 import os
+import time
 
 from sidecar.autopsy.evidence import Sender
 from sidecar.errors import ProbeError
@@ -57,7 +58,7 @@ def describe_sender(proc_root: str, pid: int, comm: str) -> Sender:
     try:
         st = read_stat(proc_root, pid)
     except (OSError, ProbeError):
-        return Sender(pid, comm, None, None, None, ())
+        return Sender(pid, comm, None, None, None, (), seen_at=time.time())
     parents: list[tuple[int, str, str | None]] = []
     ppid = st.ppid
     while ppid > 0 and len(parents) < PARENTS:
@@ -79,4 +80,5 @@ def describe_sender(proc_root: str, pid: int, comm: str) -> Sender:
         _uid(proc_root, pid),
         _cgroup(proc_root, pid),
         tuple(parents),
+        seen_at=time.time(),
     )
