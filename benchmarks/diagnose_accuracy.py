@@ -45,6 +45,7 @@ def main() -> int:
                 "confidence": confidence,
                 "right": ok,
                 "confident_wrong": (not ok) and confidence in CONFIDENT,
+                "decisive": bool(case.get("decisive", True)),
             }
         )
         print(
@@ -53,6 +54,16 @@ def main() -> int:
         )
     right = sum(r["right"] for r in rows)
     wrong_confident = sum(r["confident_wrong"] for r in rows)
+    decisive = [r for r in rows if r["decisive"]]
+    per_kind: dict[str, dict[str, int]] = {}
+    for r in rows:
+        k = per_kind.setdefault(r["truth"], {"cases": 0, "right": 0, "decisive": 0, "decisive_right": 0})
+        k["cases"] += 1
+        k["right"] += r["right"]
+        k["decisive"] += r["decisive"]
+        k["decisive_right"] += r["decisive"] and r["right"]
+    for kind, k in sorted(per_kind.items()):
+        print(f"  {kind:<20} {k['right']}/{k['cases']} right; decisive {k['decisive_right']}/{k['decisive']}")
     print(
         f"\naccuracy: {right}/{len(rows)} ({100 * right / len(rows):.0f} %); "
         f"confidently wrong (certain or likely): {wrong_confident}"
@@ -68,6 +79,9 @@ def main() -> int:
             "cases": len(rows),
             "right": right,
             "confident_wrong": wrong_confident,
+            "decisive": len(decisive),
+            "decisive_right": sum(r["right"] for r in decisive),
+            "per_kind": per_kind,
             "rows": rows,
         },
     )

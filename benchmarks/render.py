@@ -176,6 +176,22 @@ def diagnose() -> str:
             else "."
         ),
         "",
+    ]
+    if "per_kind" in r:
+        out[0] += (
+            f" Of the {r['decisive']} cases whose excerpt holds the record that decides the label,"
+            f" {r['decisive_right']} are right ({100 * r['decisive_right'] / max(1, r['decisive']):.0f} %)."
+        )
+        out += [
+            "| the thread supports | cases | right | decisive cases | decisive right |",
+            "| --- | ---: | ---: | ---: | ---: |",
+            *(
+                f"| {kind} | {k['cases']} | {k['right']} | {k['decisive']} | {k['decisive_right']} |"
+                for kind, k in sorted(r["per_kind"].items())
+            ),
+            "",
+        ]
+    out += [
         "<details><summary>Every case</summary>",
         "",
         "| case | the thread supports | trainwatch diagnose | |",

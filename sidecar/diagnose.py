@@ -338,9 +338,10 @@ class _Outcome:
 
 
 def _synthetic_victim(k: KernelRecords, g: LogRecords, t0: int) -> list[LogRank]:
-    """No rank named anywhere: the one process the logs say died."""
-    if len(k.ooms) == 1:
-        return [LogRank(pid=k.ooms[0].pid, returncode=-9, first=True)]
+    """No rank named anywhere: the processes the logs say died. Each process the kernel's
+    OOM killer took is one, the first record the first death."""
+    if k.ooms:
+        return [LogRank(pid=o.pid, returncode=-9, first=i == 0) for i, o in enumerate(k.ooms)]
     shells = [j for j in g.jobs if j.what == "killed_by_shell"]
     if shells:
         return [LogRank(pid=shells[0].pid, returncode=-(shells[0].signal or 9), first=True)]
