@@ -225,5 +225,8 @@ def test_the_node_daemon_and_trainwatch_run_give_one_verdict(tmp_path):
             "killer"
         ]
     assert node["killer"]["summary"] == mine["killer"]["summary"]
+    for name, doc in (("trainwatch run", mine), ("node daemon", node)):  # shown with pytest -s
+        print(f"{name}: {doc['id']}: {doc['killer']['kind']} ({doc['killer']['confidence']}): "
+              f"{doc['killer']['summary']} fates {_fates(doc)}")  # fmt: skip
     assert _fates(node) == _fates(mine) == {0: "root_cause", 1: "terminated_by_agent"}
     assert not any("trainwatch run" in a for a in node["advice"]), node["advice"]

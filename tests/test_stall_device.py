@@ -111,3 +111,13 @@ def test_the_text_view_tells_the_stall():
     assert "(told by the flight recorder)" in text and "(never entered #7012)" in text
     assert "  rank 0: waiting, CPU busy, GPU 100 % busy\n      synchronize (torch/cuda/__init__.py" in text
     assert "  rank 1: idle, CPU idle, GPU 0 % busy\n      main (gpu_hang.py:70)" in text
+
+
+def test_the_html_view_shows_the_stall_and_its_stacks():
+    from sidecar.postmortem.html import render_html
+
+    html = render_html(RUN["postmortem"])
+    assert (
+        "<h2>Stalled before the death</h2>" in html and "waiting for rank 1 (told by flight_recorder)" in html
+    )
+    assert "<pre>Process" in html and "synchronize (torch/cuda/__init__.py" in html

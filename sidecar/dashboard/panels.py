@@ -178,11 +178,16 @@ def panels() -> list[Panel]:
         Panel(
             "Job stalled for",
             "timeseries",
-            (Target(f"trainwatch_job_stalled_seconds{{{SEL_JOB}}}", "{{job}}"),),
+            (
+                Target(f"trainwatch_job_stalled_seconds{{{SEL_JOB}}}", "{{job}}"),
+                Target(f"trainwatch_rank_stalled{{{SEL_RANK}}}", "rank {{rank}} stalled (0/1)"),
+            ),
             unit="s",
             w=8,
-            description="How long no rank of the job has used CPU: a hang (a collective that never "
-            "completes) shows as a ramp long before the NCCL timeout ends it.",
+            description="How long the job's longest-stalled rank has made no progress (no CPU and no "
+            "GPU use, or its GPU busy in a collective while a peer's is silent), and which ranks are "
+            "stalled now: a hang shows as a ramp long before the NCCL timeout ends it; /ranks names "
+            "the ranks the others wait for.",
         ),
         Panel(
             "Processes per rank (DataLoader workers)",

@@ -191,6 +191,31 @@ def render_html(doc: dict[str, Any]) -> str:
         f"{_e(w.get('exhaustion_seconds'))} s</li>"
         for w in doc.get("warnings") or []
     )
+    stall = doc.get("stall") if isinstance(doc.get("stall"), dict) else None
+    stall_html = ""
+    if stall:
+        suspects = ", ".join(str(x) for x in stall.get("suspected_missing") or [])
+        stall_html = (
+            f"<h2>Stalled before the death</h2><p>flagged {_e(stall.get('detected_at'))} after "
+            f"{_e(stall.get('stalled_seconds'))} s without progress"
+            + (
+                f"; waiting for rank {_e(suspects)} (told by {_e(stall.get('suspected_by'))})"
+                if suspects
+                else ""
+            )
+            + "</p>"
+            + (f"<p><code>{_e(stall['flight_recorder'])}</code></p>" if stall.get("flight_recorder") else "")
+            + "".join(
+                f"<h3>rank {_e(r.get('label'))}: {_e(r.get('reason') or 'working')}, CPU "
+                f"{'busy' if r.get('cpu_busy') else 'idle'}, GPU {_e(r.get('gpu_sm_percent'))} %</h3>"
+                + (
+                    f"<pre>{_e(r.get('stack'))}</pre>"
+                    if r.get("stack")
+                    else f"<p class='muted'>{_e(r.get('stack_error'))}</p>"
+                )
+                for r in stall.get("ranks") or []
+            )
+        )
     host, cg = mem.get("host") or {}, mem.get("cgroup")
     mem_lines = []
     if isinstance(host.get("total_bytes"), int):
@@ -216,7 +241,8 @@ h1{{font-size:22px;margin:0 0 4px}} .kind{{color:#c0392b}} .muted{{color:#777}} 
 .summary{{font-size:17px;margin:8px 0 16px}} table{{border-collapse:collapse;margin:8px 0 18px}}
 td,th{{border-bottom:1px solid #eee;padding:4px 10px;text-align:left;vertical-align:top}}
 .fate{{color:#fff;border-radius:3px;padding:1px 6px;font-size:12px}} .ax{{font-size:11px;fill:#666}}
-.lg{{font-size:11px}} h2{{font-size:15px;margin:18px 0 4px}}
+.lg{{font-size:11px}} h2{{font-size:15px;margin:18px 0 4px}} h3{{font-size:13px;margin:10px 0 2px}}
+pre{{font-size:12px;background:#f6f6f6;padding:6px;overflow-x:auto}}
 </style></head><body>
 <h1><span class="kind">{_e(k.get("kind"))}</span> <span class="muted">({_e(k.get("confidence"))})</span></h1>
 <div class="muted">rank {_e(v.get("rank"))} · pid {_e(v.get("pid"))} · {_e(v.get("signal") or v.get("exit_code"))}
@@ -226,6 +252,7 @@ td,th{{border-bottom:1px solid #eee;padding:4px 10px;text-align:left;vertical-al
 <h2>Memory before death</h2>
 {_chart(doc)}
 {f"<h2>Warned before the death</h2><ul>{warnings}</ul>" if warnings else ""}
+{stall_html}
 <h2>Advice</h2><ul>{advice or '<li class="muted">none</li>'}</ul>
 <h2>Evidence</h2><table><tr><th>source</th><th>at</th><th>detail</th></tr>{evidence}</table>
 <h2>Ranks</h2><table><tr><th>rank</th><th>pid</th><th>fate</th><th>exit</th><th>signal</th><th>RSS</th>
