@@ -124,3 +124,6 @@ def test_the_sender_s_tool_is_named(tmp_path, tool, name, cgroup, words, env):
         assert s["cgroup"].endswith(cgroup.rsplit("}", 1)[-1]), s
     assert s["detail"] == {id(ENDED): "time_limit", id(RUNNING): "cancelled"}.get(id(env)), s
     assert words in k["summary"] and f"pid {sender.pid} ({s['comm']})" in k["summary"], k["summary"]
+    print(
+        f"\n| {tool} | {s['comm']} | {s['cgroup']} | {s['detail']} | {k['summary']} |"
+    )  # pytest -s: the table
