@@ -50,7 +50,11 @@ def _sender(
         (_sender("kill", "bash", "slurmstepd", cgroup="/slurm/uid_0/job_1/step_0"), None, "user"),
         (_sender("kill", "sh", "containerd-shim"), "/kubepods/pod1/c1", "user"),
         (_sender("python3", "python3"), None, "unknown"),
-        (_sender("kill"), None, "unknown"),  # gone before /proc was read: nothing to go by
+        # gone before /proc was read: a command made to send signals is a person's or a script's
+        (_sender("kill"), None, "user"),
+        (_sender("pkill", "cron"), None, "user"),
+        (_sender("timeout", "python3"), None, "user"),
+        (_sender("python3"), None, "unknown"),  # gone, and nothing to go by
     ],
 )
 def test_each_tool_is_known_by_its_chain(sender: Sender, victim_cgroup: str | None, tool: str) -> None:

@@ -13,7 +13,9 @@ nearest thing in its chain that the catalogue knows:
 - ``systemd``: systemd (pid 1 or a user manager) stopping a unit.
 - ``nvrx``: NVIDIA Resiliency Extension's launcher or rank monitor (``ft_launcher``).
 - ``ray``: Ray's raylet or a Ray worker (``ray::`` processes).
-- ``user``: a shell (an interactive or scripted kill) with none of the above above it.
+- ``user``: a shell (an interactive or scripted kill) with none of the above above it; else a
+  command made to send signals (kill, pkill, killall, timeout) in the chain, even when it
+  exited before /proc could show its parents.
 - ``unknown``: nothing known in the chain (or the sender was gone before /proc was read).
 """
 
@@ -30,6 +32,9 @@ SLURM = ("slurmstepd", "slurmd", "scancel", "srun", "salloc", "sbatch", "sattach
 CONTAINERD = ("containerd", "containerd-shim", "runc", "crun", "conmon", "podman")
 DOCKER = ("dockerd", "docker", "docker-init", "docker-proxy")
 SHELLS = ("bash", "sh", "dash", "zsh", "fish", "ksh", "tcsh", "csh", "busybox")
+# commands whose job is to send a signal, run by a person or a script: a sender that is one
+# of them is a user's even when it exited before /proc could show its parents
+KILL_COMMANDS = ("kill", "pkill", "killall", "skill", "timeout")
 SLURM_CGROUP = re.compile(r"/slurm[^/]*/.*job_?\d+|/job_\d+/step_|slurmstepd")
 TOOLS = (
     "torchelastic", "slurm", "kubelet", "containerd", "docker", "systemd-oomd", "earlyoom", "oomd",
@@ -90,6 +95,8 @@ def tool_of(sender: Sender, agent_pid: int | None, victim_cgroup: str | None = N
             return "user"
     if sender.cgroup and SLURM_CGROUP.search(sender.cgroup):
         return "slurm"
+    if any(names & set(KILL_COMMANDS) for _, names in chain):
+        return "user"
     return "unknown"
 
 
