@@ -1,18 +1,19 @@
 """On the GPU machine: does the stall detector see a rank stuck in an NCCL collective while
 its GPU is busy, and does it keep quiet while the job works?
 
-    python benchmarks/gpu_stall.py OUT_DIR
+    python benchmarks/gpu_stall.py OUT_DIR [missing|crossed]
     python benchmarks/gpu_stall.py --results OUT_DIR/gpu-stall.json   # into benchmarks/results/
 
 Starts the real daemon (``--attach-torchrun --stall-after 10 --interval 0.5``) and a
 2-rank NCCL job on GPU 0 (tests/workloads/gpu_hang.py: 30 s of large matmuls with a
-64 MiB all_reduce a step, 30 s of a small MLP's steps, then an all_reduce rank 1 never
-joins; flight recorder on, with its on-demand FIFO). Beside the daemon, this script reads
+64 MiB all_reduce a step, 30 s of a small MLP's steps, then the hang: ``missing``, an
+all_reduce rank 1 never joins; ``crossed``, each rank in an all_reduce of another process
+group, both GPUs spinning; flight recorder on, with its on-demand FIFO). Beside the daemon, this script reads
 NVML's per-process utilisation itself every 0.5 s, and each rank's CPU time, so the
 signal the detector judges is kept raw. When the daemon has flagged the stall and taken
 its snapshot, rank 1 is SIGKILLed (the user's kill) and the postmortem is kept.
 
-Writes to OUT_DIR: ``gpu-stall.json`` (machine, per-phase activity of each rank, the
+Writes to OUT_DIR: ``gpu-stall.json`` (``gpu-stall-crossed.json`` for that mode) (machine, per-phase activity of each rank, the
 daemon's judgement over time, the snapshot, the postmortem), ``daemon.log``,
 ``torchrun.log``. The JSON is kept under tests/fixtures/device-h200/ and
 benchmarks/results/.
@@ -74,6 +75,8 @@ def main() -> int:
         )
         return 0
     out = Path(sys.argv[1])
+    mode = sys.argv[2] if len(sys.argv) > 2 else "missing"
+    suffix = "" if mode == "missing" else f"-{mode}"
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="tw-gpu-stall-"))
     (work / "fr").mkdir()
@@ -82,7 +85,7 @@ def main() -> int:
     pynvml.nvmlInit()
     dev = pynvml.nvmlDeviceGetHandleByIndex(0)
     py = sys.executable
-    daemon_log = open(out / "daemon.log", "w")  # noqa: SIM115
+    daemon_log = open(out / f"daemon{suffix}.log", "w")  # noqa: SIM115
     daemon = subprocess.Popen(
         [py, "-m", "sidecar", "--attach-torchrun", "--port", "0", "--interval", "0.5",
          "--stall-after", str(STALL_AFTER), "--postmortem-dir", str(work / "pm")],
@@ -90,12 +93,12 @@ def main() -> int:
     )  # fmt: skip
     base = None
     for _ in range(200):
-        m = re.search(r"serving (https?)://([0-9.]+):(\d+)", (out / "daemon.log").read_text())
+        m = re.search(r"serving (https?)://([0-9.]+):(\d+)", (out / f"daemon{suffix}.log").read_text())
         if m:
             base = f"http://{m.group(2)}:{m.group(3)}"
             break
         time.sleep(0.1)
-    assert base, (out / "daemon.log").read_text()
+    assert base, (out / f"daemon{suffix}.log").read_text()
     env = dict(
         os.environ,
         NCCL_SOCKET_IFNAME="lo",
@@ -108,10 +111,10 @@ def main() -> int:
         TORCH_NCCL_DEBUG_INFO_PIPE_FILE=str(work / "fr" / "pipe_rank_"),
     )
     torchrun = str(Path(py).parent / "torchrun")
-    job_log = open(out / "torchrun.log", "w")  # noqa: SIM115
+    job_log = open(out / f"torchrun{suffix}.log", "w")  # noqa: SIM115
     job = subprocess.Popen(
         [torchrun, "--standalone", "--nproc-per-node=2", "--monitor-interval=0.1",
-         "tests/workloads/gpu_hang.py", str(work), str(BIG_S), str(SMALL_S)],
+         "tests/workloads/gpu_hang.py", str(work), str(BIG_S), str(SMALL_S), mode],
         stdout=job_log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
     )  # fmt: skip
     samples: list[dict[str, Any]] = []
@@ -144,9 +147,9 @@ def main() -> int:
     sampler = threading.Thread(target=sample_nvml, daemon=True)
     sampler.start()
     result: dict[str, Any] = {"machine": machine(), "settings": {"big_s": BIG_S, "small_s": SMALL_S,
-                              "stall_after": STALL_AFTER, "interval": 0.5}}  # fmt: skip
+                              "stall_after": STALL_AFTER, "interval": 0.5, "mode": mode}}  # fmt: skip
     snapshot_job = None
-    deadline = time.time() + BIG_S + SMALL_S + 240
+    deadline = time.time() + BIG_S + SMALL_S + 150
     while time.time() < deadline and job.poll() is None:
         try:
             doc = _get(base, "/ranks")
@@ -208,7 +211,7 @@ def main() -> int:
     result["flight_dumps"] = sorted(p.name for p in (work / "fr").iterdir())
     daemon.send_signal(signal.SIGTERM)
     daemon.wait(timeout=30)
-    (out / "gpu-stall.json").write_text(json.dumps(result, indent=1))
+    (out / f"gpu-stall{suffix}.json").write_text(json.dumps(result, indent=1))
     shutil.rmtree(work, ignore_errors=True)
     print(summary(result))
     return 0

@@ -9,15 +9,21 @@ ticks, and ranks keep background threads):
   waiting as below;
 * **idle**: neither. A rank blocked in a gloo collective, a sleep or a lock uses no CPU and
   no GPU;
+* **collective**: every rank's GPU busy (ranks spinning in a collective for a rank on another
+  node look so, and so does work), and the flight recorder, asked through the job's own FIFO
+  where the job set one (every third of ``--stall-after``, at least 5 s: one dump per rank),
+  shows a collective pending and none completed since the last dump: the ranks with one
+  pending are stalled since the last dump that still moved;
 * **waiting**: its GPU is busy while a peer's GPU ran no kernel at all in the window. A
   collective needs every rank, and a rank stuck in an NCCL collective keeps its GPU at
   100 % (the kernel spins on the peer's data), so without this it looks busy: every step of
   a job's ranks launches kernels on each GPU, and a peer whose GPU is silent for the
   whole window cannot be taking part in the collective the busy ones run.
 
-A rank is stalled for as long as it has been idle or waiting; the job's ``stalled_seconds``
-is its longest-stalled rank's. The ranks the stalled ones wait for (``suspected_missing``):
-the GPU-silent peers of waiting ranks; else the ranks still working while others idle;
+A rank is stalled for as long as it has been idle, waiting or stuck in a collective; the
+job's ``stalled_seconds`` is its longest-stalled rank's. The ranks the stalled ones wait for
+(``suspected_missing``): the GPU-silent peers of waiting ranks; the ranks the flight recorder
+shows never entering the pending collective; else the ranks still working while others idle;
 at the snapshot, the ranks whose Python stack is outside ``torch.distributed`` while the
 others' are inside it, and the ranks the flight recorder shows never entering the
 collective the others wait in.
@@ -64,12 +70,17 @@ PY_SPY_TIMEOUT_S = 20.0
 STACK_CAP = 20000
 ENDED_KEPT_S = 30.0  # a stall that ended this recently still preceded a death
 FLIGHT_WAIT_S = 15.0  # how long the snapshot waits for the dumps it asked for
+# While every rank's GPU is busy, nothing local tells a job that works from ranks spinning in
+# a collective for a rank on another node; where the job set its flight recorder's FIFO, ask
+# it this often (at least; a third of --stall-after) whether any collective completed.
+PROBE_EVERY_S = 5.0
 # a frame of torch.distributed's collectives (c10d) in a py-spy dump: the rank waits in one
 COLLECTIVE_FRAMES = ("torch/distributed/distributed_c10d.py", "torch/distributed/c10d_logger.py")
 
 REASONS = {
     "idle": "no CPU and no GPU use",
     "waiting": "its GPU busy while a peer's GPU ran nothing: waiting in a collective",
+    "collective": "in a collective that completed nothing between flight-recorder dumps",
 }
 
 
@@ -107,6 +118,17 @@ class _Job:
     reported: bool = False
     episode: int = 0  # counts the stalls reported, so a late snapshot lands only in its own
     snapshot: dict[str, Any] | None = None  # the stall's, while it lasts
+    # the flight recorder asked while every rank's GPU is busy (probe_flight): each
+    # (rank, process group) -> (last enqueued, last completed) at the last probe, and since
+    # when (monotonic) no collective has completed on any rank while some are pending
+    probing: bool = False
+    probe_next: float = 0.0
+    probe_last: dict[tuple[int, str], tuple[int, int]] | None = None
+    probe_last_at: float = 0.0
+    fr_stuck_since: float | None = None
+    fr_pending: frozenset[str] = frozenset()  # rank labels with a collective pending
+    fr_behind: frozenset[str] = frozenset()  # rank labels that never entered the newest one
+    dumps_seen: dict[int, float] = field(default_factory=dict)  # rank -> mtime of the last dump read
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +158,7 @@ class StallTracker:
         if py_spy and self.py_spy is None:
             log.warning("stalls: --py-spy given but %s: no stacks", self.no_stacks)
         self._jobs: dict[str, _Job] = {}
+        self._fr_locks: dict[str, threading.Lock] = {}  # per job: one flight-recorder request at a time
         self._lock = threading.Lock()
 
     # -- the sampler's side ----------------------------------------------------------------
@@ -153,6 +176,7 @@ class StallTracker:
         with self._lock:
             for key in [k for k in self._jobs if k not in live]:
                 del self._jobs[key]
+                self._fr_locks.pop(key, None)
         return dataclasses.replace(snap, jobs=tuple(jobs))
 
     def _window(self, r: RankSample, state: _Job, now: float) -> _Judged:
@@ -179,6 +203,7 @@ class StallTracker:
             del state.ranks[pid]
         judged = {r.key.pid: self._window(r, state, now) for r in job.ranks}
         silent = [r.rank_label for r in job.ranks if judged[r.key.pid].gpu_silent]
+        stuck = self._probe_flight(job, state, judged, now)
         ranks = []
         reasons: dict[str, str] = {}
         working: list[str] = []
@@ -191,6 +216,9 @@ class StallTracker:
                     reason = "waiting"
                 elif not j.cpu_busy and not j.gpu_busy:
                     reason = "idle"
+                elif stuck is not None and r.rank_label in state.fr_pending:
+                    reason = "collective"
+                    rank.last_progress = min(rank.last_progress, stuck)
             if reason is None:
                 rank.last_progress = now
                 working.append(r.rank_label)
@@ -205,6 +233,8 @@ class StallTracker:
         stalled = max((now - state.ranks[r.key.pid].last_progress for r in job.ranks), default=0.0)
         if "waiting" in reasons.values():
             suspects = tuple(silent)
+        elif "collective" in reasons.values():
+            suspects = tuple(sorted(state.fr_behind))
         elif reasons and working:
             suspects = tuple(working)
         else:
@@ -224,6 +254,59 @@ class StallTracker:
             state.episode += 1
             self._report(out, reasons, state.episode)
         return out
+
+    def _probe_flight(
+        self, job: JobSample, state: _Job, judged: dict[int, _Judged], now: float
+    ) -> float | None:
+        """While every rank's GPU is busy (a spinning collective looks so, and so does work) and
+        the job set its flight recorder's FIFO, ask it
+        (on a thread of its own) every PROBE_EVERY_S; return since when no collective has
+        completed while some were pending (None: progress, or nothing to go by)."""
+        busy = bool(job.ranks) and all(j.gpu_busy and not j.fresh for j in judged.values())
+        piped = [r for r in job.ranks if r.flight_pipe and r.rank is not None and r.flight_recorder]
+        with self._lock:
+            if not busy or not piped:
+                state.probe_last, state.fr_stuck_since = None, None
+                state.fr_pending, state.fr_behind = frozenset(), frozenset()
+                return None
+            if not state.probing and now >= state.probe_next:
+                state.probing = True
+                state.probe_next = now + max(PROBE_EVERY_S, self.threshold / 3)
+                threading.Thread(
+                    target=self._probe, args=(job.key, piped, now), name="trainwatch-fr-probe", daemon=True
+                ).start()
+            return state.fr_stuck_since
+
+    def _probe(self, key: str, ranks: list[RankSample], at: float) -> None:
+        """One flight-recorder probe: ask every rank for a dump, compare with the last one."""
+        try:
+            with self._fr_lock(key):
+                requested = self.wall()
+                _note, pending = self._request_flight(ranks)
+                dumps, _missing = self._collect_dumps(pending, requested, self._seen(key))
+            status = {(d.rank, pg): (enq, done) for d in dumps for pg, (enq, _s, done) in d.status.items()}
+            labels = {r.rank: r.rank_label for r in ranks}
+            verdict = summarise(dumps, ())
+        finally:
+            with self._lock:
+                state = self._jobs.get(key)
+                if state is not None:
+                    state.probing = False
+        with self._lock:
+            state = self._jobs.get(key)
+            if state is None or not status:
+                return
+            prev, prev_at = state.probe_last, state.probe_last_at
+            pending_ranks = {rank for (rank, _pg), (enq, done) in status.items() if enq > done}
+            if prev is not None:
+                advanced = any(status[k][1] > v[1] for k, v in prev.items() if k in status)
+                if advanced or not pending_ranks:
+                    state.fr_stuck_since = None
+                elif state.fr_stuck_since is None:
+                    state.fr_stuck_since = prev_at
+            state.fr_pending = frozenset(labels.get(r, str(r)) for r in pending_ranks)
+            state.fr_behind = frozenset(labels.get(r, str(r)) for r in (verdict.laggards if verdict else ()))
+            state.probe_last, state.probe_last_at = status, at
 
     def _report(self, job: JobSample, reasons: dict[str, str], episode: int) -> None:
         by_reason: dict[str, list[str]] = {}
@@ -259,8 +342,18 @@ class StallTracker:
 
     def _snapshot(self, job: JobSample, at: float, episode: int) -> None:
         """Stacks, the flight recorder and the activity of every rank of a stalled job."""
-        requested = self.wall()
-        flight_note, pending = self._request_flight(job)
+        fr_lock = self._fr_lock(job.key)
+        fr_lock.acquire()  # one request at a time: a probe's and this one's dumps are one file
+        try:
+            requested = self.wall()
+            flight_note, pending = self._request_flight(job.ranks)
+            ranks = self._stacks(job)
+            flight_lines, flight_laggards = self._read_flight(pending, requested, self._seen(job.key))
+        finally:
+            fr_lock.release()
+        self._keep_snapshot(job, at, episode, ranks, flight_note, flight_lines, flight_laggards)
+
+    def _stacks(self, job: JobSample) -> list[dict[str, Any]]:
         ranks = []
         for r in job.ranks:
             stack, error = self._stack(r.key.pid) if self.py_spy else (None, self.no_stacks)
@@ -289,7 +382,18 @@ class StallTracker:
                     r.key.pid,
                     stack.rstrip(),
                 )
-        flight_lines, flight_laggards = self._read_flight(pending, requested)
+        return ranks
+
+    def _keep_snapshot(
+        self,
+        job: JobSample,
+        at: float,
+        episode: int,
+        ranks: list[dict[str, Any]],
+        flight_note: str | None,
+        flight_lines: list[str],
+        flight_laggards: tuple[int, ...],
+    ) -> None:
         suspects = list(job.suspected_missing)
         how = "activity" if suspects else None
         inside = {str(x["label"]) for x in ranks if x["in_collective"]}
@@ -328,13 +432,15 @@ class StallTracker:
             return None, f"py-spy failed: {done.stderr.strip()[:500]}"
         return done.stdout[-STACK_CAP:], None
 
-    def _request_flight(self, job: JobSample) -> tuple[str | None, list[tuple[RankSample, JobRoot]]]:
+    def _request_flight(
+        self, ranks: tuple[RankSample, ...] | list[RankSample]
+    ) -> tuple[str | None, list[tuple[RankSample, JobRoot]]]:
         """Write into each rank's dump FIFO where the job set one; what was asked, and the
         ranks whose dumps to wait for (with their roots, taken while they live)."""
         asked: list[str] = []
         refused: list[str] = []
         pending: list[tuple[RankSample, JobRoot]] = []
-        for r in job.ranks:
+        for r in ranks:
             if not r.flight_pipe or r.rank is None or r.flight_recorder is None:
                 continue
             path = f"{r.flight_pipe}{r.rank}.pipe"
@@ -357,13 +463,35 @@ class StallTracker:
         note = f"dump requested from {', '.join(asked)}" if asked else "no dump requested"
         return "; ".join([note, *refused]), pending
 
+    def _fr_lock(self, key: str) -> threading.Lock:
+        with self._lock:
+            return self._fr_locks.setdefault(key, threading.Lock())
+
+    def _seen(self, key: str) -> dict[int, float]:
+        with self._lock:
+            state = self._jobs.get(key)
+            return state.dumps_seen if state is not None else {}
+
     def _read_flight(
-        self, pending: list[tuple[RankSample, JobRoot]], requested: float
+        self, pending: list[tuple[RankSample, JobRoot]], requested: float, seen: dict[int, float]
     ) -> tuple[list[str], tuple[int, ...]]:
         """Wait (bounded) for the dumps asked for, newer than the request; summarise them."""
+        dumps, missing = self._collect_dumps(pending, requested, seen)
+        verdict = summarise(dumps, ())
+        lines = [*(verdict.lines if verdict else ()), *missing]
+        if dumps and verdict is None:
+            lines.append("flight recorder: no collective pending on any rank that dumped")
+        return lines, verdict.laggards if verdict else ()
+
+    def _collect_dumps(
+        self, pending: list[tuple[RankSample, JobRoot]], requested: float, seen: dict[int, float]
+    ) -> tuple[list[FlightDump], list[str]]:
+        """The dumps asked for, once written after the request (and after the last one read of
+        that rank, ``seen``, which is updated), waiting at most FLIGHT_WAIT_S of real time;
+        and why any is missing. Closes the roots."""
         dumps: list[FlightDump] = []
         missing: list[str] = []
-        deadline = self.clock() + FLIGHT_WAIT_S
+        deadline = time.monotonic() + FLIGHT_WAIT_S
         try:
             waiting = list(pending)
             while waiting:
@@ -375,14 +503,15 @@ class StallTracker:
                         got = read_job_file(root, path, owner=r.uid, cap=MAX_DUMP_BYTES)
                     except (OSError, Refused, TimeoutError):
                         continue
-                    if got.mtime < requested - 1.0:
+                    if got.mtime < requested - 1.0 or got.mtime <= seen.get(r.rank, 0.0):
                         continue  # an older dump: not the one asked for yet
+                    seen[r.rank] = got.mtime
                     waiting.remove(item)
                     try:
                         dumps.append(parse_dump(got.data, r.rank, path))
                     except ValueError as exc:
                         missing.append(str(exc))
-                if waiting and self.clock() >= deadline:
+                if waiting and time.monotonic() >= deadline:
                     missing.extend(
                         f"rank {r.rank_label}: no dump at {(r.flight_recorder or (0, '?'))[1]}{r.rank}"
                         f" within {FLIGHT_WAIT_S:.0f} s"
@@ -394,8 +523,4 @@ class StallTracker:
         finally:
             for _, root in pending:
                 root.close()
-        verdict = summarise(dumps, ())
-        lines = [*(verdict.lines if verdict else ()), *missing]
-        if dumps and verdict is None:
-            lines.append("flight recorder: no collective pending on any rank that dumped")
-        return lines, verdict.laggards if verdict else ()
+        return dumps, missing

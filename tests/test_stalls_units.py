@@ -263,3 +263,87 @@ def test_the_snapshot_asks_the_flight_recorder_through_the_jobs_fifo(tmp_path):
         for p in procs:
             p.kill()
             p.communicate()
+
+
+PROGRESS_MONITOR = textwrap.dedent(
+    """\
+    # The NCCL monitor's part again, answering every byte with a dump from a script:
+    # argv[4:] are "enqueued,completed" pairs, one per request, the last one repeated.
+    import os, pickle, sys, time
+    pipe_prefix, dump_prefix, rank = sys.argv[1:4]
+    script = [tuple(int(x) for x in pair.split(",")) for pair in sys.argv[4:]]
+    path = f"{pipe_prefix}{rank}.pipe"
+    os.mkfifo(path)
+    print("ready", flush=True)
+    n = 0
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # kept open, polled, as torch's DumpPipe does
+    while True:
+        try:
+            got = os.read(fd, 1)
+        except BlockingIOError:
+            got = b""
+        if not got:
+            time.sleep(0.01)
+            continue
+        enq, done = script[min(n, len(script) - 1)]
+        n += 1
+        doc = {"pg_config": {"0": {"name": "0", "desc": "default_pg"}},
+               "pg_status": {"0": {"last_enqueued_collective": enq, "last_started_collective": -1,
+                                   "last_completed_collective": done}},
+               "entries": [{"collective_seq_id": enq, "profiling_name": "nccl:all_reduce",
+                            "state": "scheduled", "process_group": ["0", "default_pg"],
+                            "timeout_ms": 600000}]}
+        with open(f"{dump_prefix}{rank}.tmp", "wb") as f:
+            pickle.dump(doc, f)
+        os.rename(f"{dump_prefix}{rank}.tmp", f"{dump_prefix}{rank}")
+    """
+)
+
+
+def test_busy_gpus_whose_collectives_stop_completing_are_stalled(tmp_path):
+    """Every rank's GPU pinned busy (ranks spinning for a rank on another node look so, and
+    so does hard work): the flight recorder, asked through the job's FIFO every few seconds,
+    tells them apart. While collectives complete between dumps the job works; once none
+    completes, the ranks with one pending are stalled ("collective") from the last dump that
+    still moved, and the rank that never entered the newest collective is the suspect."""
+    pipe, dump = str(tmp_path / "pipe_"), str(tmp_path / "dump_")
+    scripts = {0: ["10,9", "12,11", "13,12"], 1: ["10,9", "12,11", "12,12"]}
+    procs = []
+    try:
+        for rank, script in scripts.items():
+            p = subprocess.Popen(
+                [sys.executable, "-c", PROGRESS_MONITOR, pipe, dump, str(rank), *script],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            procs.append(p)
+            assert p.stdout is not None and p.stdout.readline() == "ready\n"
+        clock = Clock()
+        t = StallTracker(6.0, py_spy=False, clock=clock)
+        ranks = [
+            RankSample(
+                "j", r, str(r), r, 0, ProcKey(p.pid, 1), 1, None, 0.0, 1, 1, 1, None,
+                flight_recorder=(2000, dump), flight_pipe=pipe, uid=os.getuid(), gpu_sm_percent=100.0,
+            )
+            for r, p in enumerate(procs)
+        ]  # fmt: skip
+        jobs = []
+        for step in range(60):
+            clock.now = step * 0.5
+            jobs.append((clock.now, t.update(_snap(*ranks)).jobs[0]))
+            # let a probe the round started answer before time moves on (its dumps are real)
+            wait_for(lambda: not t._jobs["j"].probing, 30, "the flight-recorder probe", 0.02)
+        progressing = [job for at, job in jobs if at < 13.0]
+        assert all(job.stalled_seconds == 0.0 for job in progressing)
+        at, last = jobs[-1]
+        r0, r1 = last.ranks
+        assert r0.progress.reason == "collective" and r0.progress.gpu_busy, r0.progress
+        assert r1.progress.reason is None  # it completed its collectives: busy elsewhere
+        assert last.suspected_missing == ("1",)
+        # stalled since the last dump that still moved (the probe at 13 s), not since the hang
+        assert last.stalled_seconds == at - 13.0
+        assert any(job.stalled_seconds >= 6.0 for _, job in jobs)
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()

@@ -8,8 +8,10 @@ are NCCL's own: the all_reduce kernel of a rank whose peer never comes spins on 
 
 Phases, each announced in ``<out>/phase_rank<R>`` (name and time):
 ``big`` (bf16 matmuls and a 64 MiB all_reduce a step), ``small`` (a small MLP's steps:
-short kernels, launch-bound), then ``hang``: rank 1 sleeps outside every collective while
-rank 0 enters an all_reduce and waits for it in ``torch.cuda.synchronize()``.
+short kernels, launch-bound), then ``hang``. MODE ``missing``: rank 1 sleeps outside every
+collective while rank 0 enters an all_reduce and waits for it in ``torch.cuda.synchronize()``.
+MODE ``crossed``: each rank enters an all_reduce of a different process group (the collectives'
+order differs between ranks, a classic bug): both kernels spin, both GPUs busy, forever.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def done(end: float, dist, torch) -> bool:  # the modules, imported late
 
 def main() -> int:
     out, big_s, small_s = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+    mode = sys.argv[4] if len(sys.argv) > 4 else "missing"
     rank = int(os.environ["RANK"])
     os.environ["NCCL_HOSTID"] = f"trainwatch-stall-host-{rank}"
     import torch
@@ -41,6 +44,7 @@ def main() -> int:
 
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", timeout=timedelta(seconds=900))
+    other = dist.new_group([0, 1])
     grad = torch.ones(16 << 20, device="cuda")  # 64 MiB
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     phase(out, rank, "big")
@@ -65,10 +69,13 @@ def main() -> int:
         loss.item()
     dist.barrier()
     phase(out, rank, "hang")
-    if rank == 1:
+    if mode == "crossed":
+        dist.all_reduce(grad, group=other if rank == 1 else None)
+    elif rank == 1:
         while True:
             time.sleep(1)  # never in a collective again
-    dist.all_reduce(grad)
+    else:
+        dist.all_reduce(grad)
     torch.cuda.synchronize()  # waits here until the timeout
     return 0
 
