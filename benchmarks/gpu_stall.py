@@ -13,10 +13,10 @@ NVML's per-process utilisation itself every 0.5 s, and each rank's CPU time, so 
 signal the detector judges is kept raw. When the daemon has flagged the stall and taken
 its snapshot, rank 1 is SIGKILLed (the user's kill) and the postmortem is kept.
 
-Writes to OUT_DIR: ``gpu-stall.json`` (``gpu-stall-crossed.json`` for that mode) (machine, per-phase activity of each rank, the
-daemon's judgement over time, the snapshot, the postmortem), ``daemon.log``,
-``torchrun.log``. The JSON is kept under tests/fixtures/device-h200/ and
-benchmarks/results/.
+Writes to OUT_DIR (names with ``-crossed`` for that mode): ``gpu-stall.json`` (machine,
+per-phase activity of each rank, the daemon's judgement over time, the snapshot, the
+postmortem), ``daemon.log``, ``torchrun.log``. The JSON is kept under
+tests/fixtures/device-h200/ and benchmarks/results/.
 """
 
 from __future__ import annotations
