@@ -88,7 +88,7 @@ class Records:
     def signal(self, event: SignalEvent, sender: Sender | None = None) -> None:
         self.signals.append(
             SignalSent(
-                event.sender_comm,
+                event.sender_comm or (sender.comm if sender is not None else "") or "?",
                 event.sender_pid,
                 event.target_pid,
                 event.signal,

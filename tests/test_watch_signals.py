@@ -28,6 +28,13 @@ def test_trace_lines_of_signal_generate():
         "code=0 comm=python pid=20 grp=1 res=0"
     )
     assert spaced.sender_comm == "pt_main thread" and spaced.signal == 15
+    # the GPU machine: a sender the trace buffer's name cache did not hold prints as <...>;
+    # the name is then unknown (the sender's /proc gives it), not "<...>"
+    unnamed = parse_trace_line(
+        "           <...>-624     [011] d..2.  1461.246418: signal_generate: sig=9 errno=0 code=0 "
+        "comm=python3 pid=667 grp=1 res=0"
+    )
+    assert (unnamed.sender_comm, unnamed.sender_pid, unnamed.target_pid) == ("", 624, 667)
     assert parse_trace_line("# tracer: nop") is None
 
 

@@ -61,8 +61,9 @@ def parse_trace_line(line: str) -> SignalEvent | None:
     if m is None:
         return None
     seconds, _, frac = m["ts"].partition(".")
+    scomm = m["scomm"].strip()
     return SignalEvent(
-        m["scomm"].strip(),
+        "" if scomm == "<...>" else scomm,  # "<...>": the trace buffer had no name for the pid
         int(m["spid"]),
         m["comm"],
         int(m["pid"]),
