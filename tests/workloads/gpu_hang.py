@@ -45,7 +45,6 @@ def main() -> int:
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", timeout=timedelta(seconds=900))
     other = dist.new_group([0, 1])
-    torch.cuda.set_device(0)
     dist.barrier(group=other, device_ids=[0])  # its communicator made now, not at the hang
     grad = torch.ones(16 << 20, device="cuda")  # 64 MiB
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
