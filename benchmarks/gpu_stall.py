@@ -70,9 +70,9 @@ def _phases(work: Path) -> dict[int, list[tuple[str, float, int]]]:
 def main() -> int:
     if sys.argv[1:2] == ["--results"]:  # a kept run (its gpu-stall.json) into benchmarks/results/
         kept = json.loads(Path(sys.argv[2]).read_text())
-        write(
-            "gpu-stall-h200", {"settings": kept["settings"], **summarise(kept)}, machine_info=kept["machine"]
-        )
+        mode = kept["settings"].get("mode", "missing")
+        name = "gpu-stall-h200" if mode == "missing" else f"gpu-stall-{mode}-h200"
+        write(name, {"settings": kept["settings"], **summarise(kept)}, machine_info=kept["machine"])
         return 0
     out = Path(sys.argv[1])
     mode = sys.argv[2] if len(sys.argv) > 2 else "missing"

@@ -427,6 +427,23 @@ def gpu_stall() -> str:
                 )
             )
     flagged = r.get("flagged_after_seconds")
+    crossed = _load("gpu-stall-crossed-h200")
+    crossed_text = ""
+    if crossed is not None:
+        c = crossed["results"]
+        hang = c["phases"].get("hang", {}).get("ranks", {})
+        healthy = sum(ph["polls"] for name, ph in c["phases"].items() if name != "hang")
+        stalled = sum(ph["stalled_polls"] for name, ph in c["phases"].items() if name != "hang")
+        crossed_text = (
+            f"\nThe crossed run ({_provenance(crossed)}): each rank enters an all_reduce of another"
+            " process group, so both kernels spin and both GPUs stay busy ("
+            + ", ".join(f"rank {k} {x['sm_mean']:.0f} % SM" for k, x in hang.items())
+            + ", as the two processes time-share one GPU): activity cannot tell this from work. The flight"
+            " recorder, asked through the job's FIFO every 5 s while every GPU was busy, can: no collective"
+            f" completed between two dumps, and both ranks were flagged `collective` {c.get('flagged_after_seconds', float('nan')):.1f} s"
+            f" after the hang began; over the 60 s of training, with the same probes running, {stalled} of"
+            f" {healthy} polls were stalled.\n"
+        )
     return (
         f"`benchmarks/gpu_stall.py` ({_provenance(doc)}): two NCCL ranks on one GPU (each its own"
         f" `NCCL_HOSTID`, so NCCL carries their traffic over sockets), the daemon at `--stall-after"
@@ -443,6 +460,7 @@ def gpu_stall() -> str:
             if flagged is not None
             else "The hang was not flagged.\n"
         )
+        + crossed_text
     )
 
 

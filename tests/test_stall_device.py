@@ -25,18 +25,20 @@ START = {name: at for name, at, _ in RUN["phases"]["0"]}
 PIDS = {int(rank): entries[0][2] for rank, entries in RUN["phases"].items()}
 
 
-def _replay() -> list[tuple[float, JobSample]]:
+def _replay(run: dict | None = None) -> list[tuple[float, JobSample]]:
     """Each kept NVML/CPU sample as a snapshot of the two ranks, through one tracker."""
+    run = run or RUN
+    pids = {int(rank): entries[0][2] for rank, entries in run["phases"].items()}
     clock = [0.0]
     tracker = StallTracker(STALL_AFTER, py_spy=False, clock=lambda: clock[0], wall=lambda: clock[0])
     out = []
-    for s in RUN["nvml_samples"]:
+    for s in run["nvml_samples"]:
         cpu = s.get("cpu", {})
-        if "util" not in s or any(cpu.get(str(pid)) is None for pid in PIDS.values()):
+        if "util" not in s or any(cpu.get(str(pid)) is None for pid in pids.values()):
             continue  # before the ranks announced themselves, or after one died
         clock[0] = s["at"]
         ranks = []
-        for rank, pid in sorted(PIDS.items()):
+        for rank, pid in sorted(pids.items()):
             mine = s["util"].get(str(pid), [])
             sm = sum(v[0] for v in mine) / len(mine) if mine else 0.0
             ranks.append(
@@ -96,7 +98,7 @@ def test_the_runs_daemon_snapshotted_the_stall(where):
         assert pm["killer"]["kind"] == "external_signal" and pm["victim"]["rank"] == 1
         stall = pm["stall"]
     assert stall["suspected_missing"] == ["1"] and stall["suspected_by"] == "flight_recorder"
-    assert "(never entered #7012)" in stall["flight_recorder"]
+    assert "(never entered #7006)" in stall["flight_recorder"]
     ranks = {r["label"]: r for r in stall["ranks"]}
     assert ranks["0"]["reason"] == "waiting" and ranks["0"]["gpu_sm_percent"] == 100.0
     assert "synchronize (torch/cuda/__init__.py" in ranks["0"]["stack"]
@@ -106,11 +108,11 @@ def test_the_runs_daemon_snapshotted_the_stall(where):
 def test_the_text_view_tells_the_stall():
     text = render_text(RUN["postmortem"])
     assert (
-        "stalled before the death: flagged at T-11 s, after 10 s without progress; waiting for rank 1" in text
+        "stalled before the death: flagged at T-12 s, after 10 s without progress; waiting for rank 1" in text
     )
-    assert "(told by the flight recorder)" in text and "(never entered #7012)" in text
+    assert "(told by the flight recorder)" in text and "(never entered #7006)" in text
     assert "  rank 0: waiting, CPU busy, GPU 100 % busy\n      synchronize (torch/cuda/__init__.py" in text
-    assert "  rank 1: idle, CPU idle, GPU 0 % busy\n      main (gpu_hang.py:70)" in text
+    assert "  rank 1: idle, CPU idle, GPU 0 % busy\n      main (gpu_hang.py:76)" in text
 
 
 def test_the_html_view_shows_the_stall_and_its_stacks():
@@ -121,3 +123,36 @@ def test_the_html_view_shows_the_stall_and_its_stacks():
         "<h2>Stalled before the death</h2>" in html and "waiting for rank 1 (told by flight_recorder)" in html
     )
     assert "<pre>Process" in html and "synchronize (torch/cuda/__init__.py" in html
+
+
+CROSSED = json.loads((DEVICE_H200 / "gpu-stall-crossed.json").read_text())
+
+
+def test_crossed_collectives_keep_every_gpu_busy_and_only_the_flight_recorder_tells():
+    """The crossed run: each rank in an all_reduce of another process group, both kernels
+    spinning (two processes time-share one GPU: 50 % each). Activity alone cannot tell this
+    from work, and the replay through today's tracker (no flight recorder in a replay) does
+    not; the run's daemon, asking the flight recorder every 5 s, flagged both ranks
+    'collective' within the threshold plus a probe or two, and never during the 60 s of
+    training, when its probes ran too."""
+    start = {name: at for name, at, _ in CROSSED["phases"]["0"]}
+    hang = [
+        s
+        for s in CROSSED["nvml_samples"]
+        if start["hang"] + 3 <= s["at"] <= CROSSED["killed"]["at"] and "util" in s
+    ]
+    pids = [entries[0][2] for entries in CROSSED["phases"].values()]
+    assert len(hang) >= 10
+    for pid in pids:  # both GPUs busy through the hang
+        mean = sum(sum(v[0] for v in s["util"].get(str(pid), [(0, 0)])) for s in hang) / len(hang)
+        assert mean >= 40, (pid, mean)
+    judged = CROSSED["judged"]
+    assert not any(j["stalled"] for j in judged if j["at"] < start["hang"])
+    flagged = next(j for j in judged if j["at"] >= start["hang"] and j["stalled"])
+    assert flagged["at"] - start["hang"] <= STALL_AFTER + 2 * 5 + 2
+    assert {label: r[0] for label, r in flagged["ranks"].items()} == {"0": "collective", "1": "collective"}
+    replayed = [job for at, job in _replay(CROSSED) if at >= start["hang"]]
+    assert replayed and max(job.stalled_seconds for job in replayed) == 0.0  # activity alone: "working"
+    stall = CROSSED["postmortem"]["stall"]
+    assert stall["suspected_by"] == "flight_recorder" and "waiting in #" in stall["flight_recorder"]
+    assert CROSSED["postmortem"]["killer"]["sender"]["comm"] == "python3"  # named from /proc, not <...>
