@@ -1,6 +1,7 @@
 """What the whole trainwatch daemon costs, beside prometheus-process-exporter on the same processes.
 
     python benchmarks/overhead.py [--quick] [--window-1hz S] [--window-10hz S] [--soak-seconds S]
+    python benchmarks/overhead.py --baseline REV [--shapes 1x4x4,1x8x8] --name overhead-ab
 
 For torchrun-shaped trees of real processes (``benchmarks/fake_job.py``: agents x ranks x
 (1 rank + workers), from 3 to 520 processes) it starts, side by side in the same run:
@@ -16,6 +17,11 @@ CPU per watched process per round, and share of one core. Also per tree: ``GET /
 latency (p50/p99 of 200 requests) and, labelled as such, the sampler alone in this
 process (``Sampler.sample()``: what the daemon's rounds cost without HTTP, threads, or the
 death watchers). Then the idle daemon (no job) and its RSS over a soak at 10 Hz.
+
+With ``--baseline REV`` a second daemon, the one of commit REV (a git worktree of it), runs
+beside this tree's over the same windows on the same processes, and the idle daemons side by
+side too: a change's before and after in one run (these machines are too noisy to compare
+separate runs). The sampler-only figures and the soak are left out then.
 
 Results: ``benchmarks/results/overhead.json`` (machine, kernel, commit); the README's
 tables are rendered from it (``python benchmarks/render.py``). Nothing is asserted.
@@ -148,9 +154,9 @@ def sampler_cost(watched: int, rounds: int) -> tuple[float, float, float, int]:
 class Daemon(DaemonProc):
     """The real daemon (tests/e2e.py starts it) plus a kept-alive HTTP connection."""
 
-    def __init__(self, interval: float, *args: str) -> None:
+    def __init__(self, interval: float, *args: str, cwd: Path | None = None) -> None:
         self.tmp = tempfile.mkdtemp()
-        super().__init__(Path(self.tmp), *args, interval=interval)
+        super().__init__(Path(self.tmp), *args, interval=interval, cwd=cwd)
         self.host, port = self.base.removeprefix("http://").split(":")
         self.port = int(port)
         self.conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
@@ -225,17 +231,28 @@ class ProcessExporter:
 
 
 def side_by_side(
-    watched: int, ranks: int, interval: float, window: float, exporter: str | None
+    watched: int,
+    ranks: int,
+    interval: float,
+    window: float,
+    exporter: str | None,
+    baseline: Path | None = None,
 ) -> dict[str, Any]:
     """The daemon at ``interval`` (scraped every 15 s) and process-exporter scraped every
-    ``interval``, both over the same ``window`` on the same processes."""
+    ``interval``, both over the same ``window`` on the same processes; with ``baseline``
+    (another commit's checkout) its daemon too, scraped alike."""
     d = Daemon(interval)
+    b = Daemon(interval, cwd=baseline) if baseline is not None else None
     pe = ProcessExporter(exporter) if exporter else None
     try:
-        d.wait_ranks(ranks)
-        d.wait_rounds(3)  # every worker found and settled
+        for daemon in (d, b):
+            if daemon is not None:
+                daemon.wait_ranks(ranks)
+                daemon.wait_rounds(3)  # every worker found and settled
         if pe:
             pe.scrape()
+        rounds_b0 = b.samples_total() if b else 0.0
+        cpu_b0 = cpu_seconds(b.proc.pid) if b else 0.0
         rounds0, cpu_d0 = d.samples_total(), cpu_seconds(d.proc.pid)
         cpu_p0 = cpu_seconds(pe.proc.pid) if pe else 0.0
         t0 = time.monotonic()
@@ -250,6 +267,8 @@ def side_by_side(
                 next_pe = max(next_pe + interval, time.monotonic())  # late scrapes are not made up
             if now >= next_scrape:
                 d.scrape()
+                if b:
+                    b.scrape()
                 next_scrape += 15
             time.sleep(
                 max(0.0, min(next_pe if pe else t0 + window, next_scrape, t0 + window) - time.monotonic())
@@ -258,7 +277,18 @@ def side_by_side(
         cpu_d = cpu_seconds(d.proc.pid) - cpu_d0
         cpu_p = (cpu_seconds(pe.proc.pid) - cpu_p0) if pe else None
         rounds = d.samples_total() - rounds0
+        base: dict[str, Any] = {}
+        if b:
+            cpu_b = cpu_seconds(b.proc.pid) - cpu_b0
+            rounds_b = b.samples_total() - rounds_b0
+            base = {
+                "baseline_rounds": int(rounds_b),
+                "baseline_cpu_seconds": round(cpu_b, 3),
+                "baseline_us_per_process_round": cpu_b / rounds_b / watched * 1e6 if rounds_b else None,
+                "baseline_core_percent": cpu_b / elapsed * 100,
+            }
         return {
+            **base,
             "interval_seconds": interval,
             "window_seconds": round(elapsed, 1),
             "trainwatch_rounds": int(rounds),
@@ -276,6 +306,8 @@ def side_by_side(
     finally:
         if pe:
             pe.close()
+        if b:
+            b.close()
         d.close()
 
 
@@ -300,22 +332,42 @@ def metrics_latency(ranks: int, n: int = 200) -> dict[str, float]:
         d.close()
 
 
-def idle(seconds: float) -> dict[str, float]:
-    """The daemon at 1 Hz with no job on the machine, scraped every 15 s."""
+def idle(seconds: float, baseline: Path | None = None) -> dict[str, float]:
+    """The daemon at 1 Hz with no job on the machine, scraped every 15 s (and the baseline's
+    beside it)."""
     d = Daemon(1.0)
+    b = Daemon(1.0, cwd=baseline) if baseline is not None else None
     try:
         d.wait_rounds(2)
+        if b:
+            b.wait_rounds(2)
         cpu0, t0 = cpu_seconds(d.proc.pid), time.monotonic()
+        cpu_b0 = cpu_seconds(b.proc.pid) if b else 0.0
         while time.monotonic() - t0 < seconds:
             time.sleep(min(15.0, seconds - (time.monotonic() - t0)))
             d.scrape()
+            if b:
+                b.scrape()
         elapsed = time.monotonic() - t0
-        return {
+        out = {
             "seconds": round(elapsed, 1),
             "core_percent": (cpu_seconds(d.proc.pid) - cpu0) / elapsed * 100,
         }
+        if b:
+            out["baseline_core_percent"] = (cpu_seconds(b.proc.pid) - cpu_b0) / elapsed * 100
+        return out
     finally:
+        if b:
+            b.close()
         d.close()
+
+
+def baseline_tree(rev: str, where: Path) -> Path:
+    """A detached git worktree of ``rev`` at ``where`` (removed by the caller)."""
+    subprocess.run(
+        ["git", "-C", str(REPO), "worktree", "add", "--force", "--detach", str(where), rev], check=True
+    )
+    return where
 
 
 def soak_rss(seconds: float) -> dict[str, float]:
@@ -354,8 +406,24 @@ def main() -> int:
     ap.add_argument("--idle-seconds", type=float, default=60.0)
     ap.add_argument("--soak-seconds", type=float, default=360.0, help="soak length (360 s = 3600 rounds)")
     ap.add_argument("--name", default="overhead", help="results file name (benchmarks/results/NAME.json)")
+    ap.add_argument("--baseline", metavar="REV", help="a commit whose daemon runs beside this tree's")
+    ap.add_argument("--shapes", help="agents x ranks x workers, comma-separated (e.g. 1x4x4,1x8x8)")
     args = ap.parse_args()
     shapes = SHAPES
+    if args.shapes:
+        shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]  # type: ignore[misc]
+    base_dir = Path(tempfile.mkdtemp(prefix="trainwatch-baseline-")) / "tree" if args.baseline else None
+    baseline = baseline_tree(args.baseline, base_dir) if base_dir is not None else None
+    try:
+        return run(args, shapes, baseline)
+    finally:
+        if base_dir is not None:
+            subprocess.run(
+                ["git", "-C", str(REPO), "worktree", "remove", "--force", str(base_dir)], check=False
+            )
+
+
+def run(args: argparse.Namespace, shapes: list[tuple[int, int, int]], baseline: Path | None) -> int:
     if args.quick:
         shapes = [(1, 2, 0), (1, 4, 4)]
         args.window_1hz, args.window_10hz, args.idle_seconds = 15.0, 8.0, 10.0
@@ -371,12 +439,15 @@ def main() -> int:
             row: dict[str, Any] = {"agents": agents, "ranks": agents * ranks, "workers_per_rank": workers}
             row["processes"] = watched
             for interval, window in ((1.0, args.window_1hz), (0.1, args.window_10hz)):
-                row[f"{1 / interval:g}hz"] = side_by_side(watched, agents * ranks, interval, window, exporter)
+                row[f"{1 / interval:g}hz"] = side_by_side(
+                    watched, agents * ranks, interval, window, exporter, baseline
+                )
             row.update(metrics_latency(agents * ranks))
-            median, best, wall_ms, _seen = sampler_cost(watched, 20 if args.quick else 50)
-            row["sampler_only_us_per_process_round"] = median
-            row["sampler_only_us_per_process_round_min"] = best
-            row["sampler_only_round_ms"] = wall_ms
+            if baseline is None:
+                median, best, wall_ms, _seen = sampler_cost(watched, 20 if args.quick else 50)
+                row["sampler_only_us_per_process_round"] = median
+                row["sampler_only_us_per_process_round_min"] = best
+                row["sampler_only_round_ms"] = wall_ms
         finally:
             tree.close()
         rows.append(row)
@@ -391,14 +462,20 @@ def main() -> int:
                     else f"{row[k]['exporter_us_per_process_scrape']:.1f} µs "
                     f"({row[k]['exporter_core_percent']:.2f}% core)"
                 )
+                + (
+                    f", baseline {row[k]['baseline_us_per_process_round']:.1f} µs "
+                    f"({row[k]['baseline_core_percent']:.2f}% core)"
+                    if baseline is not None
+                    else ""
+                )
                 for k in ("1hz", "10hz")
             )
             + f"; /metrics p99 {row['metrics_p99_ms']:.2f} ms",
             flush=True,
         )
-    idle_row = idle(args.idle_seconds)
-    print(f"idle daemon: {idle_row['core_percent']:.3f}% of one core", flush=True)
-    soak = soak_rss(args.soak_seconds)
+    idle_row = idle(args.idle_seconds, baseline)
+    print(f"idle daemon: {idle_row['core_percent']:.3f}% of one core; {idle_row}", flush=True)
+    soak = soak_rss(args.soak_seconds) if baseline is None else None
     print(f"soak: {soak}", flush=True)
     exporter_version = None
     if exporter:
@@ -410,6 +487,13 @@ def main() -> int:
         args.name,
         {
             "quick": args.quick,
+            "baseline": None
+            if baseline is None
+            else subprocess.run(
+                ["git", "-C", str(baseline), "rev-parse", "--short=12", "HEAD"],
+                capture_output=True,
+                text=True,
+            ).stdout.strip(),
             "exporter": exporter_version,
             "rows": rows,
             "idle": idle_row,

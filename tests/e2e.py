@@ -62,7 +62,16 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
 class DaemonProc:
     """``python -m sidecar --attach-torchrun --port 0 ...`` with its log in a file."""
 
-    def __init__(self, tmp: Path, *args: str, interval: float = 0.2, wrap: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        *args: str,
+        interval: float = 0.2,
+        wrap: list[str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
+        """``cwd``: the tree whose ``sidecar`` runs (default this repository; a benchmark
+        compares another commit's checkout side by side)."""
         self.log_path = tmp / f"daemon-{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "w")  # noqa: SIM115
         cmd = [
@@ -79,7 +88,7 @@ class DaemonProc:
             str(tmp / "postmortems"),
             *args,
         ]
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=REPO)
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=cwd or REPO)
         match = wait_for(
             lambda: re.search(r"serving (https?)://([\d.]+):(\d+)/metrics", self.log()),
             30,
