@@ -278,7 +278,9 @@ class StallTracker:
             return state.fr_stuck_since
 
     def _probe(self, key: str, ranks: list[RankSample], at: float) -> None:
-        """One flight-recorder probe: ask every rank for a dump, compare with the last one."""
+        """One flight-recorder probe: ask every rank for a dump, compare with the last one. The
+        job is marked not probing only once its state holds the answer."""
+        status: dict[tuple[int, str], tuple[int, int]] = {}
         try:
             with self._fr_lock(key):
                 requested = self.wall()
@@ -287,26 +289,36 @@ class StallTracker:
             status = {(d.rank, pg): (enq, done) for d in dumps for pg, (enq, _s, done) in d.status.items()}
             labels = {r.rank: r.rank_label for r in ranks}
             verdict = summarise(dumps, ())
+            with self._lock:
+                state = self._jobs.get(key)
+                if state is not None and status:
+                    self._compare(state, status, labels, verdict.laggards if verdict else (), at)
         finally:
             with self._lock:
                 state = self._jobs.get(key)
                 if state is not None:
                     state.probing = False
-        with self._lock:
-            state = self._jobs.get(key)
-            if state is None or not status:
-                return
-            prev, prev_at = state.probe_last, state.probe_last_at
-            pending_ranks = {rank for (rank, _pg), (enq, done) in status.items() if enq > done}
-            if prev is not None:
-                advanced = any(status[k][1] > v[1] for k, v in prev.items() if k in status)
-                if advanced or not pending_ranks:
-                    state.fr_stuck_since = None
-                elif state.fr_stuck_since is None:
-                    state.fr_stuck_since = prev_at
-            state.fr_pending = frozenset(labels.get(r, str(r)) for r in pending_ranks)
-            state.fr_behind = frozenset(labels.get(r, str(r)) for r in (verdict.laggards if verdict else ()))
-            state.probe_last, state.probe_last_at = status, at
+
+    @staticmethod
+    def _compare(
+        state: _Job,
+        status: dict[tuple[int, str], tuple[int, int]],
+        labels: dict[int | None, str],
+        laggards: tuple[int, ...],
+        at: float,
+    ) -> None:
+        """Under the lock: a probe's answer against the previous one."""
+        prev, prev_at = state.probe_last, state.probe_last_at
+        pending_ranks = {rank for (rank, _pg), (enq, done) in status.items() if enq > done}
+        if prev is not None:
+            advanced = any(status[k][1] > v[1] for k, v in prev.items() if k in status)
+            if advanced or not pending_ranks:
+                state.fr_stuck_since = None
+            elif state.fr_stuck_since is None:
+                state.fr_stuck_since = prev_at
+        state.fr_pending = frozenset(labels.get(r, str(r)) for r in pending_ranks)
+        state.fr_behind = frozenset(labels.get(r, str(r)) for r in laggards)
+        state.probe_last, state.probe_last_at = status, at
 
     def _report(self, job: JobSample, reasons: dict[str, str], episode: int) -> None:
         by_reason: dict[str, list[str]] = {}
