@@ -14,7 +14,6 @@ keeps what the kernel log, the tracepoint and NVML reported.
 from __future__ import annotations
 
 import logging
-import signal
 import socket
 import threading
 import time
@@ -56,7 +55,7 @@ from sidecar.reconstruct import incidents_of, killed_at, revive, state_of, watch
 from sidecar.records import EVERY_INCIDENT, Records
 from sidecar.timeline import Timeline
 from sidecar.watch.exits import ExitEvent
-from sidecar.watch.signals import SignalEvent
+from sidecar.watch.signals import ENDING_SIGNALS, SignalEvent
 
 __all__ = ["DeathWatch"]
 
@@ -72,25 +71,6 @@ TIMELINE_WINDOW_S = 300.0
 UNKNOWN_EXIT_WAIT_S = 3.0
 RETRY_WRITE_NS = 5 * 10**9  # while a postmortem is in memory only, how often to write it again
 SLOW_READS_MS = 200.0  # an autopsy round whose reads take longer says so in the log
-# the signals whose sender is described (those that end a process, or ask it to); the rest
-# are kept as they came
-DESCRIBED_SIGNALS = frozenset(
-    int(s)
-    for s in (
-        signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGABRT,
-        signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGXCPU,
-    )
-)  # fmt: skip
-# signals whose default action is to ignore the signal or to stop the process: never how a
-# rank dies, and a rank's children send it a SIGCHLD each as they exit (they would crowd the
-# kills out of the bounded record)
-HARMLESS_SIGNALS = frozenset(
-    int(s)
-    for s in (
-        signal.SIGCHLD, signal.SIGCONT, signal.SIGWINCH, signal.SIGURG,
-        signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU,
-    )
-)  # fmt: skip
 SPOOL_TRIES = 10  # rounds a job that names a `trainwatch run` output file is looked at for it
 DEATH_TIMES = 64  # deaths whose time is exported (trainwatch_rank_death_timestamp_seconds)
 
@@ -302,16 +282,11 @@ class DeathWatch:
 
     def on_signal(self, event: SignalEvent) -> None:
         """Tracepoint thread: keep the signals sent to ranks (the rest is not evidence)."""
-        if event.target_pid not in self._known or event.signal in HARMLESS_SIGNALS:
-            return
+        if event.target_pid not in self._known or event.signal not in ENDING_SIGNALS:
+            return  # the tracepoint's filter passes only these; a caller may not have one
         sender = None
-        if (
-            event.signal in DESCRIBED_SIGNALS
-            and not event.from_kernel
-            and event.sender_pid != event.target_pid
-        ):
-            # read now, outside the lock: a `kill` is gone within milliseconds (never for the
-            # SIGCHLDs a rank's children send it as they exit: those come by the thousand)
+        if not event.from_kernel and event.sender_pid != event.target_pid:
+            # read now, outside the lock: a `kill` is gone within milliseconds
             sender = describe_sender(self.gather.proc_root, event.sender_pid, event.sender_comm)
         with self._cv:
             if event.target_pid not in self._known:

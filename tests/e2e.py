@@ -160,6 +160,19 @@ class DaemonProc:
         self._log.close()
 
 
+def nvml_stand_in(tmp: Path, monkeypatch: Any, **files: Path) -> None:
+    """Build tests/workloads/nvml_shim.c into ``tmp/nvml/libnvidia-ml.so.1`` and make the
+    daemons this test starts load it (the real bindings find it first); ``files`` name its
+    control files by the shim's variable (``pids``: TRAINWATCH_SHIM_PIDS, ``lost``, ``busy``)."""
+    lib = tmp / "nvml"
+    lib.mkdir()
+    shim = Path(__file__).parent / "workloads" / "nvml_shim.c"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib / "libnvidia-ml.so.1"), str(shim)], check=True)
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(lib))
+    for name, path in files.items():
+        monkeypatch.setenv(f"TRAINWATCH_SHIM_{name.upper()}", str(path))
+
+
 def job_postmortem(
     daemon: DaemonProc, victim_rank: int | None, want_fates: int, job: TorchrunJob, timeout: float = 60
 ) -> dict:

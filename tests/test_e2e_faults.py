@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.demo import join_cgroup, memory_cgroup
-from tests.e2e import DaemonProc, TorchrunJob, job_postmortem, value, wait_for
+from tests.e2e import DaemonProc, TorchrunJob, job_postmortem, nvml_stand_in, value, wait_for
 from tests.skips import requires
 
 pytestmark = [pytest.mark.slow]
@@ -281,14 +281,8 @@ def test_nvml_reports_the_gpu_lost_mid_run(tmp_path, monkeypatch):
     nvml_shim.c, loaded by the real bindings in the real daemon: this machine has no GPU).
     The daemon keeps sampling and serving, exports the loss, and when the rank on that GPU
     then aborts, names the lost GPU, not a plain abort."""
-    lib = tmp_path / "nvml"
-    lib.mkdir()
-    shim = Path(__file__).parent / "workloads" / "nvml_shim.c"
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib / "libnvidia-ml.so.1"), str(shim)], check=True)
     on_gpu, lost, abort = tmp_path / "gpu-pids", tmp_path / "gpu-lost", tmp_path / "abort"
-    monkeypatch.setenv("LD_LIBRARY_PATH", str(lib))
-    monkeypatch.setenv("TRAINWATCH_SHIM_PIDS", str(on_gpu))
-    monkeypatch.setenv("TRAINWATCH_SHIM_LOST", str(lost))
+    nvml_stand_in(tmp_path, monkeypatch, pids=on_gpu, lost=lost)
     with (
         TorchrunJob(tmp_path, "nvml-lost", hold_mb=30, workers=0, abort_rank=1, abort_file=abort) as job,
         DaemonProc(tmp_path) as daemon,

@@ -21,7 +21,6 @@ import signal
 import subprocess
 import sys
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -33,6 +32,7 @@ from tests.e2e import (
     TorchrunJob,
     free_port,
     job_postmortem,
+    nvml_stand_in,
     parse_metrics,
     value,
     wait_for,
@@ -146,14 +146,8 @@ def test_a_gpu_busy_in_a_collective_is_stalled_while_its_peer_is_silent(tmp_path
     memory activity come through nvmlDeviceGetProcessUtilization): no stall. Then rank 1
     stops joining collectives and its GPU goes silent, while rank 0's stays busy as an NCCL
     kernel spinning for a peer keeps it: rank 0 is stalled ("waiting"), rank 1 the suspect."""
-    lib = tmp_path / "nvml"
-    lib.mkdir()
-    shim = Path(__file__).parent / "workloads" / "nvml_shim.c"
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib / "libnvidia-ml.so.1"), str(shim)], check=True)
     on_gpu, busy, go = tmp_path / "gpu-pids", tmp_path / "gpu-busy", tmp_path / "hang"
-    monkeypatch.setenv("LD_LIBRARY_PATH", str(lib))
-    monkeypatch.setenv("TRAINWATCH_SHIM_PIDS", str(on_gpu))
-    monkeypatch.setenv("TRAINWATCH_SHIM_BUSY", str(busy))
+    nvml_stand_in(tmp_path, monkeypatch, pids=on_gpu, busy=busy)
     with (
         TorchrunJob(
             tmp_path, "gpu-wait", hold_mb=30, workers=0, hang_rank=1, hang_after=3600, hang_file=go

@@ -17,17 +17,28 @@ import logging
 import os
 import re
 import select
+import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["SignalEvent", "SignalWatcher", "parse_trace_line"]
+__all__ = ["ENDING_SIGNALS", "SignalEvent", "SignalWatcher", "parse_trace_line"]
 
 log = logging.getLogger(__name__)
 
 TRACEFS = "/sys/kernel/tracing"
 BUFFER_KB = 64
-FILTER = "sig == 9 || sig == 15 || sig == 2 || sig == 6 || sig == 11 || sig == 7 || sig == 3 || sig == 1"
+# the signals recorded (the kernel filters out every other): those whose default action ends
+# the process, as a kill, a fault or a request to stop (SIGCHLD, SIGCONT, the stops and the
+# like never end one, and a rank's children send it a SIGCHLD each as they exit)
+ENDING_SIGNALS = frozenset(
+    int(s)
+    for s in (
+        signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGABRT,
+        signal.SIGSEGV, signal.SIGBUS, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGXCPU,
+    )
+)  # fmt: skip
+FILTER = " || ".join(f"sig == {s}" for s in sorted(ENDING_SIGNALS))
 _LINE = re.compile(
     r"^\s*(?P<scomm>.+?)-(?P<spid>\d+)\s+(?:\(\s*[-\d]+\)\s+)?\[\d+\]\s+\S+\s+(?P<ts>\d+\.\d+):\s+signal_generate:\s+"
     r"sig=(?P<sig>-?\d+) errno=-?\d+ code=(?P<code>-?\d+) comm=(?P<comm>.*?) pid=(?P<pid>\d+) grp=\d+"
