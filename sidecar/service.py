@@ -5,12 +5,14 @@ job it starts. Logging is configured here too, the same way for both.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -73,7 +75,22 @@ def _prepare_postmortem_dir(path: str) -> None:
         log.warning("postmortem directory %s is not writable: postmortems will be kept in memory only", path)
 
 
-SERVER_TICK_SECONDS = 1.0
+class _FreshDate:
+    """Refreshes uvicorn's Date header when a request comes and the last refresh is a
+    second old: what its main loop's tick did, without the tick."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.server: Any = None
+        self._at = 0.0
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and self.server is not None:
+            now = time.monotonic()
+            if now - self._at >= 1.0:
+                self._at = now
+                await self.server.on_tick(0)  # counter 0: refresh the default headers
+        await self.app(scope, receive, send)
 
 
 def _quiet_server_class() -> type:
@@ -84,16 +101,25 @@ def _quiet_server_class() -> type:
     class QuietServer(uvicorn.Server):
         """uvicorn's main loop wakes every 0.1 s to look for a shutdown request and refresh
         its Date header: 0.23% of a core on an idle node, measured. A guest on a training
-        node ticks once a second instead (shutdown within a second, Date refreshed each
-        tick: ``on_tick`` refreshes when the counter is a multiple of 10)."""
+        node never ticks: the loop sleeps until ``request_exit()`` (from any thread), and
+        the Date header is refreshed by the request that needs it (``_FreshDate``)."""
+
+        _exit: asyncio.Event | None = None
+        _loop: asyncio.AbstractEventLoop | None = None
 
         async def main_loop(self) -> None:
-            counter = 0
-            should_exit = await self.on_tick(counter)
-            while not should_exit:
-                counter = (counter + 10) % 864000
-                await asyncio.sleep(SERVER_TICK_SECONDS)
-                should_exit = await self.on_tick(counter)
+            self._loop = asyncio.get_running_loop()
+            self._exit = asyncio.Event()
+            if self.should_exit:  # asked before the loop ran
+                return
+            await self._exit.wait()
+
+        def request_exit(self) -> None:
+            self.should_exit = True
+            loop, event = self._loop, self._exit
+            if loop is not None and event is not None:
+                with contextlib.suppress(RuntimeError):  # the loop already closed
+                    loop.call_soon_threadsafe(event.set)
 
     return QuietServer
 
@@ -137,6 +163,7 @@ class Service:
             from sidecar.webconfig import BasicAuth
 
             app = BasicAuth(app, web.users)
+        app = fresh_date = _FreshDate(app)
         config = uvicorn.Config(
             app,
             log_config=None,
@@ -148,7 +175,7 @@ class Service:
         if web is not None and web.tls:
             config.load()
             config.ssl = web.ssl_context()  # uvicorn's own has no minimum version or client CA
-        self.server = _quiet_server_class()(config)
+        self.server = fresh_date.server = _quiet_server_class()(config)
         shown = host if ":" not in host else f"[{host}]"
         scheme = "https" if web is not None and web.tls else "http"
         self.url = f"{scheme}://{shown}:{port}"
@@ -179,13 +206,12 @@ class Service:
         self._thread.start()
 
     def wait(self) -> None:
-        while not self._done.wait(0.5):
-            pass
+        self._done.wait()  # a signal still interrupts it (its handler runs, then the wait goes on)
 
     def stop(self) -> bool:
         """Stop serving (the app's lifespan stops the daemon, which finishes postmortems in
         flight). True when the server had started."""
-        self.server.should_exit = True
+        self.server.request_exit()
         self.wait()
         if self._thread is not None:
             self._thread.join()
@@ -200,7 +226,7 @@ def serve(settings: Settings) -> int:
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("received %s, shutting down", signal.Signals(signum).name)
-        service.server.should_exit = True
+        service.server.request_exit()
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
