@@ -39,6 +39,10 @@ log = logging.getLogger(__name__)
 # the sampler runs every PRESSURE_INTERVAL_SECONDS (settings.py) while a rank's cgroup is at
 # >= PRESSURE_SHARE of its limit or the host has less than 1 - PRESSURE_SHARE available.
 PRESSURE_SHARE = 0.9
+# With no job to watch and the connector telling when one starts, the sampler wakes this
+# often (a rescan of /proc for launchers that never name themselves pt_elastic, and the
+# host's figures): an idle daemon costs almost nothing.
+IDLE_INTERVAL_SECONDS = 5.0
 
 
 def under_pressure(snapshot: Snapshot) -> bool:
@@ -100,8 +104,10 @@ class Daemon:
         self._snapshot: Snapshot | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # the stop, or a new agent told by the connector
         self._thread: threading.Thread | None = None
         self._last_done: float | None = None
+        self._idle = False  # no job watched and the connector tells when one starts
         self.protection: list[guard.Grant] = []  # what the kernel granted the daemon at start
 
     @property
@@ -139,6 +145,7 @@ class Daemon:
             else:  # INFO: an unprivileged `trainwatch run` is refused by design; doctor and the metric tell
                 log.info("self-protection: %s not granted: %s", g.kind, g.detail)
         self._stop.clear()
+        self._wake.clear()
         self._thread = threading.Thread(target=self._run, name="trainwatch-sampler", daemon=True)
         self._thread.start()
 
@@ -151,14 +158,24 @@ class Daemon:
                 self.deaths.on_exit,
                 on_overrun=lambda: self.deaths.resync(self.settings.proc_root),
                 rcvbuf=self.settings.connector_buffer_bytes,
+                discovery=True,
+                on_agent=self._wake.set,
             )
             try:
                 connector.start()
                 self.connector = connector
                 self.deaths.exits_first_hand = True
+                if connector.discovering:
+                    discovery = self.sampler.discovery
+                    discovery.feed, discovery.watch = connector.drain, connector.watch
                 log.info(
                     "exits: process connector subscribed (%s)",
-                    "non-zero exits only" if connector.filtered else "all exits",
+                    "forks, renames and exits of watched processes, filtered in the kernel; /proc "
+                    "listed every few seconds"
+                    if connector.discovering
+                    else "non-zero exits only"
+                    if connector.filtered
+                    else "all exits",
                 )
             except OSError as exc:
                 log.warning(
@@ -221,6 +238,7 @@ class Daemon:
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
@@ -247,7 +265,7 @@ class Daemon:
         if self._last_done is None:
             return False, "no sample yet"
         age = time.monotonic() - self._last_done
-        if age > self.settings.stall_seconds:
+        if age > self.settings.stall_seconds + (IDLE_INTERVAL_SECONDS if self._idle else 0.0):
             return False, f"sampler stalled: last sample {age:.1f}s ago"
         return True, "ok"
 
@@ -285,6 +303,7 @@ class Daemon:
             except Exception:
                 log.exception("sampling round failed")
             fast = snapshot is not None and under_pressure(snapshot)
+            self.sampler.pressure = fast  # near a limit: every file, every round
             if fast != (interval < base):
                 if fast:
                     log.info(
@@ -293,11 +312,18 @@ class Daemon:
                     )
                 else:
                     log.info("memory pressure is over: back to sampling every %gs", base)
-            interval = min(base, PRESSURE_INTERVAL_SECONDS) if fast else base
+            discovery = self.sampler.discovery
+            self._idle = not discovery.jobs and discovery.feed is not None  # not even an agent
+            if self._idle:
+                interval = max(base, IDLE_INTERVAL_SECONDS)
+            else:
+                interval = min(base, PRESSURE_INTERVAL_SECONDS) if fast else base
             deadline += interval
             now = clock()
             if now > deadline:
                 missed = int((now - deadline) // interval) + 1
                 self.sampler.overruns_total += missed
                 deadline += missed * interval
-            self._stop.wait(max(0.0, deadline - now))
+            if self._wake.wait(max(0.0, deadline - now)) and not self._stop.is_set():
+                self._wake.clear()  # a new agent: a round now, the schedule from here
+                deadline = clock()

@@ -15,6 +15,14 @@ A new process is
   seconds, through their comm only (a change means an exec), so a shell that later
   ``exec``s torchrun is still found.
 
+Where the process connector works (``feed``/``watch``, given by the daemon), /proc is
+listed only every ``RESCAN_SECONDS`` (and after the connector lost events), not every
+tick: between rescans the kernel tells what changed, filtered to what is watched (the
+connector's socket filter, ``watch/procfilter.py``): an agent naming itself
+``pt_elastic``, a fork of a watched process (a new rank, a new worker), the exit of a
+watched one. A launcher that never takes that name (torch.distributed.launch before
+torch 2) is found by the next rescan.
+
 A process is pid + start time: a recycled pid is a new process. The sampler tells
 discovery when it sees a watched process reparented or gone, so nothing is read twice.
 """
@@ -41,6 +49,7 @@ AGENT_COMM = "pt_elastic"
 _AGENT_MODULES = {"torch.distributed.run", "torch.distributed.launch"}
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
+RESCAN_SECONDS = 5.0  # how often /proc is listed when the connector tells what changes
 PENDING_RANK_SECONDS = 30.0  # how long a child of an agent may take to exec before it is "other"
 YOUNG_SECONDS = 10.0  # processes this young are re-checked every tick
 RECHECK_SECONDS = 5.0  # older ones this often
@@ -151,12 +160,47 @@ class Discovery:
         # Told when an agent or a rank is gone (the exit fallback of last resort, when
         # neither the process connector nor pidfds report exits).
         self.on_gone: Callable[[ProcKey], None] | None = None
+        # The connector's events and its filter (see the module's text); None: list /proc
+        # every tick.
+        self.feed: Callable[[], tuple[list[tuple[str, int, int]], bool]] | None = None
+        self.watch: Callable[[set[int]], None] | None = None
+        self._next_rescan = 0.0
+        self._rescan_soon = False
+        self._told: set[int] = set()  # the set last given to watch()
+        self.rescans_total = 0
 
     # -- the tick ---------------------------------------------------------------------
 
     def tick(self) -> list[TrackedJob]:
-        """Update the view from /proc and return the live jobs (agent start order)."""
+        """Update the view (from the connector's events, and /proc when it is time to list
+        it) and return the live jobs (agent start order)."""
         now = self.clock()
+        events, lost = self.feed() if self.feed is not None else ([], False)
+        if self.feed is None or lost or self._rescan_soon or now >= self._next_rescan:
+            self._rescan_soon = False
+            self._next_rescan = now + RESCAN_SECONDS
+            self._scan(now)
+        if events:
+            self._apply(events, now)
+        entries = self.entries
+        for pid in list(self._pending):
+            entry = entries.get(pid)
+            if entry is not None and entry.kind == "pending":
+                self._try_rank(entry, now)
+            if entry is None or entry.kind != "pending":
+                self._pending.discard(pid)
+        self.trees = {r: self.tree(r) for job in self.jobs.values() for r in job.ranks}
+        self._watched = {pid for tree in self.trees.values() for pid in tree}
+        if self.watch is not None:
+            told = self._watched | self._pending | {job.agent.pid for job in self.jobs.values()}
+            if told != self._told:
+                self._told = told
+                self.watch(told)
+        return sorted(self.jobs.values(), key=lambda j: (j.agent.start_ticks, j.agent.pid))
+
+    def _scan(self, now: float) -> None:
+        """List /proc: forget what is gone, classify what is new, re-check the young."""
+        self.rescans_total += 1
         current = set(self.reader.pids())
         gone = [p for p in self.entries if p not in current]
         # ranks before agents: a job whose agent and ranks ended together is not "orphaned"
@@ -175,12 +219,6 @@ class Discovery:
         for entry in fresh:
             self._classify(entry, now)
         entries = self.entries
-        for pid in list(self._pending):
-            entry = entries.get(pid)
-            if entry is not None and entry.kind == "pending":
-                self._try_rank(entry, now)
-            if entry is None or entry.kind != "pending":
-                self._pending.discard(pid)
         for pid in list(self._young):
             entry = entries.get(pid)
             if entry is None or entry.kind != "other" or self._age(entry) >= YOUNG_SECONDS:
@@ -193,9 +231,39 @@ class Discovery:
                 pid = entry.key.pid
                 if entry.kind == "other" and pid not in self._watched and pid not in self._young:
                     self._recheck(entry, young=False)
-        self.trees = {r: self.tree(r) for job in self.jobs.values() for r in job.ranks}
-        self._watched = {pid for tree in self.trees.values() for pid in tree}
-        return sorted(self.jobs.values(), key=lambda j: (j.agent.start_ticks, j.agent.pid))
+
+    def _apply(self, events: list[tuple[str, int, int]], now: float) -> None:
+        """The connector's events since the last tick, in the order they happened: a fork
+        of a watched process, a process that named itself pt_elastic, a watched exit."""
+        fresh: list[_Entry] = []
+        gone: list[int] = []
+        for kind, pid, _parent in events:
+            entry = self.entries.get(pid)
+            if kind == "exit":
+                if entry is not None:
+                    gone.append(pid)
+            elif kind == "fork":
+                if entry is None or pid in gone:
+                    if pid in gone:  # the pid was recycled within the tick
+                        gone.remove(pid)
+                        self.forget(pid)
+                    entry = self._add(pid, now)
+                    if entry is not None:
+                        fresh.append(entry)
+            elif entry is None:  # "agent": renamed itself pt_elastic
+                entry = self._add(pid, now)
+                if entry is not None:
+                    fresh.append(entry)
+            elif entry.kind in ("new", "other"):
+                self._recheck(entry, young=False)
+        # ranks before agents, as in a scan
+        gone.sort(key=lambda p: self.entries[p].kind == "agent" if p in self.entries else False)
+        for pid in gone:
+            self.forget(pid)
+        fresh.sort(key=lambda e: (e.key.start_ticks, e.key.pid))
+        for entry in fresh:
+            if entry.key.pid in self.entries:
+                self._classify(entry, now)
 
     def tree(self, pid: int) -> list[int]:
         """``pid`` and every known descendant, parents before children."""
@@ -345,7 +413,14 @@ class Discovery:
             if pid in self.only:
                 return True
             parent = self.entries.get(pid)
-            pid = parent.ppid if parent is not None and parent.ppid != pid else None
+            if parent is not None:
+                ppid = parent.ppid
+            else:  # not listed since the last scan (found by an event): ask /proc
+                try:
+                    ppid = self.reader.stat(pid).ppid
+                except ProbeError:
+                    return False
+            pid = ppid if ppid != pid and ppid > 0 else None
             seen += 1
         return False
 
@@ -367,6 +442,8 @@ class Discovery:
         log.info(
             "found torchrun agent pid %d: %s", entry.key.pid, " ".join(redact_argv(argv))[:300] or entry.comm
         )
+        if self.feed is not None:  # a child forked before the connector's filter knew the agent
+            self._rescan_soon = True
         # Children seen before their parent was known to be an agent.
         now = self.clock()
         for child_pid in sorted(self.children.get(entry.key.pid, ())):

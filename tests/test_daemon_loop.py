@@ -151,7 +151,7 @@ def test_deadlines_do_not_drift(proc_tree, tmp_path):
         clock.now += durations[len(starts) - 1]
         return real()
 
-    class Stop:  # the loop's Event: its wait is where time passes
+    class Stop:  # the loop's Events: its wait is where time passes
         def is_set(self) -> bool:
             return len(starts) == len(durations)
 
@@ -161,7 +161,7 @@ def test_deadlines_do_not_drift(proc_tree, tmp_path):
 
     sampler.sample = timed  # type: ignore[method-assign]
     daemon = Daemon(settings, sampler, watch_deaths=False)
-    daemon._stop = Stop()  # type: ignore[assignment]
+    daemon._stop = daemon._wake = Stop()  # type: ignore[assignment]
     daemon._run()
     # A loop that slept a full interval after each round would start at 0, 0.15, 0.3...
     assert starts == [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.8, 0.9, 1.0], starts

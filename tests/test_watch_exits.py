@@ -56,10 +56,10 @@ def test_wait_status_decoding(code, expected):
 
 
 def test_subscription_message_layout():
-    msg = subscribe_message(1, filtered=False)
+    msg = subscribe_message(1, None)
     assert len(msg) == 16 + 20 + 4 and int.from_bytes(msg[:4], "little") == len(msg)
     assert msg[16:24] == (1).to_bytes(4, "little") * 2  # CN_IDX_PROC, CN_VAL_PROC
-    filtered = subscribe_message(1, filtered=True)
+    filtered = subscribe_message(1, 0x20000000)
     assert filtered[-4:] == (0x20000000).to_bytes(4, "little")  # PROC_EVENT_NONZERO_EXIT
 
 
