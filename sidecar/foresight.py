@@ -214,7 +214,8 @@ class Foresight:
         live_limits: set[str] = set()
         headroom: dict[str, tuple[MemoryLimit, float]] = {}
         if host is not None:
-            self._series(self._limits, "host").add(t, host.total_bytes - host.available_bytes)
+            if snapshot.detail:  # else the host's figures are the last detailed round's
+                self._series(self._limits, "host").add(t, host.total_bytes - host.available_bytes)
             live_limits.add("host")
             headroom["host"] = (MemoryLimit("host", None, host.total_bytes), float(host.available_bytes))
         cgroups = {c.path: c for c in snapshot.cgroups}
@@ -240,7 +241,7 @@ class Foresight:
             ranks: list[RankSample] = []
             for rank in job.ranks:
                 live_ranks.add(rank.key)
-                ranks.append(self._rank(job.key, rank, cgroups, headroom, t))
+                ranks.append(self._rank(job.key, rank, cgroups, headroom, t, snapshot.detail))
             jobs.append(dataclasses.replace(job, ranks=tuple(ranks)))
         for key in [k for k in self._ranks if k not in live_ranks]:
             del self._ranks[key]
@@ -291,6 +292,7 @@ class Foresight:
         cgroups: dict[str, CgroupSample],
         headroom: dict[str, tuple[MemoryLimit, float]],
         t: float,
+        detail: bool = True,
     ) -> RankSample:
         binding = self._binding(rank, cgroups, headroom)
         if binding is None:
@@ -304,7 +306,8 @@ class Foresight:
                 series = self._ranks[rank.key] = Series()
             # the rank's own trend is what says *it* is growing; the limit's trend says how
             # fast the room goes (other ranks and processes under the limit count there)
-            series.add(t, rank.tree_unreclaimable_bytes)
+            if detail:  # else the rank's status is the last detailed round's
+                series.add(t, rank.tree_unreclaimable_bytes)
             if series.rate is not None:
                 seconds = self._seconds(room, limit_series.rate)
         if seconds is not None and limit_series.rate is not None:

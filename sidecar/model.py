@@ -357,6 +357,9 @@ class Snapshot:
     unreadable_processes: int
     nvml_unmatched_pids: tuple[int, ...] = ()
     smaps_cpu_seconds: float = 0.0  # CPU the PSS/USS sampler has spent (probes/pss.py)
+    # every file read this round (else: status, host files and the cgroups' details are the
+    # last detailed round's, at most DETAIL_SECONDS old; sampler.py)
+    detail: bool = True
 
 
 @dataclass(frozen=True, slots=True)

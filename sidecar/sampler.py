@@ -3,10 +3,18 @@ immutable ``Snapshot``. ``Sampler.sample()`` is what the daemon's thread calls o
 deadlines (``daemon.py``); it never starts a subprocess and never waits on HTTP. Every
 probe reports its success and duration; one that fails logs once per distinct problem and
 the others go on.
+
+Each file is read at the rate it matters. Every round: each watched process's ``stat``
+(CPU, RSS, state; through a descriptor held open), each cgroup's usage, NVML. Once every
+``DETAIL_SECONDS``, and every round while memory is near a limit (``pressure``, set by
+the daemon): the ranks' ``status`` (peak, anonymous and shared memory, namespaces), the
+cgroups' other files (limits, memory.stat, events, PSI) and the host's. A round without
+them carries the last detailed round's values and says so (``Snapshot.detail``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -29,7 +37,7 @@ from sidecar.model import (
 from sidecar.probes.cgroup import CgroupReader, MemoryCgroupRef
 from sidecar.probes.gpu import GpuProbe
 from sidecar.probes.host import HostReader
-from sidecar.probes.proc import ProcReader
+from sidecar.probes.proc import ProcReader, ProcStatus
 from sidecar.probes.pss import PssSampler
 from sidecar.settings import Settings
 from sidecar.watch.exits import ExitEvent
@@ -40,6 +48,7 @@ log = logging.getLogger("sidecar.daemon")  # the sampler's problems, as before t
 
 
 CGROUP_RECHECK_SECONDS = 10.0
+DETAIL_SECONDS = 1.0
 # A cgroup's series stay this long after its last rank left: the OOM kill that emptied it
 # must reach a scrape as an increment of trainwatch_cgroup_oom_kills_total (the agent tears
 # the other ranks down within a second, before a 5 s scrape sees the new count).
@@ -165,6 +174,11 @@ class Sampler:
         self._recent_cgroups: dict[str, tuple[MemoryCgroupRef, float]] = {}  # path -> (ref, last used)
         self._once = _OnceLog()
         self._nvml_ns_warned = False
+        self.pressure = False  # memory near a limit: every file, every round (the daemon sets it)
+        self._detail_at: float | None = None
+        self._statuses: dict[ProcKey, ProcStatus] = {}  # the last detailed round's
+        self._cgroup_samples: dict[str, CgroupSample] = {}  # path -> the last detailed sample
+        self._host: HostSample | None = None
         # Called with a rank's zombie exit status: the fallback when the process connector
         # is unavailable (the agent reaps within 0.1 s, so this sees a death only by luck).
         self.on_zombie: Callable[[ExitEvent], None] | None = None
@@ -187,6 +201,10 @@ class Sampler:
     def sample(self) -> Snapshot:
         started = self.clock()
         statuses: dict[str, ProbeStatus] = {}
+        # a round that starts a little early on the grid still counts as a second later
+        detail = self.pressure or self._detail_at is None or started - self._detail_at >= 0.9 * DETAIL_SECONDS
+        if detail:
+            self._detail_at = started
 
         t = self.clock()
         try:
@@ -208,18 +226,22 @@ class Sampler:
                 job.ranks.items(), key=lambda kv: (kv[1].rank is None, kv[1].rank or 0, kv[0])
             ):
                 try:
-                    row = self._sample_rank(job, pid, tracked)
+                    row = self._sample_rank(job, pid, tracked, detail)
                 except ProbeError as exc:
                     proc_problem = str(exc)
                     continue
                 if row is not None:
                     rows.append(row)
             rank_rows.append((job, rows))
-        self.pss.forget({tracked.key for _, rows in rank_rows for tracked, _ in rows})
+        live = {tracked.key for _, rows in rank_rows for tracked, _ in rows}
+        self.pss.forget(live)
+        for key in [k for k in self._statuses if k not in live]:
+            del self._statuses[key]
+        self.proc.keep_only({pid for _, rows in rank_rows for _, read in rows for pid in read.tree})
         self._timed("proc", statuses, t, proc_problem is None, proc_problem)
 
         t = self.clock()
-        cgroup_samples, rank_cgroup = self._sample_cgroups([r for _, rows in rank_rows for r in rows])
+        cgroup_samples, rank_cgroup = self._sample_cgroups([r for _, rows in rank_rows for r in rows], detail)
         self._timed(
             "cgroup",
             statuses,
@@ -238,13 +260,16 @@ class Sampler:
         self._timed("gpu", statuses, t, gpu_ok, gpu_msg)
 
         t = self.clock()
-        host: HostSample | None
-        try:
-            host = self.host.sample()
-            self._timed("host", statuses, t, True, None)
-        except ProbeError as exc:
-            host = None
-            self._timed("host", statuses, t, False, str(exc))
+        host: HostSample | None = self._host
+        if detail or host is None:
+            try:
+                host = self._host = self.host.sample()
+                self._timed("host", statuses, t, True, None)
+            except ProbeError as exc:
+                host = self._host = None
+                self._timed("host", statuses, t, False, str(exc))
+        else:
+            statuses["host"] = ProbeStatus(True, 0.0, None)
 
         gpu_by_rank, unmatched, gpu_activity = self._attribute_gpu(gpus, rank_rows)
         job_samples: list[JobSample] = []
@@ -281,16 +306,17 @@ class Sampler:
             unreadable_processes=len(self.discovery.unreadable),
             nvml_unmatched_pids=unmatched,
             smaps_cpu_seconds=self.pss.cpu_seconds,
+            detail=detail,
         )
 
     # -- per rank -----------------------------------------------------------------------
 
     def _sample_rank(
-        self, job: TrackedJob, pid: int, tracked: TrackedRank
+        self, job: TrackedJob, pid: int, tracked: TrackedRank, detail: bool = True
     ) -> tuple[TrackedRank, _RankRead] | None:
         proc, discovery = self.proc, self.discovery
         try:
-            st = proc.stat(pid)
+            st = proc.stat_kept(pid)
             if st.start_ticks != tracked.key.start_ticks:
                 discovery.forget(pid)
                 return None
@@ -298,18 +324,22 @@ class Sampler:
                 if self.on_zombie is not None and st.exit_code is not None:
                     self.on_zombie(ExitEvent(pid, st.exit_code, st.ppid, time.monotonic_ns(), source="proc"))
                 return None  # dead, not yet reaped by the agent: no longer a live rank
-            status = proc.status(pid)
+            status = None if detail else self._statuses.get(tracked.key)
+            fresh = status is None
+            if status is None:
+                status = self._statuses[tracked.key] = proc.status_kept(pid)
         except NoSuchProcess:
             discovery.forget(pid)
             return None
-        if status.rss_bytes is None:
+        if status.rss_bytes is None or st.rss_bytes == 0:
             return None  # no address space any more: killed and exiting, not a live rank
         tree = discovery.trees.get(pid) or discovery.tree(pid)
-        rss = status.rss_bytes
+        # VmRSS; between detailed rounds stat's, from the same counters
+        rss = status.rss_bytes if fresh else st.rss_bytes
         tree_rss = rss
         members = 1
         entries = discovery.entries
-        stat_brief = proc.stat_brief
+        stat_brief = proc.stat_brief_kept
         for child in tree[1:]:
             entry = entries.get(child)
             if entry is None:
@@ -347,6 +377,7 @@ class Sampler:
             status.uid,
             pss,
             uss,
+            # the rank's own (status: this round, or the last detailed one) and its descendants' RSS
             None if status.anon_shmem_bytes is None else status.anon_shmem_bytes + tree_rss - rss,
             workers,
         )
@@ -356,7 +387,7 @@ class Sampler:
     _cgroup_problem: str | None = None
 
     def _sample_cgroups(
-        self, rows: list[tuple[TrackedRank, _RankRead]]
+        self, rows: list[tuple[TrackedRank, _RankRead]], detail: bool = True
     ) -> tuple[tuple[CgroupSample, ...], dict[ProcKey, str]]:
         self._cgroup_problem = None
         if not self.cgroups.available:
@@ -389,6 +420,29 @@ class Sampler:
             else:
                 refs.setdefault(path, ref)
         samples: dict[str, CgroupSample] = {}
+        last = self._cgroup_samples
+        if not detail:  # the usage, fresh; the rest as the last detailed round read it
+            for path, ref in refs.items():
+                prev = last.get(path)
+                if prev is None:
+                    detail = True  # a cgroup not read in detail yet: read them all
+                    break
+                try:
+                    usage = self.cgroups.usage(ref)
+                except NoSuchProcess:
+                    self._recent_cgroups.pop(path, None)
+                    continue
+                except ProbeError as exc:
+                    self._cgroup_problem = str(exc)
+                    continue
+                samples[path] = prev if usage is None else dataclasses.replace(prev, usage_bytes=usage)
+                for level in prev.ancestors:  # the limited ancestors read last time
+                    above = last.get(level.path)
+                    if above is not None and level.path not in samples and level.path not in refs:
+                        samples[level.path] = above
+            if not detail:
+                return tuple(samples.values()), rank_cgroup
+            samples = {}
         for path, ref in refs.items():
             try:
                 sample = self.cgroups.sample(ref)
@@ -406,6 +460,7 @@ class Sampler:
                         samples[level.path] = self.cgroups.sample_level(ref, level.path)
                     except ProbeError as exc:
                         self._cgroup_problem = str(exc)
+        self._cgroup_samples = samples
         return tuple(samples.values()), rank_cgroup
 
     # -- GPU attribution ----------------------------------------------------------------

@@ -179,3 +179,39 @@ def test_the_flight_recorder_settings_in_real_processes_environments(tmp_path):
         }
     )
     assert new.flight_recorder == (500, "/d/r_")  # the new names win
+
+
+def test_kept_descriptors_follow_their_process_and_close():
+    """The sampler's reads through held descriptors (real /proc): a zombie still reads, a
+    reaped process is gone for good (its descriptor never reads another process), and
+    descriptors of processes no longer watched are closed."""
+    import subprocess
+
+    from sidecar.errors import NoSuchProcess
+    from sidecar.probes.proc import ProcReader
+
+    reader = ProcReader("/proc")
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        assert reader.stat_kept(child.pid).state in ("S", "R")
+        assert reader.status_kept(child.pid).rss_bytes
+        fds = set(reader._kept.values())
+        assert len(fds) == 2
+        child.kill()
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # a zombie, not reaped
+        assert reader.stat_kept(child.pid).state == "Z"
+        assert reader.stat_brief_kept(child.pid)[0] == "Z"
+        child.wait()
+        with pytest.raises(NoSuchProcess):
+            reader.stat_kept(child.pid)
+        assert (child.pid, "stat") not in reader._kept
+        reader.keep_only(set())
+        assert reader._kept == {}
+        for fd in fds:
+            with pytest.raises(OSError):
+                os.fstat(fd)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        reader.close()

@@ -239,6 +239,17 @@ class CgroupReader:
                 return marks
             level = level.rsplit("/", 1)[0] or "/"
 
+    def usage(self, ref: MemoryCgroupRef) -> int | None:
+        """The cgroup's usage alone (the one counter read every round); None for v2's root,
+        which has none. Raises NoSuchProcess when the cgroup is gone."""
+        if ref.version == 2 and ref.directory == ref.mount_directory:
+            return None
+        name = "memory.usage_in_bytes" if ref.version == 1 else "memory.current"
+        usage = _read_int(f"{ref.directory}/{name}")
+        if usage is None:
+            raise NoSuchProcess(f"{ref.directory}: cgroup gone", ref.directory)
+        return usage
+
     def sample(self, ref: MemoryCgroupRef) -> CgroupSample:
         """Read the cgroup's counters and its ancestors' limits. Raises NoSuchProcess when
         the cgroup directory is gone (the job's container or step ended)."""

@@ -9,6 +9,7 @@ does the I/O against a root that defaults to ``/proc``.
 from __future__ import annotations
 
 import os
+import resource
 from dataclasses import dataclass
 
 from sidecar.errors import NoSuchProcess, ParseError, read_bytes, translate_os_error
@@ -275,12 +276,35 @@ def read_stat(root: str, pid: int) -> ProcStat:
     return parse_stat(read_bytes(f"{root}/{pid}/stat"))
 
 
+def _kept_limit() -> int:
+    """How many /proc files the sampler may hold open: a quarter of the open-file limit
+    (raised to its hard ceiling first, as far as 16384), at most 4096."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = 16384 if hard == resource.RLIM_INFINITY else min(hard, 16384)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        return min(4096, soft // 4) if soft != resource.RLIM_INFINITY else 4096
+    except (OSError, ValueError):
+        return 0
+
+
 class ProcReader:
-    """Reads per-process files below ``root`` (``/proc`` unless a test says otherwise)."""
+    """Reads per-process files below ``root`` (``/proc`` unless a test says otherwise).
+
+    The watched processes' ``stat`` and ``status`` are read through descriptors held
+    open (``*_kept``, one ``pread`` a round instead of open, read, close). A descriptor
+    names the process it was opened for: once that process is reaped it reads ESRCH (as
+    NoSuchProcess), even when its pid names another process by then. Only procfs works
+    so (a file of a copied tree read through an old descriptor is the old file): a root
+    other than /proc reads each time."""
 
     def __init__(self, root: str = "/proc") -> None:
         self.root = root
         self._dir_fd: int | None = None
+        self._kept: dict[tuple[int, str], int] = {}
+        self._kept_limit: int | None = None if os.path.realpath(root) == "/proc" else 0
 
     def _read_one_shot(self, pid: int, name: str) -> bytes:
         """The sampling path's read of a single_open file (stat, status): relative to a
@@ -303,7 +327,55 @@ class ProcReader:
             return read_bytes(f"{self.root}/{rel}")
         return data
 
+    def _read_kept(self, pid: int, name: str) -> bytes:
+        fd = self._kept.get((pid, name))
+        if fd is None:
+            if self._kept_limit is None:
+                self._kept_limit = _kept_limit()
+            if len(self._kept) >= self._kept_limit:
+                return self._read_one_shot(pid, name)
+            rel = f"{pid}/{name}"
+            try:
+                if self._dir_fd is None:
+                    self._dir_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                fd = os.open(rel, os.O_RDONLY | os.O_CLOEXEC, dir_fd=self._dir_fd)
+            except OSError as exc:
+                raise translate_os_error(exc, f"{self.root}/{rel}") from None
+            self._kept[(pid, name)] = fd
+        try:
+            data = os.pread(fd, 8192, 0)
+        except OSError as exc:
+            self._drop(pid, name)
+            raise translate_os_error(exc, f"{self.root}/{pid}/{name}") from None
+        if not data:
+            self._drop(pid, name)
+            raise NoSuchProcess(f"{self.root}/{pid}/{name}: empty")
+        if len(data) == 8192:
+            return read_bytes(f"{self.root}/{pid}/{name}")
+        return data
+
+    def _drop(self, pid: int, name: str) -> None:
+        fd = self._kept.pop((pid, name), None)
+        if fd is not None:
+            os.close(fd)
+
+    def keep_only(self, pids: set[int]) -> None:
+        """Close the held descriptors of processes no longer watched."""
+        for pid, name in [k for k in self._kept if k[0] not in pids]:
+            self._drop(pid, name)
+
+    def stat_kept(self, pid: int) -> ProcStat:
+        return parse_stat(self._read_kept(pid, "stat"))
+
+    def stat_brief_kept(self, pid: int) -> tuple[str, int, int, int]:
+        return parse_stat_brief(self._read_kept(pid, "stat"))
+
+    def status_kept(self, pid: int) -> ProcStatus:
+        return parse_status(self._read_kept(pid, "status"))
+
     def close(self) -> None:
+        for pid, name in list(self._kept):
+            self._drop(pid, name)
         if self._dir_fd is not None:
             os.close(self._dir_fd)
             self._dir_fd = None
