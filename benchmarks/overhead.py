@@ -362,6 +362,56 @@ def idle(seconds: float, baseline: Path | None = None) -> dict[str, float]:
         d.close()
 
 
+def forks_total() -> int:
+    """Processes created on the machine since boot (/proc/stat ``processes``)."""
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("processes "):
+            return int(line.split()[1])
+    return 0
+
+
+def churn(seconds: float, baseline: Path | None = None, shells: int = 2) -> dict[str, float]:
+    """The daemon at 1 Hz watching a small job (1 agent x 2 ranks) while ``shells`` loops
+    on the node run ``/bin/false`` as fast as they can: a stream of short-lived failing
+    processes, every one a fork, an exec and a non-zero exit (the baseline's beside it)."""
+    tree = Tree(1, 2, 0)
+    d = Daemon(1.0)
+    b = Daemon(1.0, cwd=baseline) if baseline is not None else None
+    loops: list[subprocess.Popen] = []
+    try:
+        for daemon in (d, b):
+            if daemon is not None:
+                daemon.wait_ranks(2)
+                daemon.wait_rounds(3)
+        loops = [subprocess.Popen(["sh", "-c", "while :; do /bin/false; done"]) for _ in range(shells)]
+        time.sleep(1.0)  # the loops at full speed before the window opens
+        forks0, t0 = forks_total(), time.monotonic()
+        cpu0 = cpu_seconds(d.proc.pid)
+        cpu_b0 = cpu_seconds(b.proc.pid) if b else 0.0
+        while time.monotonic() - t0 < seconds:
+            time.sleep(min(15.0, seconds - (time.monotonic() - t0)))
+            d.scrape()
+            if b:
+                b.scrape()
+        elapsed = time.monotonic() - t0
+        out = {
+            "seconds": round(elapsed, 1),
+            "processes_per_second": round((forks_total() - forks0) / elapsed),
+            "core_percent": (cpu_seconds(d.proc.pid) - cpu0) / elapsed * 100,
+        }
+        if b:
+            out["baseline_core_percent"] = (cpu_seconds(b.proc.pid) - cpu_b0) / elapsed * 100
+        return out
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+        if b:
+            b.close()
+        d.close()
+        tree.close()
+
+
 def baseline_tree(rev: str, where: Path) -> Path:
     """A detached git worktree of ``rev`` at ``where`` (removed by the caller)."""
     subprocess.run(
@@ -404,6 +454,9 @@ def main() -> int:
     ap.add_argument("--window-1hz", type=float, default=60.0, help="seconds measured at 1 Hz")
     ap.add_argument("--window-10hz", type=float, default=30.0, help="seconds measured at 10 Hz")
     ap.add_argument("--idle-seconds", type=float, default=60.0)
+    ap.add_argument(
+        "--churn-seconds", type=float, default=60.0, help="seconds measured with failing processes churning"
+    )
     ap.add_argument("--soak-seconds", type=float, default=360.0, help="soak length (360 s = 3600 rounds)")
     ap.add_argument("--name", default="overhead", help="results file name (benchmarks/results/NAME.json)")
     ap.add_argument("--baseline", metavar="REV", help="a commit whose daemon runs beside this tree's")
@@ -426,7 +479,7 @@ def main() -> int:
 def run(args: argparse.Namespace, shapes: list[tuple[int, int, int]], baseline: Path | None) -> int:
     if args.quick:
         shapes = [(1, 2, 0), (1, 4, 4)]
-        args.window_1hz, args.window_10hz, args.idle_seconds = 15.0, 8.0, 10.0
+        args.window_1hz, args.window_10hz, args.idle_seconds, args.churn_seconds = 15.0, 8.0, 10.0, 10.0
         args.soak_seconds = min(args.soak_seconds, 20)
     exporter = shutil.which("prometheus-process-exporter")
     if exporter is None:
@@ -475,6 +528,8 @@ def run(args: argparse.Namespace, shapes: list[tuple[int, int, int]], baseline: 
         )
     idle_row = idle(args.idle_seconds, baseline)
     print(f"idle daemon: {idle_row['core_percent']:.3f}% of one core; {idle_row}", flush=True)
+    churn_row = churn(args.churn_seconds, baseline)
+    print(f"churn: {churn_row}", flush=True)
     soak = soak_rss(args.soak_seconds) if baseline is None else None
     print(f"soak: {soak}", flush=True)
     exporter_version = None
@@ -497,6 +552,7 @@ def run(args: argparse.Namespace, shapes: list[tuple[int, int, int]], baseline: 
             "exporter": exporter_version,
             "rows": rows,
             "idle": idle_row,
+            "churn": churn_row,
             "soak": soak,
         },
     )
