@@ -53,11 +53,30 @@ def create_app(daemon: Daemon, *, manage_daemon: bool = True) -> FastAPI:
     )
     app.state.daemon = daemon
 
+    # The last body rendered, and what it was rendered from: scrapes between two rounds (a
+    # second Prometheus, a dashboard, a retry) are served the same bytes without rendering.
+    rendered: list[tuple[Any, tuple[Any, ...], bytes]] = []
+
     @app.get("/metrics")
     def metrics(request: Request) -> Response:
         # OpenMetrics when the scraper lists it (Prometheus does, first), else text 0.0.4.
         openmetrics = "application/openmetrics-text" in request.headers.get("accept", "")
-        body = render(collector.collect(), openmetrics=openmetrics)
+        snap = daemon.snapshot
+        deaths = daemon.deaths
+        made_of = (
+            openmetrics,
+            daemon.store.written_total,
+            tuple(deaths.deaths_total.items()),
+            tuple(deaths.death_times.items()),
+            tuple(daemon.lost_events().items()),
+            tuple((g.kind, g.granted) for g in daemon.protection),
+        )
+        cached = rendered[0] if rendered else None
+        if cached is not None and cached[0] is snap and cached[1] == made_of:
+            body = cached[2]
+        else:
+            body = render(collector.collect(), openmetrics=openmetrics)
+            rendered[:] = [(snap, made_of, body)]
         return Response(
             content=body, media_type=CONTENT_TYPE_OPENMETRICS if openmetrics else CONTENT_TYPE_TEXT
         )

@@ -212,3 +212,26 @@ def test_the_cgroup_charge_events_and_pressure_families():
     )
     assert not any(name == "trainwatch_cgroup_memory_pressure_ratio" and ("kind", "full") in labels
                    for name, labels in got)  # fmt: skip
+
+
+def test_scrapes_between_rounds_reuse_the_body_and_a_new_round_or_death_renews_it(daemon, monkeypatch):
+    import sidecar.server as server
+
+    calls = []
+    real = server.render
+    monkeypatch.setattr(
+        server, "render", lambda families, openmetrics=False: calls.append(1) or real(families, openmetrics)
+    )
+    with TestClient(create_app(daemon, manage_daemon=False)) as client:
+        first = client.get("/metrics").text
+        assert client.get("/metrics").text == first and len(calls) == 1  # the same round: not rendered again
+        om = client.get("/metrics", headers={"Accept": "application/openmetrics-text"}).text
+        assert om.endswith("# EOF\n") and len(calls) == 2  # another format is another body
+        daemon.deaths.deaths_total[("8d6de2d1", "kernel_oom")] = 1  # a death between rounds
+        m = samples(client.get("/metrics").text)
+        assert m[("trainwatch_rank_deaths_total", (("job", "8d6de2d1"), ("killer", "kernel_oom")))] == 1
+        assert len(calls) == 3
+        before = samples(client.get("/metrics").text)[("trainwatch_samples_total", ())]
+        daemon.sample_now()  # a new round
+        after = samples(client.get("/metrics").text)[("trainwatch_samples_total", ())]
+        assert after == before + 1 and len(calls) == 4
