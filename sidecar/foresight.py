@@ -26,14 +26,13 @@ most stop at the first window whose halves do not both grow.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sidecar.model import CgroupSample, MemoryLimit, ProcKey, RankSample, Snapshot
+from sidecar.model import CgroupSample, MemoryLimit, ProcKey, RankSample, Snapshot, evolve
 
 __all__ = [
     "CONFIRM_SECONDS",
@@ -231,7 +230,7 @@ class Foresight:
             room = float(max(0, cg.limit_bytes - committed))
             headroom[cg.path] = (MemoryLimit("cgroup", cg.path, cg.limit_bytes), room)
             seconds = self._seconds(room, series.rate)
-            annotated.append(cg if seconds is None else dataclasses.replace(cg, exhaustion_seconds=seconds))
+            annotated.append(cg if seconds is None else evolve(cg, exhaustion_seconds=seconds))
         for path in [p for p in self._limits if p not in live_limits]:
             del self._limits[path]
 
@@ -242,7 +241,7 @@ class Foresight:
             for rank in job.ranks:
                 live_ranks.add(rank.key)
                 ranks.append(self._rank(job.key, rank, cgroups, headroom, t, snapshot.detail))
-            jobs.append(dataclasses.replace(job, ranks=tuple(ranks)))
+            jobs.append(evolve(job, ranks=tuple(ranks)))
         for key in [k for k in self._ranks if k not in live_ranks]:
             del self._ranks[key]
         for key in [k for k in self._episodes if k not in live_ranks]:
@@ -251,7 +250,7 @@ class Foresight:
         if len(self._warnings) > 64:  # bounded: keep the live jobs' and the newest others'
             keep = [k for k in self._warnings if k in live_jobs] + list(self._warnings)[-32:]
             self._warnings = {k: self._warnings[k] for k in dict.fromkeys(keep)}
-        return dataclasses.replace(snapshot, jobs=tuple(jobs), cgroups=tuple(annotated))
+        return evolve(snapshot, jobs=tuple(jobs), cgroups=tuple(annotated))
 
     @staticmethod
     def _series(table: dict[str, Series], key: str) -> Series:
@@ -312,7 +311,7 @@ class Foresight:
                 seconds = self._seconds(room, limit_series.rate)
         if seconds is not None and limit_series.rate is not None:
             self._episode(job, rank, limit, seconds, limit_series.rate, t)
-        return dataclasses.replace(rank, binding_limit=limit, exhaustion_seconds=seconds)
+        return evolve(rank, binding_limit=limit, exhaustion_seconds=seconds)
 
     def _episode(
         self, job: str, rank: RankSample, limit: MemoryLimit, seconds: float, rate: float, t: float

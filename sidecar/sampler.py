@@ -14,7 +14,6 @@ them carries the last detailed round's values and says so (``Snapshot.detail``).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
@@ -33,6 +32,7 @@ from sidecar.model import (
     ProcKey,
     RankSample,
     Snapshot,
+    evolve,
 )
 from sidecar.probes.cgroup import CgroupReader, MemoryCgroupRef
 from sidecar.probes.gpu import GpuProbe
@@ -435,7 +435,7 @@ class Sampler:
                 except ProbeError as exc:
                     self._cgroup_problem = str(exc)
                     continue
-                samples[path] = prev if usage is None else dataclasses.replace(prev, usage_bytes=usage)
+                samples[path] = prev if usage is None else evolve(prev, usage_bytes=usage)
                 for level in prev.ancestors:  # the limited ancestors read last time
                     above = last.get(level.path)
                     if above is not None and level.path not in samples and level.path not in refs:

@@ -41,7 +41,6 @@ missing rank's stack is there even when that rank was later SIGKILLed.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import errno
 import logging
 import os
@@ -54,7 +53,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.model import JobSample, RankProgress, RankSample, Snapshot
+from sidecar.model import JobSample, RankProgress, RankSample, Snapshot, evolve
 from sidecar.parse.flight import MAX_DUMP_BYTES, FlightDump, parse_dump, summarise
 from sidecar.probes.host import ptrace_scope
 from sidecar.saferead import JobRoot, Refused, poke_job_fifo, read_job_file
@@ -177,7 +176,7 @@ class StallTracker:
             for key in [k for k in self._jobs if k not in live]:
                 del self._jobs[key]
                 self._fr_locks.pop(key, None)
-        return dataclasses.replace(snap, jobs=tuple(jobs))
+        return evolve(snap, jobs=tuple(jobs))
 
     def _window(self, r: RankSample, state: _Job, now: float) -> _Judged:
         rank = state.ranks.get(r.key.pid)
@@ -225,7 +224,7 @@ class StallTracker:
             else:
                 reasons[r.rank_label] = reason
             ranks.append(
-                dataclasses.replace(
+                evolve(
                     r,
                     progress=RankProgress(round(now - rank.last_progress, 3), reason, j.cpu_busy, j.gpu_busy),
                 )
@@ -239,9 +238,7 @@ class StallTracker:
             suspects = tuple(working)
         else:
             suspects = ()
-        out = dataclasses.replace(
-            job, ranks=tuple(ranks), stalled_seconds=round(stalled, 3), suspected_missing=suspects
-        )
+        out = evolve(job, ranks=tuple(ranks), stalled_seconds=round(stalled, 3), suspected_missing=suspects)
         if stalled < self.threshold:
             if state.reported:
                 log.info("job %s: making progress again", job.key)
