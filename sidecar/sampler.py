@@ -339,27 +339,29 @@ class Sampler:
         tree_rss = rss
         members = 1
         entries = discovery.entries
-        stat_brief = proc.stat_brief_kept
-        for child in tree[1:]:
-            entry = entries.get(child)
-            if entry is None:
-                continue
-            try:
-                state, ppid, start_ticks, child_rss = stat_brief(child)
-            except NoSuchProcess:
-                discovery.forget(child)
-                continue
-            except ProbeError:
-                continue
-            if start_ticks != entry.key.start_ticks:
-                discovery.forget(child)
-                continue
-            if ppid != entry.ppid:
-                discovery.reparent(child, ppid)
-            if state in ("Z", "X"):
-                continue
-            tree_rss += child_rss
-            members += 1
+        if discovery.feed is not None and proc.keeps:
+            # The connector tells discovery of every exit and fork in the tree, and a held
+            # descriptor cannot read another process: statm's RSS is all a round needs.
+            rss_of, is_kept = proc.rss_kept, proc.is_kept
+            for child in tree[1:]:
+                entry = entries.get(child)
+                if entry is None:
+                    continue
+                try:
+                    if not is_kept(child, "statm") and proc.stat(child).start_ticks != entry.key.start_ticks:
+                        discovery.forget(child)  # the pid is another process's already
+                        continue
+                    child_rss = rss_of(child)
+                except NoSuchProcess:
+                    discovery.forget(child)
+                    continue
+                except ProbeError:
+                    continue
+                if child_rss:  # 0: a zombie
+                    tree_rss += child_rss
+                    members += 1
+        else:
+            tree_rss, members = self._tree_by_stat(tree, tree_rss, members)
         pss: int | None = None
         uss: int | None = None
         workers: tuple[tuple[int, int, int], ...] = ()
@@ -381,6 +383,35 @@ class Sampler:
             None if status.anon_shmem_bytes is None else status.anon_shmem_bytes + tree_rss - rss,
             workers,
         )
+
+    def _tree_by_stat(self, tree: list[int], tree_rss: int, members: int) -> tuple[int, int]:
+        """The descendants' RSS from their stat, checking each is still the process
+        discovery saw (start time) and where (parent): without the connector, nothing
+        else tells."""
+        discovery = self.discovery
+        entries = discovery.entries
+        stat_brief = self.proc.stat_brief_kept
+        for child in tree[1:]:
+            entry = entries.get(child)
+            if entry is None:
+                continue
+            try:
+                state, ppid, start_ticks, child_rss = stat_brief(child)
+            except NoSuchProcess:
+                discovery.forget(child)
+                continue
+            except ProbeError:
+                continue
+            if start_ticks != entry.key.start_ticks:
+                discovery.forget(child)
+                continue
+            if ppid != entry.ppid:
+                discovery.reparent(child, ppid)
+            if state in ("Z", "X"):
+                continue
+            tree_rss += child_rss
+            members += 1
+        return tree_rss, members
 
     # -- cgroups ------------------------------------------------------------------------
 

@@ -112,6 +112,15 @@ def parse_stat_brief(data: bytes, page_size: int = PAGE_SIZE) -> tuple[str, int,
         raise ParseError(f"malformed stat: {data[:80]!r}") from exc
 
 
+def parse_statm_rss(data: bytes, page_size: int = PAGE_SIZE) -> int:
+    """Resident bytes from /proc/PID/statm (its second field, pages). A zombie reads all
+    zeros. Raises ParseError."""
+    try:
+        return int(data.split(None, 2)[1]) * page_size
+    except (ValueError, IndexError) as exc:
+        raise ParseError(f"malformed statm: {data[:80]!r}") from exc
+
+
 _STATUS_KEYS = (
     b"\nPPid:",
     b"\nUid:",
@@ -359,6 +368,14 @@ class ProcReader:
         if fd is not None:
             os.close(fd)
 
+    @property
+    def keeps(self) -> bool:
+        """Whether descriptors are held (a real procfs, and the open-file limit allows)."""
+        return self._kept_limit != 0
+
+    def is_kept(self, pid: int, name: str) -> bool:
+        return (pid, name) in self._kept
+
     def keep_only(self, pids: set[int]) -> None:
         """Close the held descriptors of processes no longer watched."""
         for pid, name in [k for k in self._kept if k[0] not in pids]:
@@ -369,6 +386,11 @@ class ProcReader:
 
     def stat_brief_kept(self, pid: int) -> tuple[str, int, int, int]:
         return parse_stat_brief(self._read_kept(pid, "stat"))
+
+    def rss_kept(self, pid: int) -> int:
+        """Resident bytes from statm, the cheapest file that has them (no thread walk); 0
+        for a zombie."""
+        return parse_statm_rss(self._read_kept(pid, "statm"))
 
     def status_kept(self, pid: int) -> ProcStatus:
         return parse_status(self._read_kept(pid, "status"))
