@@ -4,11 +4,12 @@ deadlines (``daemon.py``); it never starts a subprocess and never waits on HTTP.
 probe reports its success and duration; one that fails logs once per distinct problem and
 the others go on.
 
-Each file is read at the rate it matters. Every round: each watched process's ``stat``
-(CPU, RSS, state; through a descriptor held open), each cgroup's usage, NVML. Once every
-``DETAIL_SECONDS``, and every round while memory is near a limit (``pressure``, set by
-the daemon): the ranks' ``status`` (peak, anonymous and shared memory, namespaces), the
-cgroups' other files (limits, memory.stat, events, PSI) and the host's. A round without
+Each file is read at the rate it matters. Every round: each rank's ``stat`` (CPU, RSS,
+state) and its descendants' RSS (through descriptors held open), each cgroup's usage,
+each GPU's memory. Once every ``DETAIL_SECONDS``, and every round while memory is near
+a limit (``pressure``, set by the daemon): the ranks' ``status`` (peak, anonymous and
+shared memory, namespaces), the cgroups' other files (limits, memory.stat, events, PSI),
+the host's, and NVML's per-process queries (memory and activity of each process). A round without
 them carries the last detailed round's values and says so (``Snapshot.detail``).
 """
 
@@ -252,7 +253,7 @@ class Sampler:
 
         t = self.clock()
         try:
-            gpu_result = self.gpu.sample()
+            gpu_result = self.gpu.sample(detail)
             gpus, gpu_ok, gpu_msg = gpu_result.devices, gpu_result.success, gpu_result.message
         except Exception as exc:
             log.exception("probe=gpu failed")

@@ -77,6 +77,27 @@ def test_each_process_activity_since_the_last_round():
     assert [p.sm_percent for p in probe.sample().devices[0].processes] == [0.0]
 
 
+def test_the_per_process_queries_wait_for_a_detailed_round():
+    """Between detailed rounds only each device's memory is asked for: its processes (their
+    memory, their activity) are the last detailed round's; a lost GPU is still seen."""
+    fake = scenario("two_gpus", (101, 102))()
+    fake.devices[0].utilisation = [(101, 80, 0)]
+    probe = GpuProbe(loader=lambda: fake)
+    first = probe.sample()
+    asked = len(fake.utilisation_asked)
+    fake.devices[0].processes = [(101, 3 * GIB)]
+    fake.devices[0].used = 3 * GIB
+    fake.devices[0].utilisation = [(101, 10, 0)]
+    light = probe.sample(detail=False)
+    assert len(fake.utilisation_asked) == asked  # not asked
+    assert light.devices[0].processes == first.devices[0].processes  # 2 GiB, 80 %: as last read
+    assert light.devices[0].used_bytes == 3 * GIB  # the device's memory: this round's
+    full = probe.sample()
+    assert [(p.used_bytes, p.sm_percent) for p in full.devices[0].processes] == [(3 * GIB, 10.0)]
+    fake.devices[1].lost_after = 0
+    assert probe.sample(detail=False).devices[1].lost
+
+
 def test_gpu_lost_mid_run_is_reported_and_the_other_gpu_goes_on():
     fake = scenario("gpu_lost_mid_run", (101, 102))()
     probe = GpuProbe(loader=lambda: fake)

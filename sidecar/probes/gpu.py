@@ -86,6 +86,8 @@ class GpuProbe:
         ] = []  # per device: newest utilisation sample (us); None: unsupported
         self._next_init = 0.0
         self._init_message: str | None = None
+        # per device: the processes the last detailed round listed (see sample())
+        self._processes: list[tuple[GpuProcessSample, ...] | None] = []
 
     def _init(self) -> str | None:
         """Initialise NVML; return None on success, else why not."""
@@ -120,6 +122,7 @@ class GpuProbe:
         self._names = [self._identity(h) for h in handles]
         self._memory_v2 = [True] * len(handles)
         self._util_seen = [0] * len(handles)
+        self._processes = [None] * len(handles)
         return None
 
     def _identity(self, handle: Any) -> tuple[str | None, str | None]:
@@ -141,7 +144,11 @@ class GpuProbe:
         with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
 
-    def sample(self) -> GpuResult:
+    def sample(self, detail: bool = True) -> GpuResult:
+        """Every device's memory, and its processes with their memory and activity. The
+        per-process queries are the costly ones (each a round trip to the driver that a
+        training step can wait behind): without ``detail`` the last detailed round's list
+        is given again (the activity is a mean since the previous query either way)."""
         if self._nvml is None:
             now = self._clock()
             if now < self._next_init:
@@ -160,15 +167,19 @@ class GpuProbe:
         devices: list[GpuDeviceSample] = []
         problems: list[str] = []
         for index, handle in enumerate(self._handles):
-            devices.append(self._device(index, handle, problems))
+            devices.append(self._device(index, handle, problems, detail))
         return GpuResult(tuple(devices), not problems, "; ".join(problems) or None)
 
-    def _device(self, index: int, handle: Any, problems: list[str]) -> GpuDeviceSample:
+    def _device(self, index: int, handle: Any, problems: list[str], detail: bool = True) -> GpuDeviceSample:
         nvml = self._nvml
         uuid, name = self._names[index]
         used = total = None
         try:
             used, total = self._memory(index, handle)
+            last = self._processes[index]
+            if not detail and last is not None:
+                return GpuDeviceSample(index, uuid, name, used, total, processes=last)
+            self._processes[index] = None
             listed = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
             util = self._utilisation(index, handle)
             procs = tuple(
@@ -179,6 +190,7 @@ class GpuProbe:
                 )
                 for p in listed
             )
+            self._processes[index] = procs
         except Exception as exc:
             if not _is_nvml_error(nvml, exc):
                 raise
