@@ -58,6 +58,22 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:
+    """CPU time of every thread of ``pid`` so far, in ns from each task's schedstat: stat's
+    utime+stime count 10 ms ticks, which at 1 Hz over a minute is 8 us per process-round
+    and for an idle daemon 0.017 % of a core, the size of what is measured. A thread that
+    ended is missing from the sum (the daemon's threads live as long as it does; a
+    flight-recorder probe's do not, and none runs here); ``cpu_ticks_seconds`` is the
+    coarse whole-process figure to check it against."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total / 1e9
+
+
+def cpu_ticks_seconds(pid: int) -> float:
     data = Path(f"/proc/{pid}/stat").read_text()
     fields = data[data.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / TICKS
@@ -254,6 +270,7 @@ def side_by_side(
         rounds_b0 = b.samples_total() if b else 0.0
         cpu_b0 = cpu_seconds(b.proc.pid) if b else 0.0
         rounds0, cpu_d0 = d.samples_total(), cpu_seconds(d.proc.pid)
+        ticks_d0 = cpu_ticks_seconds(d.proc.pid)
         cpu_p0 = cpu_seconds(pe.proc.pid) if pe else 0.0
         t0 = time.monotonic()
         next_scrape, next_pe, pe_scrapes = t0 + 15, t0 + interval, 0
@@ -275,6 +292,7 @@ def side_by_side(
             )
         elapsed = time.monotonic() - t0
         cpu_d = cpu_seconds(d.proc.pid) - cpu_d0
+        ticks_d = cpu_ticks_seconds(d.proc.pid) - ticks_d0
         cpu_p = (cpu_seconds(pe.proc.pid) - cpu_p0) if pe else None
         rounds = d.samples_total() - rounds0
         base: dict[str, Any] = {}
@@ -292,7 +310,8 @@ def side_by_side(
             "interval_seconds": interval,
             "window_seconds": round(elapsed, 1),
             "trainwatch_rounds": int(rounds),
-            "trainwatch_cpu_seconds": round(cpu_d, 3),
+            "trainwatch_cpu_seconds": round(cpu_d, 4),
+            "trainwatch_cpu_ticks_seconds": round(ticks_d, 2),
             "trainwatch_us_per_process_round": cpu_d / rounds / watched * 1e6 if rounds else None,
             "trainwatch_core_percent": cpu_d / elapsed * 100,
             "trainwatch_rss_bytes": rss_bytes(d.proc.pid),
@@ -342,6 +361,7 @@ def idle(seconds: float, baseline: Path | None = None) -> dict[str, float]:
         if b:
             b.wait_rounds(2)
         cpu0, t0 = cpu_seconds(d.proc.pid), time.monotonic()
+        ticks0 = cpu_ticks_seconds(d.proc.pid)
         cpu_b0 = cpu_seconds(b.proc.pid) if b else 0.0
         while time.monotonic() - t0 < seconds:
             time.sleep(min(15.0, seconds - (time.monotonic() - t0)))
@@ -352,6 +372,7 @@ def idle(seconds: float, baseline: Path | None = None) -> dict[str, float]:
         out = {
             "seconds": round(elapsed, 1),
             "core_percent": (cpu_seconds(d.proc.pid) - cpu0) / elapsed * 100,
+            "ticks_core_percent": (cpu_ticks_seconds(d.proc.pid) - ticks0) / elapsed * 100,
         }
         if b:
             out["baseline_core_percent"] = (cpu_seconds(b.proc.pid) - cpu_b0) / elapsed * 100
@@ -370,7 +391,7 @@ def forks_total() -> int:
     return 0
 
 
-def churn(seconds: float, baseline: Path | None = None, shells: int = 2) -> dict[str, float]:
+def churn(seconds: float, baseline: Path | None = None, shells: int = 1) -> dict[str, float]:
     """The daemon at 1 Hz watching a small job (1 agent x 2 ranks) while ``shells`` loops
     on the node run ``/bin/false`` as fast as they can: a stream of short-lived failing
     processes, every one a fork, an exec and a non-zero exit (the baseline's beside it)."""
@@ -453,10 +474,11 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="two shapes, short windows (a smoke run)")
     ap.add_argument("--window-1hz", type=float, default=60.0, help="seconds measured at 1 Hz")
     ap.add_argument("--window-10hz", type=float, default=30.0, help="seconds measured at 10 Hz")
-    ap.add_argument("--idle-seconds", type=float, default=60.0)
+    ap.add_argument("--idle-seconds", type=float, default=300.0)
     ap.add_argument(
         "--churn-seconds", type=float, default=60.0, help="seconds measured with failing processes churning"
     )
+    ap.add_argument("--churn-shells", type=int, default=1, help="shell loops running /bin/false at once")
     ap.add_argument("--soak-seconds", type=float, default=360.0, help="soak length (360 s = 3600 rounds)")
     ap.add_argument("--name", default="overhead", help="results file name (benchmarks/results/NAME.json)")
     ap.add_argument("--baseline", metavar="REV", help="a commit whose daemon runs beside this tree's")
@@ -528,7 +550,7 @@ def run(args: argparse.Namespace, shapes: list[tuple[int, int, int]], baseline: 
         )
     idle_row = idle(args.idle_seconds, baseline)
     print(f"idle daemon: {idle_row['core_percent']:.3f}% of one core; {idle_row}", flush=True)
-    churn_row = churn(args.churn_seconds, baseline)
+    churn_row = churn(args.churn_seconds, baseline, args.churn_shells)
     print(f"churn: {churn_row}", flush=True)
     soak = soak_rss(args.soak_seconds) if baseline is None else None
     print(f"soak: {soak}", flush=True)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import json
 import math
 import os
@@ -68,7 +69,7 @@ def gpu_count() -> int:
 
 
 class Daemon:
-    def __init__(self, workdir: Path, interval: float) -> None:
+    def __init__(self, workdir: Path, interval: float, extra: tuple[str, ...] = ()) -> None:
         self.log_path = workdir / f"daemon-{interval}.log"
         self._log = open(self.log_path, "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
@@ -83,6 +84,7 @@ class Daemon:
                 str(interval),
                 "--postmortem-dir",
                 str(workdir / "pm"),
+                *extra,
             ],
             stdout=self._log,
             stderr=subprocess.STDOUT,
@@ -114,6 +116,24 @@ class Daemon:
         self._log.close()
 
 
+FLIGHT_RECORDER = False  # --flight-recorder: the job opens NCCL's debug FIFO (the stall probe's)
+
+
+def flight_recorder_env(workdir: Path, tag: str) -> dict[str, str]:
+    """What a job sets for NCCL's flight recorder and its on-demand dump FIFO: with these,
+    the daemon asks every rank for a dump every third of --stall-after while every GPU is
+    busy (the stall probe), and that cost is part of what is measured."""
+    fr = workdir / f"fr-{tag}"
+    fr.mkdir(parents=True, exist_ok=True)
+    return {
+        "TORCH_FR_BUFFER_SIZE": "2000",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+        "TORCH_FR_DUMP_TEMP_FILE": str(fr / "nccl_trace_rank_"),
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(fr / "nccl_trace_rank_"),
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(fr / "pipe_rank_"),
+    }
+
+
 def launch(workdir: Path, nproc: int, steps: int, tag: str) -> subprocess.Popen[bytes]:
     """torchrun of train_step.py; its output in DIR/torchrun-TAG.log."""
     # ranks x threads within the cores: an oversubscribed OpenMP pool turns any other
@@ -122,6 +142,8 @@ def launch(workdir: Path, nproc: int, steps: int, tag: str) -> subprocess.Popen[
     env = dict(
         os.environ, OMP_NUM_THREADS=str(threads), NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1"
     )
+    if FLIGHT_RECORDER:
+        env.update(flight_recorder_env(workdir, tag))
     torchrun = str(Path(sys.executable).parent / "torchrun")
     with open(workdir / f"torchrun-{tag}.log", "w") as log:
         return subprocess.Popen(
@@ -230,17 +252,24 @@ def median_ci95(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(xs), xs[k], xs[n - 1 - k]
 
 
-def alternate(workdir: Path, nproc: int, steps: int, interval: float, phase: float) -> dict:
+def alternate(
+    workdir: Path, nproc: int, steps: int, interval: float, phase: float, extra: tuple[str, ...] = ()
+) -> dict:
     """One training run watched by a daemon that is paused and resumed every ``phase`` s."""
     tag = f"alt-{interval}"
-    daemon = Daemon(workdir, interval)
+    daemon = Daemon(workdir, interval, extra)
     cpu0 = daemon.cpu_seconds()  # its start-up (imports) is not the job's cost
     job = launch(workdir, nproc, steps, tag)
     switches: list[tuple[float, bool]] = [(time.time(), True)]  # (when, daemon running)
     seen, view = False, None
+    dumps: set[tuple[str, int]] = set()  # (file, mtime): each flight-recorder dump the job wrote
     next_switch = time.monotonic() + phase
     while job.poll() is None:
         time.sleep(0.05)
+        if FLIGHT_RECORDER:
+            for f in (workdir / f"fr-{tag}").glob("nccl_trace_rank_*"):
+                with contextlib.suppress(OSError):
+                    dumps.add((f.name, f.stat().st_mtime_ns))
         running = switches[-1][1]
         if running:
             seen = seen or sees(daemon, job)
@@ -292,6 +321,10 @@ def alternate(workdir: Path, nproc: int, steps: int, interval: float, phase: flo
         "gpu_view": view,
         "cuda": result["cuda"],
         "world_size": result["world_size"],
+        "daemon_args": list(extra),
+        "flight_recorder": FLIGHT_RECORDER,
+        # the dumps the daemon's stall probe asked for, as the job wrote them
+        "flight_recorder_dumps": len(dumps) if FLIGHT_RECORDER else None,
     }
 
 
@@ -305,13 +338,21 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=4, help="--mode runs: repetitions")
     ap.add_argument("--phase", type=float, default=3.0, help="--mode alternate: seconds between switches")
     ap.add_argument("--out", default=None, help="directory for the JSON results (default: a temp dir)")
+    ap.add_argument(
+        "--flight-recorder",
+        action="store_true",
+        help="the job opens NCCL's flight recorder and its dump FIFO, so the daemon's stall probe runs",
+    )
+    ap.add_argument("--daemon-arg", action="append", default=[], help="an extra daemon argument (repeatable)")
     args = ap.parse_args()
+    global FLIGHT_RECORDER
+    FLIGHT_RECORDER = args.flight_recorder
     gpus = gpu_count()
     nproc = args.nproc or gpus or 2
     workdir = Path(args.out or tempfile.mkdtemp(prefix="tw-steps-"))
     workdir.mkdir(parents=True, exist_ok=True)
     if args.mode == "alternate":
-        return main_alternate(workdir, nproc, args.steps or 2000, args.phase)
+        return main_alternate(workdir, nproc, args.steps or 2000, args.phase, tuple(args.daemon_arg))
     args.steps = args.steps or 400
     conditions: list[tuple[str, float | None]] = [("none", None), ("1hz", 1.0), ("10hz", 0.1)]
     rows = []
@@ -364,10 +405,10 @@ def main() -> int:
     return 0
 
 
-def main_alternate(workdir: Path, nproc: int, steps: int, phase: float) -> int:
+def main_alternate(workdir: Path, nproc: int, steps: int, phase: float, extra: tuple[str, ...] = ()) -> int:
     results = []
     for interval in (1.0, 0.1):
-        r = alternate(workdir, nproc, steps, interval, phase)
+        r = alternate(workdir, nproc, steps, interval, phase, extra)
         results.append(r)
         lo, hi = r["overhead_pct_ci95"]
         mlo, mhi = r["overhead_pct_median_ci95"]
@@ -376,7 +417,8 @@ def main_alternate(workdir: Path, nproc: int, steps: int, phase: float) -> int:
             f"{r['median_step_on_s'] * 1e3:.3f} ms at work; over {r['pairs']} paired stretches the "
             f"overhead's median {r['overhead_pct_median']:+.2f}% [{mlo:+.2f}%, {mhi:+.2f}%], "
             f"mean {r['overhead_pct_mean']:+.2f}% [{lo:+.2f}%, {hi:+.2f}%]; "
-            f"daemon CPU {r['daemon_cpu_s']:.2f} s, saw the job: {r['daemon_saw_job']}",
+            f"daemon CPU {r['daemon_cpu_s']:.2f} s, saw the job: {r['daemon_saw_job']}, "
+            f"flight-recorder dumps: {r['flight_recorder_dumps']}",
             flush=True,
         )
         if r["gpu_view"]:
@@ -402,6 +444,9 @@ def main_alternate(workdir: Path, nproc: int, steps: int, phase: float) -> int:
         "daemon_saw_job",
         "cuda",
         "world_size",
+        "daemon_args",
+        "flight_recorder",
+        "flight_recorder_dumps",
     )
     rows = []
     for interval, r in zip((1.0, 0.1), results, strict=True):
