@@ -203,3 +203,41 @@ def test_pressure_means_a_rank_close_to_a_limit():
     assert not under_pressure(
         replace(snap, jobs=(), host=replace(host, available_bytes=5))
     )  # nothing to watch
+
+
+def test_rounds_between_detailed_ones_carry_the_judgements(proc_tree, tmp_path):
+    """Foresight and the stall tracker judge the detailed rounds only (once a second, every
+    round near a limit); a round between two carries their last word for each rank, job
+    and cgroup, and reads the figures that change fast afresh."""
+    from tests.test_discovery import Clock
+
+    clock = Clock()
+    sampler = _sampler(proc_tree, tmp_path, clock=clock)
+    daemon = Daemon(sampler.settings, sampler, watch_deaths=False)
+    judged: list[bool] = []
+    real_stalls = daemon.stalls.update
+    daemon.stalls.update = lambda snap: judged.append(snap.detail) or real_stalls(snap)  # type: ignore[method-assign]
+    first = daemon.sample_now()
+    published = daemon.snapshot
+    assert first.detail and judged == [True]
+    clock.now += 0.1
+    second = daemon.sample_now()
+    assert not second.detail and judged == [True]  # not judged again
+    now = daemon.snapshot
+    assert now is not None and published is not None
+    before = {r.key: r for j in published.jobs for r in j.ranks}
+    for job in now.jobs:
+        was = next(j for j in published.jobs if j.key == job.key)
+        assert (job.stalled_seconds, job.suspected_missing) == (was.stalled_seconds, was.suspected_missing)
+        for r in job.ranks:
+            assert r.progress is not None and r.progress == before[r.key].progress
+            assert (r.binding_limit, r.exhaustion_seconds) == (
+                before[r.key].binding_limit,
+                before[r.key].exhaustion_seconds,
+            )
+    assert now.monotonic > published.monotonic  # a new round all the same
+    clock.now += 1.0
+    assert daemon.sample_now().detail and judged == [True, True]
+    sampler.pressure = True  # near a limit: every round is detailed and judged
+    clock.now += 0.1
+    assert daemon.sample_now().detail and judged == [True, True, True]
