@@ -24,7 +24,7 @@ import json
 import logging
 import os
 import threading
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from sidecar.incidents import Generation, Known
@@ -208,16 +208,30 @@ def _cgroup(c: CgroupSample) -> list[Any]:
     ]
 
 
+_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _flat(obj: Any) -> list[Any]:
+    """A flat record's fields in order (what ``dataclasses.astuple`` gives for these
+    records of numbers and flat dicts, without its recursive deep copy: the journal is
+    written every few seconds while a job runs, and astuple was most of its cost)."""
+    cls = type(obj)
+    names = _NAMES.get(cls)
+    if names is None:
+        names = _NAMES[cls] = tuple(f.name for f in fields(cls))
+    return [getattr(obj, n) for n in names]
+
+
 def _charge(c: MemoryCharge | None) -> list[Any] | None:
-    return list(astuple(c)) if c is not None else None
+    return _flat(c) if c is not None else None
 
 
 def _host(h: HostSample) -> list[Any]:
-    return list(astuple(h))
+    return _flat(h)
 
 
 def _point(p: TimelinePoint) -> list[Any]:
-    return list(astuple(p))
+    return _flat(p)
 
 
 def thin(points: list[TimelinePoint], most: int = CURVE_POINTS) -> tuple[TimelinePoint, ...]:
