@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import signal
 import socket
 import sys
@@ -133,6 +134,7 @@ class Service:
         self.job_output = job_output
         self.url = ""
         self._done = threading.Event()
+        self._done_r, self._done_w = os.pipe()  # readable once the server has ended
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -194,6 +196,7 @@ class Service:
                 self.server.run(sockets=[self._sock])
             finally:
                 self._done.set()
+                os.write(self._done_w, b"x")
 
         self._thread = threading.Thread(target=run_server, name="trainwatch-http")
         log.info(
@@ -205,8 +208,19 @@ class Service:
         )
         self._thread.start()
 
-    def wait(self) -> None:
-        self._done.wait()  # a signal still interrupts it (its handler runs, then the wait goes on)
+    def wait(self, signals_fd: int | None = None) -> None:
+        """Until the server has ended. ``signals_fd``: the read end of the signal wakeup fd
+        (``serve``): a signal may be delivered to any thread, and Python runs its handler
+        only when the main thread next runs, so the main thread must wake for it. A wait
+        on a lock would not (and a poll with a timeout would wake the daemon for nothing)."""
+        if signals_fd is None:
+            self._done.wait()
+            return
+        while not self._done.is_set():
+            ready, _, _ = select.select([self._done_r, signals_fd], [], [])
+            if signals_fd in ready:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(signals_fd, 512)  # the handlers run as this thread goes on
 
     def stop(self) -> bool:
         """Stop serving (the app's lifespan stops the daemon, which finishes postmortems in
@@ -216,6 +230,9 @@ class Service:
         if self._thread is not None:
             self._thread.join()
         self._sock.close()
+        for fd in (self._done_r, self._done_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
         return bool(self.server.started)
 
 
@@ -230,7 +247,16 @@ def serve(settings: Settings) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    service.wait()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    try:
+        service.wait(wake_r)
+    finally:
+        signal.set_wakeup_fd(-1)
+        os.close(wake_r)
+        os.close(wake_w)
     if not service.stop():
         log.error("the HTTP server failed to start")
         return 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -243,3 +244,28 @@ def test_self_protection_flags():
     for bad in ("-1001", "1001", "low"):
         with pytest.raises(ConfigError, match="--oom-score-adj: expected a number from -1000 to 1000"):
             parse_args(["--attach-torchrun", "--oom-score-adj", bad], {})
+
+
+@pytest.mark.parametrize("which", ["main", "another"])
+def test_sigterm_stops_the_daemon_whichever_thread_receives_it(tmp_path, which):
+    """A process-directed signal goes to any thread that does not block it; Python runs the
+    handler on the main thread only, so the main thread must wake for a signal another
+    thread received (it waits without a timeout: a tick would cost an idle daemon). The
+    signal is sent here to one thread with tgkill, as the kernel may pick it."""
+    import ctypes
+    import signal as sig
+
+    from tests.e2e import DaemonProc, wait_for
+
+    with DaemonProc(tmp_path) as daemon:
+        pid = daemon.proc.pid
+        daemon.wait_rounds(1)
+        tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+        tid = pid if which == "main" else next(t for t in tids if t != pid)
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.syscall(234, pid, tid, int(sig.SIGTERM)) == 0  # SYS_tgkill (x86-64)
+        wait_for(
+            lambda: daemon.proc.poll() is not None, 15, f"the daemon to stop after SIGTERM to task {tid}"
+        )
+        assert daemon.proc.returncode == 0
+        assert "received SIGTERM, shutting down" in daemon.log() and "stopped" in daemon.log()
