@@ -59,7 +59,7 @@ def overhead() -> str:
     out = [
         f"`benchmarks/overhead.py` ({_provenance(doc)}; process-exporter: {r['exporter'] or 'absent'}"
         + (", quick run" if r["quick"] else "")
-        + "). The whole daemon process (utime+stime of all its threads, HTTP scrapes every 15 s"
+        + "). The whole daemon process (the CPU time of all its threads, HTTP scrapes every 15 s"
         " included) per watched process per sampling round, and its share of one core; beside it,"
         " `prometheus-process-exporter` on the same processes, scraped at the same rate (one"
         " scrape is one round), in the same run:",
@@ -90,7 +90,7 @@ def overhead() -> str:
             f"{_us(row['sampler_only_us_per_process_round'])} ({_us(row['sampler_only_us_per_process_round_min'])})"
         )
         out.append("| " + " | ".join(cells) + " |")
-    idle, soak = r["idle"], r["soak"]
+    idle, soak, churn = r["idle"], r["soak"], r.get("churn")
     if lagged:
         out += [
             "",
@@ -103,13 +103,85 @@ def overhead() -> str:
         " benchmark's process (no HTTP, no threads, no death watchers): what one sampling round"
         " costs, not what the daemon costs.",
         "",
-        f"- The daemon with no job to watch, at 1 Hz: **{idle['core_percent']:.2f} % of one core**"
+        f"- The daemon with no job to watch, at 1 Hz: **{idle['core_percent']:.3f} % of one core**"
         f" over {idle['seconds']:.0f} s.",
+        *(
+            [
+                f"- With {churn['processes_per_second']:,} short-lived failing processes a second on the"
+                " node (a shell loop running `/bin/false`), watching a job of 2 ranks at 1 Hz:"
+                f" **{churn['core_percent']:.2f} % of one core** over {churn['seconds']:.0f} s."
+            ]
+            if churn
+            else []
+        ),
         f"- Its RSS over {soak['rounds']} rounds at 10 Hz with `--history 60` (600 points of history a"
         f" job, as the default 600 s at 1 Hz), 8 ranks × 8 workers watched:"
         f" **{soak['rss_start_bytes'] / MIB:.1f} MiB -> {soak['rss_end_bytes'] / MIB:.1f} MiB**.",
     ]
     return "\n".join(out) + "\n"
+
+
+AB_CHANGES = (  # results name, what changed (the commits are in each file)
+    ("overhead-ab-noise", "nothing: the same commit on both sides (the noise floor)"),
+    ("overhead-ab-http", "the HTTP server and the main thread stop ticking"),
+    (
+        "overhead-ab-events",
+        "jobs found from the connector's events, filtered in the kernel; an idle daemon sleeps",
+    ),
+    ("overhead-ab-detail", "each file at the rate it matters; descriptors held open"),
+    (
+        "overhead-ab-round",
+        "records copied without re-running __init__; descendants from statm; /metrics cached",
+    ),
+    ("overhead-ab-judge", "foresight and stalls judge once a second; the journal without a deep copy"),
+)
+
+
+def overhead_ab() -> str:
+    """Each change's before and after: the daemon of the change's commit beside the one of
+    the commit before it, in the same run (``overhead.py --baseline``)."""
+    rows = []
+    for name, what in AB_CHANGES:
+        doc = _load(name)
+        if doc is None:
+            continue
+        r = doc["results"]
+        row = r["rows"][0]
+        cells = [what, f"`{doc['commit']}` vs `{r['baseline']}`"]
+        for rate in ("1hz", "10hz"):
+            m = row[rate]
+            cells.append(
+                f"{_us(m['trainwatch_us_per_process_round'])} / {_us(m.get('baseline_us_per_process_round'))}"
+            )
+        idle = r["idle"]
+        cells.append(f"{idle['core_percent']:.3f} / {idle['baseline_core_percent']:.3f} %")
+        churn = r.get("churn")
+        cells.append(
+            f"{churn['core_percent']:.2f} / {churn['baseline_core_percent']:.2f} % "
+            f"({churn['processes_per_second']:,}/s)"
+            if churn
+            else "n/a"
+        )
+        rows.append("| " + " | ".join(cells) + " |")
+    if not rows:
+        return _missing("overhead-ab-*", "run `benchmarks/overhead.py --baseline REV`")
+    first = _load(AB_CHANGES[0][0]) or {}
+    return (
+        "\n".join(
+            [
+                "Each change of issue 18 beside the commit before it, in the same run, on the same"
+                f" processes (1 agent × 4 ranks × (1 + 4 workers) = 21; {_provenance(first)} for the first"
+                " row, each file has its own). Per watched process per round, after / before; idle and"
+                " churn in share of one core. Rows before the schedstat method (the noise floor) count"
+                " 10 ms ticks: their 1 Hz and idle figures are coarse.",
+                "",
+                "| change | commits | 1 Hz | 10 Hz | idle | churn |",
+                "| --- | --- | ---: | ---: | ---: | ---: |",
+                *rows,
+            ]
+        )
+        + "\n"
+    )
 
 
 def deaths() -> str:
@@ -466,6 +538,7 @@ def gpu_stall() -> str:
 
 RENDERERS: dict[str, Callable[[], str]] = {
     "overhead": overhead,
+    "overhead_ab": overhead_ab,
     "deaths": deaths,
     "diagnose": diagnose,
     "gpu": gpu,
