@@ -330,7 +330,10 @@ def side_by_side(
         d.close()
 
 
-def metrics_latency(ranks: int, n: int = 200) -> dict[str, float]:
+def metrics_latency(ranks: int, n: int = 200, fresh: int = 20) -> dict[str, float]:
+    """``GET /metrics`` latency: ``n`` scrapes back to back (most find the body of their
+    round already rendered), then ``fresh`` scrapes 1.05 s apart, each the first of its
+    round (what a Prometheus scraping every 15 s sees: a rendering every time)."""
     d = Daemon(1.0)
     try:
         d.wait_ranks(ranks)
@@ -342,9 +345,18 @@ def metrics_latency(ranks: int, n: int = 200) -> dict[str, float]:
             size = len(d.scrape())
             times.append(time.perf_counter() - t0)
         times.sort()
+        first = []
+        for _ in range(fresh):
+            time.sleep(1.05)
+            t0 = time.perf_counter()
+            d.scrape()
+            first.append(time.perf_counter() - t0)
+        first.sort()
         return {
             "metrics_p50_ms": statistics.median(times) * 1e3,
             "metrics_p99_ms": times[int(0.99 * (n - 1))] * 1e3,
+            "metrics_fresh_p50_ms": statistics.median(first) * 1e3 if first else None,
+            "metrics_fresh_max_ms": first[-1] * 1e3 if first else None,
             "metrics_bytes": size,
         }
     finally:

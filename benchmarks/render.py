@@ -85,7 +85,15 @@ def overhead() -> str:
                 f"{_us(m['exporter_us_per_process_scrape'])} ({_pct(m['exporter_core_percent'])})"
                 + (f" † {m['exporter_scrapes'] / m['window_seconds']:.1f}/s" if behind else "")
             )
-        cells.append(f"{row['metrics_p50_ms']:.2f} / {row['metrics_p99_ms']:.2f} ms")
+        fresh = row.get("metrics_fresh_p50_ms")
+        cells.append(
+            f"{row['metrics_p50_ms']:.2f} / {row['metrics_p99_ms']:.2f} ms"
+            + (
+                f"; first of a round {fresh:.2f} / {row['metrics_fresh_max_ms']:.2f} ms"
+                if fresh is not None
+                else ""
+            )
+        )
         cells.append(
             f"{_us(row['sampler_only_us_per_process_round'])} ({_us(row['sampler_only_us_per_process_round_min'])})"
         )
@@ -98,6 +106,9 @@ def overhead() -> str:
             " was scraped back to back, at the rate shown; its cost per scrape is still per scrape.",
         ]
     out += [
+        "",
+        "`/metrics`: p50 / p99 of 200 scrapes back to back (a body is rendered once a round), and"
+        " p50 / max of 20 scrapes each the first of its round (rendered for it).",
         "",
         "In brackets: the share of one core. The last column is `Sampler.sample()` alone in the"
         " benchmark's process (no HTTP, no threads, no death watchers): what one sampling round"
