@@ -18,24 +18,24 @@ from collections.abc import Iterable
 
 from prometheus_client.core import Metric
 
-__all__ = ["CONTENT_TYPE_OPENMETRICS", "CONTENT_TYPE_TEXT", "render"]
+__all__ = ["CONTENT_TYPE_OPENMETRICS", "CONTENT_TYPE_TEXT", "escape_help", "escape_value", "number", "render"]
 
 CONTENT_TYPE_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 CONTENT_TYPE_OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
 
-def _escape_value(value: str) -> str:
+def escape_value(value: str) -> str:
     if "\\" in value or '"' in value or "\n" in value:
         return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
     return value
 
 
-def _escape_help(text: str, openmetrics: bool) -> str:
+def escape_help(text: str, openmetrics: bool) -> str:
     text = text.replace("\\", "\\\\").replace("\n", "\\n")
     return text.replace('"', '\\"') if openmetrics else text
 
 
-def _number(value: float) -> str:
+def number(value: float) -> str:
     if value != value:  # NaN
         return "NaN"
     if math.isinf(value):
@@ -53,15 +53,15 @@ def render(families: Iterable[Metric], openmetrics: bool = False) -> bytes:
         name = family.name
         kind = family.type
         header = name + "_total" if kind == "counter" and not openmetrics else name
-        append(f"# HELP {header} {_escape_help(family.documentation, openmetrics)}\n")
+        append(f"# HELP {header} {escape_help(family.documentation, openmetrics)}\n")
         append(f"# TYPE {header} {kind}\n")
         for sample in family.samples:
             labels = sample.labels
             if labels:
-                inner = ",".join(f'{k}="{_escape_value(v)}"' for k, v in labels.items())
-                append(f"{sample.name}{{{inner}}} {_number(sample.value)}\n")
+                inner = ",".join(f'{k}="{escape_value(v)}"' for k, v in labels.items())
+                append(f"{sample.name}{{{inner}}} {number(sample.value)}\n")
             else:
-                append(f"{sample.name} {_number(sample.value)}\n")
+                append(f"{sample.name} {number(sample.value)}\n")
     if openmetrics:
         append("# EOF\n")
     return "".join(out).encode()

@@ -17,7 +17,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 
 from sidecar import __version__
 from sidecar.daemon import Daemon
-from sidecar.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT, render
+from sidecar.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
 from sidecar.metrics import TrainwatchCollector
 from sidecar.model import CgroupSample, Snapshot
 from sidecar.postmortem import render_text
@@ -75,7 +75,7 @@ def create_app(daemon: Daemon, *, manage_daemon: bool = True) -> FastAPI:
         if cached is not None and cached[0] is snap and cached[1] == made_of:
             body = cached[2]
         else:
-            body = render(collector.collect(), openmetrics=openmetrics)
+            body = collector.exposition(openmetrics)
             rendered[:] = [(snap, made_of, body)]
         return Response(
             content=body, media_type=CONTENT_TYPE_OPENMETRICS if openmetrics else CONTENT_TYPE_TEXT

@@ -186,6 +186,27 @@ def test_fast_renderer_matches_prometheus_client(daemon, openmetrics):
     assert _parsed(ours, openmetrics) == _parsed(theirs, openmetrics)
 
 
+@pytest.mark.parametrize("openmetrics", [False, True])
+def test_the_direct_exposition_is_the_rendering_of_the_families(daemon, openmetrics):
+    """/metrics writes its text as the families are filled (no prometheus_client objects):
+    byte for byte what rendering the collected families gives, on a snapshot with jobs,
+    ranks, GPUs, cgroups, and counters with and without labels."""
+    from sidecar.exposition import render
+    from sidecar.metrics import TrainwatchCollector
+
+    daemon.deaths.deaths_total[("8d6de2d1", "kernel_oom")] = 2
+    collector = TrainwatchCollector(
+        lambda: daemon.snapshot,
+        deaths=lambda: dict(daemon.deaths.deaths_total),
+        postmortems=lambda: 3,
+        protection=lambda: [("mlock", True)],
+        lost=lambda: {"kmsg": 1},
+    )
+    direct = collector.exposition(openmetrics)
+    assert direct == render(collector.collect(), openmetrics=openmetrics)
+    assert b"trainwatch_rank_deaths_total{" in direct and b"trainwatch_rank_info{" in direct
+
+
 def test_the_cgroup_charge_events_and_pressure_families():
     """A v2 cgroup's charge split, working set, memory.events and memory.pressure, as the
     collector exports them (the probe that reads them: tests/test_probes_cgroup.py)."""
@@ -215,12 +236,14 @@ def test_the_cgroup_charge_events_and_pressure_families():
 
 
 def test_scrapes_between_rounds_reuse_the_body_and_a_new_round_or_death_renews_it(daemon, monkeypatch):
-    import sidecar.server as server
+    from sidecar.metrics import TrainwatchCollector
 
     calls = []
-    real = server.render
+    real = TrainwatchCollector.exposition
     monkeypatch.setattr(
-        server, "render", lambda families, openmetrics=False: calls.append(1) or real(families, openmetrics)
+        TrainwatchCollector,
+        "exposition",
+        lambda self, openmetrics=False: calls.append(1) or real(self, openmetrics),
     )
     with TestClient(create_app(daemon, manage_daemon=False)) as client:
         first = client.get("/metrics").text
