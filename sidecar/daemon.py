@@ -42,7 +42,7 @@ PRESSURE_SHARE = 0.9
 # With no job to watch and the connector telling when one starts, the sampler wakes this
 # often (a rescan of /proc for launchers that never name themselves pt_elastic, and the
 # host's figures): an idle daemon costs almost nothing.
-IDLE_INTERVAL_SECONDS = 5.0
+IDLE_INTERVAL_SECONDS = 10.0
 
 
 def under_pressure(snapshot: Snapshot) -> bool:
