@@ -59,7 +59,7 @@ METRICS: dict[str, Spec] = {
     "trainwatch_rank_tree_proportional_memory_bytes": Spec(
         "gauge",
         R,
-        "PSS of the rank and its descendants in bytes (smaps_rollup, every 10 s or on growth): shared pages split among the processes that map them",
+        "PSS of the rank and its descendants in bytes (smaps_rollup, every 30 s or on growth): shared pages split among the processes that map them",
     ),
     "trainwatch_rank_tree_unique_memory_bytes": Spec(
         "gauge",

@@ -367,7 +367,7 @@ class Sampler:
         uss: int | None = None
         workers: tuple[tuple[int, int, int], ...] = ()
         if "smaps" not in self.settings.disabled:
-            pss, uss, workers = self.pss.of(tracked.key, tree, tree_rss)
+            pss, uss, workers = self.pss.of(tracked.key, tree, tree_rss, self._limit_used(tracked.key))
         return tracked, _RankRead(
             rss,
             status.peak_rss_bytes,
@@ -413,6 +413,17 @@ class Sampler:
             tree_rss += child_rss
             members += 1
         return tree_rss, members
+
+    def _limit_used(self, key: ProcKey) -> int | None:
+        """What the limit a rank lives under held at the last round: its cgroup's usage, else
+        the host's memory in use (None before either was read)."""
+        cached = self._rank_cgroups.get(key)
+        if cached is not None and cached.ref is not None:
+            sample = self._cgroup_samples.get(cached.ref.path)
+            if sample is not None and sample.usage_bytes is not None:
+                return sample.usage_bytes
+        host = self._host
+        return None if host is None else host.total_bytes - host.available_bytes
 
     # -- cgroups ------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """PSS and USS of a rank's tree: the smaps_rollup parser on a real capture, and when the
-sampler measures (every 10 s, sooner on growth, never over its CPU budget). The real tree
+sampler measures (every 30 s, sooner on growth, never over its CPU budget). The real tree
 (a rank and its forked workers sharing its pages) is in tests/test_e2e_cgroup.py."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Fake:
         return 10 * pid, pid
 
 
-def test_measured_at_once_then_every_ten_seconds_sooner_on_growth():
+def test_measured_at_once_then_every_thirty_seconds_sooner_on_growth():
     f = Fake()
     s = PssSampler(f.rollup, clock=lambda: f.now, cpu=lambda: f.cpu)
     rank = ProcKey(1, 1)
@@ -56,8 +56,8 @@ def test_measured_at_once_then_every_ten_seconds_sooner_on_growth():
     assert s.of(rank, [1, 2, 3], 2000)[:2] == (60, 6)  # grew by over 10 %: measured
     f.now += 5
     assert s.of(rank, [1, 2, 3], 2000)[:2] == (60, 6) and len(f.reads) == 6  # not due, no new growth
-    f.now += 5
-    assert s.of(rank, [1, 2, 3], 2000)[:2] == (60, 6) and len(f.reads) == 9  # ten seconds: due again
+    f.now += 25
+    assert s.of(rank, [1, 2, 3], 2000)[:2] == (60, 6) and len(f.reads) == 9  # thirty seconds: due again
     s.forget(set())
     assert s.of(rank, [1], 2000)[:2] == (None, None)  # forgotten, and the budget holds it back
     f.now += 1
@@ -73,8 +73,25 @@ def test_each_worker_s_uss_is_kept_with_its_first_measurement():
     now = 0.0
     assert s.of(rank, [1, 2], 1000)[2] == ((2, 10, 10),)
     uss[1], uss[2] = 500, 70  # copy-on-access: worker 2 un-shares 60
-    now = 10.0
+    now = 30.0
     assert s.of(rank, [1, 2, 3], 1000)[2] == ((2, 70, 10), (3, 20, 20))
+
+
+def test_the_limit_growing_is_growth_when_rss_does_not_move():
+    """Copy-on-access moves no RSS (the pages were mapped before the fork) but is charged to
+    the limit the rank lives under as it happens: that growth makes the tree due too."""
+    uss = {1: 100, 2: 10}
+    s = PssSampler(lambda pid: (uss[pid] * 2, uss[pid]), clock=lambda: now, cpu=lambda: 0.0)
+    rank = ProcKey(1, 1)
+    now = 0.0
+    s.of(rank, [1, 2], 1000, limit_used=1000)
+    uss[2] = 80
+    now = 5.0
+    assert s.of(rank, [1, 2], 1000, limit_used=1050)[2] == ((2, 10, 10),)  # 5 %: not yet
+    now = 6.0
+    assert s.of(rank, [1, 2], 1000, limit_used=1200)[2] == ((2, 80, 10),)  # 20 %: measured
+    now = 8.0
+    assert s.of(rank, [1, 2], 1000, limit_used=1250)[2] == ((2, 80, 10),)  # against the new baseline
 
 
 def test_a_costly_tree_is_measured_less_often():
@@ -86,7 +103,7 @@ def test_a_costly_tree_is_measured_less_often():
     s.of(rank, [1, 2], 1000)
     f.now += 20
     s.of(rank, [1, 2], 5000)
-    assert len(f.reads) == 2  # neither the 10 s nor the growth: the budget holds it back
+    assert len(f.reads) == 2  # grown, but the budget holds it back
     f.now += 31
     s.of(rank, [1, 2], 5000)
     assert len(f.reads) == 4
@@ -94,10 +111,10 @@ def test_a_costly_tree_is_measured_less_often():
 
 
 def test_the_budget_is_shared_by_every_tree():
-    """Eight trees whose measurement costs 20 ms each: 1 % of a core lets one through every
-    2 s, so each is measured every 16 s instead of 10, and the total stays at 1 %."""
+    """Eight trees whose measurement costs 60 ms each: 1 % of a core lets one through every
+    6 s, so each is measured every 48 s instead of 30, and the total stays at 1 %."""
     f = Fake()
-    f.cost = 0.02
+    f.cost = 0.06
     s = PssSampler(f.rollup, clock=lambda: f.now, cpu=lambda: f.cpu)
     ranks = [ProcKey(i, 1) for i in range(8)]
     start_cpu, start = f.cpu, f.now
@@ -106,17 +123,17 @@ def test_the_budget_is_shared_by_every_tree():
             s.of(rank, [1, 2], 1000)
         f.now += 0.1
     assert (f.cpu - start_cpu) / (f.now - start) == pytest.approx(0.01, rel=0.05)
-    assert s.measured_total == pytest.approx(100 / 2, abs=2)
+    assert s.measured_total == pytest.approx(100 / 6, abs=2)
 
 
 def test_trees_take_turns_when_the_budget_is_short():
     """Three trees first in each round could hold the whole budget; the one that has waited
     longest goes first, so the last tree of the round is measured too."""
     f = Fake()
-    f.cost = 0.07  # 3.5 s of budget a measurement: three trees fill the 10 s period
+    f.cost = 0.21  # 21 s of budget a measurement: three trees fill more than the 30 s period
     s = PssSampler(f.rollup, clock=lambda: f.now, cpu=lambda: f.cpu)
     ranks = [ProcKey(i, 1) for i in range(8)]
-    for _ in range(600):
+    for _ in range(2400):
         for rank in ranks:
             s.of(rank, [1, 2], 1000)
         f.now += 0.1

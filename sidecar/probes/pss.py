@@ -8,8 +8,10 @@ USS counts only the pages a process alone maps (what goes when it exits).
 
 They come from ``/proc/PID/smaps_rollup``, for which the kernel walks every mapping of the
 process: milliseconds for a large one, under its mmap lock. So a tree is measured every
-``EVERY_S`` seconds, sooner (but not within ``MIN_GAP_S``) when its RSS grew by
-``GROWTH`` since the last measurement, and never so often that the measuring, all trees
+``EVERY_S`` seconds, sooner (but not within ``MIN_GAP_S``) when its RSS, or the usage of
+the limit it lives under (its cgroup's, else the host's), grew by ``GROWTH`` since the
+last measurement: copy-on-access never moves RSS (the pages were mapped before the fork)
+but is charged to the limit as it happens. And never so often that the measuring, all trees
 together, takes more than ``CORE_SHARE`` of a core on average: a measurement that took
 ``t`` seconds of CPU holds every other one back for ``t / CORE_SHARE`` seconds. Many large
 trees are then each measured less often than every ``EVERY_S``; the cost stays bounded.
@@ -26,7 +28,7 @@ from sidecar.model import ProcKey
 
 __all__ = ["PssSampler"]
 
-EVERY_S = 10.0
+EVERY_S = 30.0  # a tree whose memory does not move: measured twice a minute
 MIN_GAP_S = 1.0
 GROWTH = 0.10
 CORE_SHARE = 0.01
@@ -44,6 +46,7 @@ class _Measured:
     at: float
     next_at: float  # due again, growth or not
     tree_rss: int
+    limit_used: int | None
     pss: int
     uss: int
     workers: Workers = ()
@@ -67,14 +70,21 @@ class PssSampler:
         self.measured_total = 0  # trees measured
         self.cpu_seconds = 0.0  # spent measuring
 
-    def of(self, rank: ProcKey, tree: list[int], tree_rss: int) -> tuple[int | None, int | None, Workers]:
+    def of(
+        self, rank: ProcKey, tree: list[int], tree_rss: int, limit_used: int | None = None
+    ) -> tuple[int | None, int | None, Workers]:
         """The tree's (PSS, USS, workers), measured now if it is due, else as last measured;
-        (None, None, ()) before the first measurement."""
+        (None, None, ()) before the first measurement. ``limit_used``: what the limit the
+        rank lives under holds now (bytes)."""
         now = self._clock()
         last = self._last.get(rank)
         due = last is None or now >= last.next_at
-        if last is not None and not due:
-            due = tree_rss > last.tree_rss * (1 + GROWTH) and now - last.at >= MIN_GAP_S
+        if last is not None and not due and now - last.at >= MIN_GAP_S:
+            due = tree_rss > last.tree_rss * (1 + GROWTH) or (
+                limit_used is not None
+                and last.limit_used is not None
+                and limit_used > last.limit_used * (1 + GROWTH)
+            )
         if due:  # in turn: the tree that has waited longest goes first (none starves)
             since = self._waiting.setdefault(rank, now)
             due = now >= self._free_at and since <= min(self._waiting.values())
@@ -99,7 +109,7 @@ class PssSampler:
         self._free_at = now + cost / CORE_SHARE
         del self._waiting[rank]
         kept = tuple(workers)
-        self._last[rank] = _Measured(now, now + EVERY_S, tree_rss, pss, uss, kept)
+        self._last[rank] = _Measured(now, now + EVERY_S, tree_rss, limit_used, pss, uss, kept)
         return pss, uss, kept
 
     def forget(self, live: set[ProcKey]) -> None:
