@@ -55,7 +55,7 @@ Evidence sources (--disable turns one off; trainwatch doctor says which work her
   kmsg        /dev/kmsg: the kernel's OOM records (root or CAP_SYSLOG)
   tracepoint  signal:signal_generate in a private tracefs instance: who sent a kill
   outputs     the agent's, ranks' and OOM daemons' stdout/stderr, where they are regular files
-  smaps       /proc/PID/smaps_rollup: PSS and USS of each rank's tree (every 30 s or on growth, <= 1 % of a core)
+  smaps       /proc/PID/smaps_rollup: PSS, USS of each rank's tree (every 30 s or on growth, <= 1 % of a core)
 
 Run as root (or with CAP_SYS_PTRACE) to read every job's environment; without it,
 other users' ranks are numbered by start order. Exit status: 0 after SIGINT/SIGTERM,
