@@ -183,8 +183,9 @@ def overhead_ab() -> str:
                 "Each change of issue 18 beside the commit before it, in the same run, on the same"
                 f" processes (1 agent × 4 ranks × (1 + 4 workers) = 21; {_provenance(first)} for the first"
                 " row, each file has its own). Per watched process per round, after / before; idle and"
-                " churn in share of one core. Rows before the schedstat method (the noise floor) count"
-                " 10 ms ticks: their 1 Hz and idle figures are coarse.",
+                " churn in share of one core. `+dirty`: that commit's daemon measured by the newest"
+                " benchmark script (schedstat CPU time, the churn row). The noise floor's row predates"
+                " it and counts 10 ms ticks: its 1 Hz and idle figures are coarse.",
                 "",
                 "| change | commits | 1 Hz | 10 Hz | idle | churn |",
                 "| --- | --- | ---: | ---: | ---: | ---: |",
