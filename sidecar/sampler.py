@@ -126,6 +126,15 @@ def _rank_sample(
     )
 
 
+def _with_usage(sample: CgroupSample, usage: int | None) -> CgroupSample:
+    """A cgroup's last detailed sample with this round's usage; its peak is at least that
+    usage (the peak counter is the usage's maximum, read with the other files)."""
+    if usage is None:
+        return sample
+    peak = sample.peak_bytes
+    return evolve(sample, usage_bytes=usage, peak_bytes=None if peak is None else max(peak, usage))
+
+
 @dataclass(slots=True)
 class _RankCgroup:
     ref: MemoryCgroupRef | None
@@ -478,11 +487,17 @@ class Sampler:
                 except ProbeError as exc:
                     self._cgroup_problem = str(exc)
                     continue
-                samples[path] = prev if usage is None else evolve(prev, usage_bytes=usage)
-                for level in prev.ancestors:  # the limited ancestors read last time
+                samples[path] = _with_usage(prev, usage)
+                for level in prev.ancestors:  # the limited ancestors read last time: their usage too
                     above = last.get(level.path)
-                    if above is not None and level.path not in samples and level.path not in refs:
-                        samples[level.path] = above
+                    if above is None or level.path in samples or level.path in refs:
+                        continue
+                    try:
+                        usage = self.cgroups.usage(self.cgroups.level_ref(ref, level.path))
+                    except ProbeError as exc:  # gone too, or unreadable: as last read
+                        self._cgroup_problem = str(exc)
+                        usage = None
+                    samples[level.path] = _with_usage(above, usage)
             if not detail:
                 return tuple(samples.values()), rank_cgroup
             samples = {}

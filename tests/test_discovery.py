@@ -363,3 +363,30 @@ def test_a_removed_cgroup_does_not_linger(proc_tree, tmp_path):
     clock.now += 5
     snap = sampler.sample()
     assert snap.cgroups == () and snap.probes["cgroup"].success
+
+
+def test_a_round_between_detailed_ones_reads_every_usage_and_nothing_else(proc_tree, tmp_path):
+    """Between detailed rounds the cgroups' usage (the rank's and its limited ancestors')
+    is read afresh and their other files are as last read; a detailed round reads them all."""
+    clock = Clock()
+    sampler = _sampler(proc_tree, tmp_path, clock=clock)
+    first = sampler.sample()
+    assert first.detail
+    root = tmp_path / "sys/fs/cgroup/memory"
+    (root / CAPTURED_CGROUP.lstrip("/") / "memory.usage_in_bytes").write_text(f"{1850 * MIB}\n")
+    (root / "process_api" / "memory.usage_in_bytes").write_text(f"{2050 * MIB}\n")
+    (root / "process_api" / "memory.max_usage_in_bytes").write_text(f"{2222 * MIB}\n")
+    clock.now += 0.1
+    light = sampler.sample()
+    assert not light.detail
+    by = {c.path: c for c in light.cgroups}
+    assert by[CAPTURED_CGROUP].usage_bytes == 1850 * MIB
+    assert by["/process_api"].usage_bytes == 2050 * MIB
+    assert by["/process_api"].peak_bytes == 2100 * MIB  # not read between detailed rounds
+    (root / CAPTURED_CGROUP.lstrip("/") / "memory.usage_in_bytes").write_text(f"{1950 * MIB}\n")
+    clock.now += 0.1
+    by = {c.path: c for c in sampler.sample().cgroups}
+    assert by[CAPTURED_CGROUP].peak_bytes == 1950 * MIB  # a peak is never below the usage
+    clock.now += 1.0
+    full = {c.path: c for c in sampler.sample().cgroups}
+    assert full["/process_api"].peak_bytes == 2222 * MIB

@@ -240,13 +240,16 @@ def test_a_kernel_log_overrun_mid_incident_is_said_and_never_certain(tmp_path):
 @pytest.mark.root
 @requires("root", "tracefs")
 def test_a_connector_overrun_mid_incident_loses_no_death(tmp_path, monkeypatch):
-    """The daemon is stopped while a flood of failing processes fills its (small) connector
-    buffer, and a rank is killed behind the flood: its exit event is dropped. Woken, the
-    daemon gets ENOBUFS, finds the rank gone from /proc, takes its status from the agent's
-    log, and the signal tracepoint (a buffer of its own) still names who sent the SIGKILL."""
+    """The daemon is stopped while a flood of events fills its (small) connector buffer,
+    and a rank is killed behind the flood: its exit event is dropped. Woken, the daemon gets
+    ENOBUFS, finds the rank gone from /proc, takes its status from the agent's log, and the
+    signal tracepoint (a buffer of its own) still names who sent the SIGKILL. The flood comes
+    from inside the job (rank 0 forks 500 children that fail): the socket filter drops the
+    node's other processes' events in the kernel, so only a watched tree can flood it."""
     monkeypatch.setenv("TRAINWATCH_CONNECTOR_BUFFER", "4096")
+    flood = tmp_path / "flood"
     with (
-        TorchrunJob(tmp_path, "enobufs", hold_mb=30, workers=0) as job,
+        TorchrunJob(tmp_path, "enobufs", hold_mb=30, workers=0, flood_rank=0, flood_file=flood) as job,
         DaemonProc(tmp_path) as daemon,
     ):
         pids = job.ready()
@@ -254,10 +257,9 @@ def test_a_connector_overrun_mid_incident_loses_no_death(tmp_path, monkeypatch):
         victim = pids[1][0]
         daemon.proc.send_signal(signal.SIGSTOP)
         try:
-            # 500 non-zero exits: far more events than 4 KiB (8 KiB as the kernel counts) hold
-            subprocess.run(
-                ["sh", "-c", "i=0; while [ $i -lt 500 ]; do (exit 3); i=$((i+1)); done"], check=True
-            )
+            # 500 forks and non-zero exits: far more events than 4 KiB (8 KiB as the kernel counts) hold
+            flood.touch()
+            wait_for(lambda: (tmp_path / "flood.done").exists(), 60, "rank 0's flood of children")
             os.kill(victim, signal.SIGKILL)
             assert job.proc.wait(60) != 0
         finally:

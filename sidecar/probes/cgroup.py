@@ -303,11 +303,16 @@ class CgroupReader:
 
     def sample_level(self, ref: MemoryCgroupRef, path: str) -> CgroupSample:
         """Sample an ancestor ``path`` of ``ref`` (same hierarchy)."""
+        return self.sample(self.level_ref(ref, path))
+
+    @staticmethod
+    def level_ref(ref: MemoryCgroupRef, path: str) -> MemoryCgroupRef:
+        """The ref of ``ref``'s ancestor ``path`` (same hierarchy)."""
         depth = ref.path.rstrip("/").count("/") - path.rstrip("/").count("/")
         directory = ref.directory
         for _ in range(depth):
             directory = os.path.dirname(directory)
-        return self.sample(MemoryCgroupRef(ref.version, path, directory, ref.mount_directory))
+        return MemoryCgroupRef(ref.version, path, directory, ref.mount_directory)
 
     def _cached_ancestors(self, ref: MemoryCgroupRef) -> tuple[CgroupLevel, ...]:
         now = self.clock()

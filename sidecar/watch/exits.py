@@ -16,8 +16,11 @@ With ``discovery=True`` the same socket also carries what finds jobs without lis
 /proc: forks of watched processes and processes renaming themselves ``pt_elastic``, and
 every exit (zero too) of watched processes. A socket filter (``procfilter.py``) drops, in
 the kernel, every event about a process that is not watched: the set is the caller's
-(``watch()``), plus what this thread adds the moment it sees it (a new agent, a watched
-process's child), so a rank's first fork is not lost to the time the caller takes.
+(``watch()``), plus a new agent, which this thread adds the moment it sees the rename, so
+the agent's first forks (its ranks) are not lost to the time the caller takes. A watched
+process's new child is not added here (a rank that shells out in a loop would rebuild the
+filter at every fork): its exit passes by its parent, and the caller adds it to the set at
+its next round.
 Those events queue for the caller (``drain()``).
 """
 
@@ -314,15 +317,13 @@ class ProcConnector:
             for parent, child in forks:
                 if parent in watched:
                     queue.append(("fork", child, parent))
-                    added.add(child)
             for pid, comm in comms:
                 if comm == procfilter.AGENT_COMM_BYTES:
                     queue.append(("agent", pid, 0))
                     added.add(pid)
                     agent = True
-            for event in exits:
-                if event.pid in watched:
-                    queue.append(("exit", event.pid, 0))
+            for event in exits:  # the filter passed it: a watched process's, or its child's
+                queue.append(("exit", event.pid, 0))
             if len(queue) > QUEUE_LIMIT:
                 del queue[:]
                 self._lost = True

@@ -151,6 +151,13 @@ def main() -> int:
     )
     ap.add_argument("--abort-file", default=None)
     ap.add_argument(
+        "--flood-rank", type=int, default=-1, help="once --flood-file exists, this rank forks --flood-count"
+    )
+    ap.add_argument("--flood-file", default=None)
+    ap.add_argument(
+        "--flood-count", type=int, default=500, help="children that exit 3 at once (writes FILE.done after)"
+    )
+    ap.add_argument(
         "--loader-rank",
         type=int,
         default=-1,
@@ -257,6 +264,21 @@ def main() -> int:
                 break
             stray(args.hang_spin)  # alive, but never in a collective again: its peers time out
             continue
+        if (
+            rank == args.flood_rank
+            and restart == 0
+            and args.flood_file
+            and os.path.exists(args.flood_file)
+            and not os.path.exists(args.flood_file + ".done")
+        ):
+            # a burst of short-lived children: forks and exits the connector passes (their
+            # parent is watched), as a rank that shells out in a loop makes
+            for _ in range(args.flood_count):
+                child = os.fork()
+                if child == 0:
+                    os._exit(3)
+                os.waitpid(child, 0)
+            open(args.flood_file + ".done", "w").close()
         if rank == args.abort_rank and restart == 0 and args.abort_file and os.path.exists(args.abort_file):
             os.abort()  # SIGABRT, as a CUDA runtime does on a fatal device error
         if rank == args.segfault_rank and restart == 0 and elapsed > args.raise_after:
