@@ -50,6 +50,9 @@ log = logging.getLogger("sidecar.daemon")  # the sampler's problems, as before t
 
 CGROUP_RECHECK_SECONDS = 10.0
 DETAIL_SECONDS = 1.0
+# A cgroup whose usage grew by this share of its limit since its last full read is read in
+# full that round, detailed or not
+FAST_GROWTH_SHARE = 0.05
 # A cgroup's series stay this long after its last rank left: the OOM kill that emptied it
 # must reach a scrape as an increment of trainwatch_cgroup_oom_kills_total (the agent tears
 # the other ranks down within a second, before a 5 s scrape sees the new count).
@@ -487,6 +490,19 @@ class Sampler:
                 except ProbeError as exc:
                     self._cgroup_problem = str(exc)
                     continue
+                limit = prev.effective_limit_bytes
+                if (
+                    usage is not None
+                    and prev.usage_bytes is not None
+                    and limit
+                    and usage - prev.usage_bytes > FAST_GROWTH_SHARE * limit
+                ):
+                    # growing fast toward its limit: what fills it (memory.stat) is read now, so
+                    # the charge split a death would report is this round's, not a second old
+                    try:
+                        prev = last[path] = self.cgroups.sample(ref)
+                    except ProbeError as exc:
+                        self._cgroup_problem = str(exc)
                 samples[path] = _with_usage(prev, usage)
                 for level in prev.ancestors:  # the limited ancestors read last time: their usage too
                     above = last.get(level.path)

@@ -390,3 +390,13 @@ def test_a_round_between_detailed_ones_reads_every_usage_and_nothing_else(proc_t
     clock.now += 1.0
     full = {c.path: c for c in sampler.sample().cgroups}
     assert full["/process_api"].peak_bytes == 2222 * MIB
+    # growing fast toward its limit (over 5 % of it since the last full read): read in full
+    # between detailed rounds too
+    leaf = root / CAPTURED_CGROUP.lstrip("/")
+    (leaf / "memory.usage_in_bytes").write_text(f"{2400 * MIB}\n")
+    (leaf / "memory.max_usage_in_bytes").write_text(f"{3000 * MIB}\n")
+    clock.now += 0.1
+    fast = sampler.sample()
+    assert not fast.detail
+    by = {c.path: c for c in fast.cgroups}
+    assert (by[CAPTURED_CGROUP].usage_bytes, by[CAPTURED_CGROUP].peak_bytes) == (2400 * MIB, 3000 * MIB)
