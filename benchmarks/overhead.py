@@ -372,27 +372,31 @@ def idle(seconds: float, baseline: Path | None = None) -> dict[str, float]:
         d.wait_rounds(2)
         if b:
             b.wait_rounds(2)
-        cpu0, t0 = cpu_seconds(d.proc.pid), time.monotonic()
         ticks0 = cpu_ticks_seconds(d.proc.pid)
-        cpu_b0 = cpu_seconds(b.proc.pid) if b else 0.0
-        while time.monotonic() - t0 < seconds:
-            time.sleep(min(15.0, seconds - (time.monotonic() - t0)))
-            d.scrape()
-            if b:
-                b.scrape()
-        elapsed = time.monotonic() - t0
-        out = {
-            "seconds": round(elapsed, 1),
-            "core_percent": (cpu_seconds(d.proc.pid) - cpu0) / elapsed * 100,
-            "ticks_core_percent": (cpu_ticks_seconds(d.proc.pid) - ticks0) / elapsed * 100,
-        }
-        if b:
-            out["baseline_core_percent"] = (cpu_seconds(b.proc.pid) - cpu_b0) / elapsed * 100
+        out, elapsed = scraped_window(seconds, d, b)
+        out["ticks_core_percent"] = (cpu_ticks_seconds(d.proc.pid) - ticks0) / elapsed * 100
         return out
     finally:
         if b:
             b.close()
         d.close()
+
+
+def scraped_window(seconds: float, d: Daemon, b: Daemon | None) -> tuple[dict[str, float], float]:
+    """Both daemons' share of a core over ``seconds``, each scraped every 15 s; and the
+    window's exact length."""
+    cpu0, t0 = cpu_seconds(d.proc.pid), time.monotonic()
+    cpu_b0 = cpu_seconds(b.proc.pid) if b else 0.0
+    while time.monotonic() - t0 < seconds:
+        time.sleep(min(15.0, seconds - (time.monotonic() - t0)))
+        d.scrape()
+        if b:
+            b.scrape()
+    elapsed = time.monotonic() - t0
+    out = {"seconds": round(elapsed, 1), "core_percent": (cpu_seconds(d.proc.pid) - cpu0) / elapsed * 100}
+    if b:
+        out["baseline_core_percent"] = (cpu_seconds(b.proc.pid) - cpu_b0) / elapsed * 100
+    return out, elapsed
 
 
 def forks_total() -> int:
@@ -418,22 +422,9 @@ def churn(seconds: float, baseline: Path | None = None, shells: int = 1) -> dict
                 daemon.wait_rounds(3)
         loops = [subprocess.Popen(["sh", "-c", "while :; do /bin/false; done"]) for _ in range(shells)]
         time.sleep(1.0)  # the loops at full speed before the window opens
-        forks0, t0 = forks_total(), time.monotonic()
-        cpu0 = cpu_seconds(d.proc.pid)
-        cpu_b0 = cpu_seconds(b.proc.pid) if b else 0.0
-        while time.monotonic() - t0 < seconds:
-            time.sleep(min(15.0, seconds - (time.monotonic() - t0)))
-            d.scrape()
-            if b:
-                b.scrape()
-        elapsed = time.monotonic() - t0
-        out = {
-            "seconds": round(elapsed, 1),
-            "processes_per_second": round((forks_total() - forks0) / elapsed),
-            "core_percent": (cpu_seconds(d.proc.pid) - cpu0) / elapsed * 100,
-        }
-        if b:
-            out["baseline_core_percent"] = (cpu_seconds(b.proc.pid) - cpu_b0) / elapsed * 100
+        forks0 = forks_total()
+        out, elapsed = scraped_window(seconds, d, b)
+        out["processes_per_second"] = round((forks_total() - forks0) / elapsed)
         return out
     finally:
         for loop in loops:

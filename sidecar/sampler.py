@@ -20,7 +20,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from sidecar.discovery import Discovery, TrackedJob, TrackedRank
 from sidecar.errors import NoSuchProcess, ProbeError
@@ -44,6 +44,8 @@ from sidecar.settings import Settings
 from sidecar.watch.exits import ExitEvent
 
 __all__ = ["CGROUP_LINGER_SECONDS", "PROBES", "Sampler"]
+
+_V = TypeVar("_V")
 
 log = logging.getLogger("sidecar.daemon")  # the sampler's problems, as before the split
 
@@ -426,6 +428,19 @@ class Sampler:
             members += 1
         return tree_rss, members
 
+    def _cgroup_read(
+        self, path: str, read: Callable[[MemoryCgroupRef], _V], ref: MemoryCgroupRef
+    ) -> tuple[bool, _V | None]:
+        """(True, what ``read`` gave), or (False, None) when the cgroup is gone (no longer
+        lingered over) or unreadable (the round's cgroup problem)."""
+        try:
+            return True, read(ref)
+        except NoSuchProcess:
+            self._recent_cgroups.pop(path, None)
+        except ProbeError as exc:
+            self._cgroup_problem = str(exc)
+        return False, None
+
     def _limit_used(self, key: ProcKey) -> int | None:
         """What the limit a rank lives under held at the last round: its cgroup's usage, else
         the host's memory in use (None before either was read)."""
@@ -482,13 +497,8 @@ class Sampler:
                 if prev is None:
                     detail = True  # a cgroup not read in detail yet: read them all
                     break
-                try:
-                    usage = self.cgroups.usage(ref)
-                except NoSuchProcess:
-                    self._recent_cgroups.pop(path, None)
-                    continue
-                except ProbeError as exc:
-                    self._cgroup_problem = str(exc)
+                read, usage = self._cgroup_read(path, self.cgroups.usage, ref)
+                if not read:
                     continue
                 limit = prev.effective_limit_bytes
                 if (
@@ -518,13 +528,8 @@ class Sampler:
                 return tuple(samples.values()), rank_cgroup
             samples = {}
         for path, ref in refs.items():
-            try:
-                sample = self.cgroups.sample(ref)
-            except NoSuchProcess:
-                self._recent_cgroups.pop(path, None)
-                continue
-            except ProbeError as exc:
-                self._cgroup_problem = str(exc)
+            _read, sample = self._cgroup_read(path, self.cgroups.sample, ref)
+            if sample is None:
                 continue
             samples[path] = sample
             # Ancestors with a limit bind the job too: export their usage next to it.

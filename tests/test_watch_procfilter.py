@@ -12,8 +12,6 @@ import sys
 import threading
 import time
 
-import pytest
-
 from sidecar.watch import procfilter
 from sidecar.watch.exits import ExitEvent, ProcConnector
 from tests.skips import requires
@@ -116,9 +114,3 @@ def test_a_watched_process_threads_are_not_forks():
         assert not any(k == "fork" for k, _, _ in ev.queued)
     finally:
         ev.connector.stop()
-
-
-@pytest.mark.parametrize("n", [0, 1, 50])
-def test_programs_assemble(n):
-    code = procfilter.program(range(100, 100 + n))
-    assert len(code) % 8 == 0

@@ -315,17 +315,22 @@ class ProcReader:
         self._kept: dict[tuple[int, str], int] = {}
         self._kept_limit: int | None = None if os.path.realpath(root) == "/proc" else 0
 
-    def _read_one_shot(self, pid: int, name: str) -> bytes:
-        """The sampling path's read of a single_open file (stat, status): relative to a
-        directory fd held open on the root, one read, no Python-level buffering. Falls
-        back to a full read for the rare file over 8 KiB (a status with a huge Groups)."""
+    def _open(self, pid: int, name: str) -> int:
+        """A descriptor of ``pid``'s file, relative to a directory fd held open on the root."""
         rel = f"{pid}/{name}"
         try:
             if self._dir_fd is None:
                 self._dir_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            fd = os.open(rel, os.O_RDONLY | os.O_CLOEXEC, dir_fd=self._dir_fd)
+            return os.open(rel, os.O_RDONLY | os.O_CLOEXEC, dir_fd=self._dir_fd)
         except OSError as exc:
             raise translate_os_error(exc, f"{self.root}/{rel}") from None
+
+    def _read_one_shot(self, pid: int, name: str) -> bytes:
+        """The sampling path's read of a single_open file (stat, status): one read, no
+        Python-level buffering. Falls back to a full read for the rare file over 8 KiB (a
+        status with a huge Groups)."""
+        rel = f"{pid}/{name}"
+        fd = self._open(pid, name)
         try:
             data = os.read(fd, 8192)
         except OSError as exc:
@@ -343,14 +348,7 @@ class ProcReader:
                 self._kept_limit = _kept_limit()
             if len(self._kept) >= self._kept_limit:
                 return self._read_one_shot(pid, name)
-            rel = f"{pid}/{name}"
-            try:
-                if self._dir_fd is None:
-                    self._dir_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                fd = os.open(rel, os.O_RDONLY | os.O_CLOEXEC, dir_fd=self._dir_fd)
-            except OSError as exc:
-                raise translate_os_error(exc, f"{self.root}/{rel}") from None
-            self._kept[(pid, name)] = fd
+            fd = self._kept[(pid, name)] = self._open(pid, name)
         try:
             data = os.pread(fd, 8192, 0)
         except OSError as exc:
