@@ -193,7 +193,8 @@ def test_kept_descriptors_follow_their_process_and_close():
     reader = ProcReader("/proc")
     child = subprocess.Popen(["sleep", "60"])
     try:
-        assert reader.stat_kept(child.pid).state in ("S", "R")
+        alive = reader.stat_kept(child.pid)  # just exec'd: S, R or D (paging in), never Z
+        assert alive.comm == "sleep" and alive.state not in ("Z", "X")
         assert reader.status_kept(child.pid).rss_bytes
         fds = set(reader._kept.values())
         assert len(fds) == 2
