@@ -257,6 +257,8 @@ class Sampler:
 
         t = self.clock()
         cgroup_samples, rank_cgroup = self._sample_cgroups([r for _, rows in rank_rows for r in rows], detail)
+        if self.cgroups.available:
+            self.cgroups.end_round()
         self._timed(
             "cgroup",
             statuses,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from sidecar.errors import NoSuchProcess, ParseError, ProbeError, read_bytes
 from sidecar.model import CgroupLevel, CgroupSample, MemoryCharge
 from sidecar.parse.memstat import charge_of, parse_memory_stat
+from sidecar.probes.held import HeldFiles
 from sidecar.probes.host import Psi, parse_psi
 
 __all__ = [
@@ -156,6 +157,11 @@ class CgroupReader:
         # Ancestors' limits change rarely (a container resized, a Slurm step started);
         # re-read them every ANCESTOR_LIMITS_TTL_SECONDS, not every round.
         self._ancestors_cache: dict[str, tuple[float, tuple[CgroupLevel, ...]]] = {}
+        # usage() and sample() read through descriptors kept open while a cgroup is read
+        # each round (end_round closes the others); not a fixture tree's files, which a
+        # test may replace. oom_kills() (any thread) opens its own.
+        self._held = HeldFiles(enabled=not fs_prefix)
+        self._touched: set[str] = set()
         mounts = parse_mountinfo(mountinfo)
         self.v1_memory = next((m for m in mounts if m.version == 1 and "memory" in m.controllers), None)
         self.v2 = next((m for m in mounts if m.version == 2), None)
@@ -245,7 +251,8 @@ class CgroupReader:
         if ref.version == 2 and ref.directory == ref.mount_directory:
             return None
         name = "memory.usage_in_bytes" if ref.version == 1 else "memory.current"
-        usage = _read_int(f"{ref.directory}/{name}")
+        self._touched.add(ref.directory)
+        usage = _read_int(f"{ref.directory}/{name}", self._held.read)
         if usage is None:
             raise NoSuchProcess(f"{ref.directory}: cgroup gone", ref.directory)
         return usage
@@ -256,30 +263,32 @@ class CgroupReader:
         events: dict[str, int] | None = None
         charge = None
         psi: Psi | None = None
+        read = self._held.read
+        self._touched.add(ref.directory)
         if ref.version == 1:
-            usage = _read_int(f"{ref.directory}/memory.usage_in_bytes")
-            limit = _read_limit(f"{ref.directory}/memory.limit_in_bytes")
-            peak = _read_int(f"{ref.directory}/memory.max_usage_in_bytes")
-            oom = _read_keyed(f"{ref.directory}/memory.oom_control")
+            usage = _read_int(f"{ref.directory}/memory.usage_in_bytes", read)
+            limit = _read_limit(f"{ref.directory}/memory.limit_in_bytes", read)
+            peak = _read_int(f"{ref.directory}/memory.max_usage_in_bytes", read)
+            oom = _read_keyed(f"{ref.directory}/memory.oom_control", read)
             oom_kills = oom.get("oom_kill") if oom is not None else None
             oom_events = None
             if usage is not None:
-                charge = _charge(ref.directory, 1, usage)
+                charge = _charge(ref.directory, 1, usage, read)
         else:
             is_root = ref.directory == ref.mount_directory
             if is_root:
                 usage = limit = peak = None
                 oom_kills = oom_events = None
             else:
-                usage = _read_int(f"{ref.directory}/memory.current")
-                limit = _read_limit(f"{ref.directory}/memory.max")
-                peak = _read_int(f"{ref.directory}/memory.peak")
-                events = _read_keyed(f"{ref.directory}/memory.events")
+                usage = _read_int(f"{ref.directory}/memory.current", read)
+                limit = _read_limit(f"{ref.directory}/memory.max", read)
+                peak = _read_int(f"{ref.directory}/memory.peak", read)
+                events = _read_keyed(f"{ref.directory}/memory.events", read)
                 oom_kills = events.get("oom_kill") if events is not None else None
                 oom_events = events.get("oom") if events is not None else None
                 if usage is not None:
-                    charge = _charge(ref.directory, 2, usage)
-                    psi = _pressure(ref.directory)
+                    charge = _charge(ref.directory, 2, usage, read)
+                    psi = _pressure(ref.directory, read)
         if usage is None and not (ref.version == 2 and ref.directory == ref.mount_directory):
             raise NoSuchProcess(f"{ref.directory}: cgroup gone", ref.directory)
         ancestors = self._cached_ancestors(ref)
@@ -300,6 +309,11 @@ class CgroupReader:
             pressure_ratio=(psi.some_avg10_ratio, psi.full_avg10_ratio) if psi else None,
             pressure_stall_seconds=(psi.some_total_seconds, psi.full_total_seconds) if psi else None,
         )
+
+    def end_round(self) -> None:
+        """The sampler's round is over: descriptors of cgroups it did not read are closed."""
+        self._held.keep_under(self._touched)
+        self._touched = set()
 
     def sample_level(self, ref: MemoryCgroupRef, path: str) -> CgroupSample:
         """Sample an ancestor ``path`` of ``ref`` (same hierarchy)."""
@@ -361,46 +375,48 @@ def _has_memory_controller(directory: str) -> bool:
         return os.path.exists(f"{directory}/memory.current")
 
 
-def _charge(directory: str, version: int, usage: int) -> MemoryCharge | None:
+def _charge(
+    directory: str, version: int, usage: int, read: Callable[..., bytes] = read_bytes
+) -> MemoryCharge | None:
     """The charge split from memory.stat (one read), plus v1's kernel memory counter; None
     when it cannot be read (the split is an addition: the usage and limit still stand)."""
     try:
-        stat = parse_memory_stat(read_bytes(f"{directory}/memory.stat", 64 << 10).decode("ascii", "replace"))
+        stat = parse_memory_stat(read(f"{directory}/memory.stat", limit=64 << 10).decode("ascii", "replace"))
         kmem = None
         if version == 1:
             with contextlib.suppress(ProbeError, ValueError):
-                kmem = int(read_bytes(f"{directory}/memory.kmem.usage_in_bytes").strip())
+                kmem = int(read(f"{directory}/memory.kmem.usage_in_bytes").strip())
     except ProbeError:
         return None
     return charge_of(stat, version, usage, kmem)
 
 
-def _pressure(directory: str) -> Psi | None:
+def _pressure(directory: str, read: Callable[..., bytes] = read_bytes) -> Psi | None:
     """The cgroup's own memory.pressure (v2; absent where PSI is off): None when unreadable."""
     try:
-        return parse_psi(read_bytes(f"{directory}/memory.pressure", 4096))
+        return parse_psi(read(f"{directory}/memory.pressure", limit=4096))
     except ProbeError:
         return None
 
 
-def _read_int(path: str) -> int | None:
+def _read_int(path: str, read: Callable[..., bytes] = read_bytes) -> int | None:
     try:
-        return int(read_bytes(path).strip())
+        return int(read(path).strip())
     except NoSuchProcess:
         return None
     except ValueError as exc:
         raise ParseError(f"{path}: not a number") from exc
 
 
-def _read_limit(path: str) -> int | None:
+def _read_limit(path: str, read: Callable[..., bytes] = read_bytes) -> int | None:
     try:
-        return parse_limit(read_bytes(path).decode())
+        return parse_limit(read(path).decode())
     except NoSuchProcess:
         return None
 
 
-def _read_keyed(path: str) -> dict[str, int] | None:
+def _read_keyed(path: str, read: Callable[..., bytes] = read_bytes) -> dict[str, int] | None:
     try:
-        return parse_flat_keyed(read_bytes(path).decode())
+        return parse_flat_keyed(read(path).decode())
     except NoSuchProcess:
         return None

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from sidecar.errors import NoSuchProcess, ParseError, ProbeError, read_bytes
 from sidecar.model import HostSample
+from sidecar.probes.held import HeldFiles
 
 __all__ = ["HostReader", "Meminfo", "Psi", "parse_meminfo", "parse_psi", "parse_vmstat_oom_kill"]
 
@@ -101,6 +102,9 @@ class HostReader:
     def __init__(self, proc_root: str = "/proc", shm_path: str = "/dev/shm") -> None:
         self.proc_root = proc_root
         self.shm_path = shm_path
+        # sample()'s three files, read through descriptors kept open (the real /proc only:
+        # a fixture tree's file may be replaced); oom_kills() (any thread) opens its own
+        self._held = HeldFiles(enabled=os.path.realpath(proc_root) == "/proc")
 
     def oom_kills(self) -> int | None:
         """/proc/vmstat oom_kill right now (None when unreadable or absent)."""
@@ -110,14 +114,15 @@ class HostReader:
             return None
 
     def sample(self) -> HostSample:
-        mem = parse_meminfo(read_bytes(f"{self.proc_root}/meminfo"))
+        read = self._held.read
+        mem = parse_meminfo(read(f"{self.proc_root}/meminfo"))
         try:
-            oom_kills = parse_vmstat_oom_kill(read_bytes(f"{self.proc_root}/vmstat"))
+            oom_kills = parse_vmstat_oom_kill(read(f"{self.proc_root}/vmstat", records=True))
         except NoSuchProcess:
             oom_kills = None
         psi: Psi | None
         try:
-            psi = parse_psi(read_bytes(f"{self.proc_root}/pressure/memory"))
+            psi = parse_psi(read(f"{self.proc_root}/pressure/memory"))
         except (NoSuchProcess, ParseError):
             psi = None
         except ProbeError:

@@ -1,0 +1,97 @@
+"""Files read through held descriptors (``probes/held.py``): the host's files on the real
+/proc, and a real memory cgroup that is removed and made again under the same name."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sidecar.demo import join_cgroup, memory_cgroup
+from sidecar.errors import NoSuchProcess, read_bytes
+from sidecar.probes.cgroup import CgroupReader
+from sidecar.probes.held import HeldFiles
+from sidecar.probes.host import HostReader, parse_vmstat_oom_kill
+from tests.e2e import wait_for
+from tests.skips import requires
+
+MIB = 1 << 20
+HOG = "b = bytearray(64 << 20); print(1, flush=True); input()"  # 64 MiB charged, then waits
+
+
+def _keys(data: bytes) -> list[bytes]:
+    return [line.split()[0] for line in data.splitlines() if line]
+
+
+def test_a_many_record_file_is_read_whole_through_a_held_descriptor():
+    """/proc/vmstat is over a page: the kernel fills a page per read, so a short read is not
+    its end. Read twice through the same descriptor, it has every counter each time."""
+    held = HeldFiles()
+    first = held.read("/proc/vmstat", records=True)
+    again = held.read("/proc/vmstat", records=True)
+    assert len(held) == 1
+    assert len(first) > 4096
+    assert _keys(first) == _keys(again) == _keys(read_bytes("/proc/vmstat"))
+    assert parse_vmstat_oom_kill(again) is not None
+    held.close()
+    assert len(held) == 0
+
+
+def test_host_files_are_held_on_the_real_proc_only(tmp_path):
+    real = HostReader("/proc")
+    sample = real.sample()
+    assert sample.total_bytes > 0 and sample.oom_kills is not None
+    assert len(real._held) >= 2  # meminfo, vmstat (and PSI where the kernel has it)
+    (tmp_path / "meminfo").write_bytes(b"MemTotal: 100 kB\nMemFree: 1 kB\nMemAvailable: 50 kB\n")
+    copy = HostReader(str(tmp_path), shm_path=str(tmp_path))
+    assert copy.sample().available_bytes == 50 * 1024
+    (tmp_path / "new").write_bytes(b"MemTotal: 100 kB\nMemFree: 1 kB\nMemAvailable: 70 kB\n")
+    (tmp_path / "new").replace(tmp_path / "meminfo")  # a fixture replaced: read afresh
+    assert copy.sample().available_bytes == 70 * 1024
+    assert len(copy._held) == 0
+
+
+@pytest.mark.root
+@requires("memcg")
+def test_a_removed_cgroup_reads_gone_and_its_namesake_reads_its_own_usage():
+    reader = CgroupReader.for_host()
+    with memory_cgroup(1 << 30, "trainwatch-held") as (_version, _parent, child):
+        hog = subprocess.Popen(
+            [*join_cgroup(child), sys.executable, "-c", HOG],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        try:
+            assert hog.stdout is not None and hog.stdout.readline().strip() == b"1"
+            ref = wait_for(
+                lambda: reader.resolve(read_bytes(f"/proc/{hog.pid}/cgroup")), 10, "the hog in its cgroup"
+            )
+            assert ref is not None and ref.directory == str(child)
+            sample = reader.sample(ref)
+            assert sample.usage_bytes is not None and sample.usage_bytes >= 64 * MIB
+            assert reader.usage(ref) >= 64 * MIB
+            reader.end_round()
+            held = len(reader._held)
+            assert held >= 4  # usage, limit, peak, the OOM counters, memory.stat
+        finally:
+            hog.kill()
+            hog.communicate()  # reaped, its pipes closed
+        deadline = time.monotonic() + 30
+        while True:  # the exiting task leaves the cgroup a moment after its parent reaped it
+            try:
+                child.rmdir()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the cgroup never emptied"
+                time.sleep(0.05)
+        with pytest.raises(NoSuchProcess):
+            reader.usage(ref)
+        child.mkdir()  # the same name, another cgroup: nothing of the old one is read
+        assert reader.usage(ref) < 4 * MIB
+        assert reader.sample(ref).usage_bytes < 4 * MIB
+        reader.end_round()
+        assert len(reader._held) >= 1
+        reader.end_round()  # a round that read no cgroup closes every descriptor
+        assert len(reader._held) == 0
