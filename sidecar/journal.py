@@ -20,6 +20,7 @@ with a warning.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -53,6 +54,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA = "trainwatch.state/v1"
 STATE_NAME = "trainwatch.state"  # in the postmortem directory (the store reads only *.json)
+SECOND_SLOT = ".b"  # trainwatch.state.b: the slot written in turn with it
 SAVE_EVERY_S = 5.0
 MAX_BYTES = 8 << 20  # a state this large is not the daemon's
 CURVE_POINTS = 150  # per job: the memory curve kept across a restart, thinned to this many
@@ -90,53 +92,92 @@ class State:
 
 
 class Journal:
-    """The state file: ``save`` from any thread (one write at a time), ``load`` at start."""
+    """The state, in two files written in turn (``save`` from any thread, one write at a
+    time; ``load`` at start reads the newer one of this boot).
+
+    Each save overwrites the older slot in place through a descriptor held open (one
+    ``pwrite``, the JSON padded with spaces to the slot's length: no truncate, no rename,
+    no directory change; each rename cost an ext4 journal transaction, every 5 s). A
+    write cut short (the daemon SIGKILLed in the middle of one) spoils only its own slot:
+    the other holds the state of one save before. Each slot is a file this process made
+    (whatever was at its path, a planted link too, is unlinked first and the file created
+    exclusively, mode 0600); one unlinked under it is made again."""
 
     def __init__(self, directory: str) -> None:
         self.path = os.path.join(directory, STATE_NAME)
+        self.paths = (self.path, self.path + SECOND_SLOT)
         self._lock = threading.Lock()
         self._failed: str | None = None  # the last write error, logged once
+        self._fds: list[int | None] = [None, None]
+        self._sizes = [0, 0]
+        self._next = 0
+
+    def _slot(self, i: int) -> int:
+        fd = self._fds[i]
+        if fd is not None:
+            if os.fstat(fd).st_nlink > 0:
+                return fd
+            os.close(fd)  # removed under us: a new file
+            self._fds[i] = None
+        path = self.paths[i]
+        os.makedirs(os.path.dirname(path), mode=0o750, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # whatever is there (a planted link) goes; a new file is made
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        self._fds[i], self._sizes[i] = fd, 0
+        return fd
 
     def save(self, state: State) -> None:
         data = json.dumps(encode(state), separators=(",", ":")).encode()
-        tmp = self.path + ".tmp"
         with self._lock:
+            i = self._next
             try:
-                os.makedirs(os.path.dirname(self.path), mode=0o750, exist_ok=True)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)  # whatever is there (a planted link) goes; a new file is made
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-                try:
-                    os.write(fd, data)
-                finally:
-                    os.close(fd)
-                os.replace(tmp, self.path)
+                fd = self._slot(i)
+                padded = data + b" " * (self._sizes[i] - len(data))  # JSON allows trailing blanks
+                if os.pwrite(fd, padded, 0) != len(padded):
+                    raise OSError(errno.EIO, "short write")
+                self._sizes[i] = max(self._sizes[i], len(data))
+                self._next = 1 - i
             except OSError as exc:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
+                held = self._fds[i]
+                if held is not None:
+                    os.close(held)
+                    self._fds[i] = None
                 if self._failed != str(exc):
                     log.warning(
-                        "journal: %s not written (%s): a restart will not know the jobs", self.path, exc
+                        "journal: %s not written (%s): a restart will not know the jobs", self.paths[i], exc
                     )
                     self._failed = str(exc)
                 return
             if self._failed is not None:
-                log.info("journal: %s written again", self.path)
+                log.info("journal: %s written again", self.paths[i])
                 self._failed = None
 
+    def close(self) -> None:
+        with self._lock:
+            for i, fd in enumerate(self._fds):
+                if fd is not None:
+                    os.close(fd)
+                    self._fds[i] = None
+
     def load(self, boot_id: str | None) -> State | None:
-        """The saved state if it is of this boot, else None (and why, in the log)."""
+        """The newer saved state of this boot, else None (and why, in the log)."""
+        states = [s for s in (self._load(path, boot_id) for path in self.paths) if s is not None]
+        return max(states, key=lambda s: s.saved_ns) if states else None
+
+    @staticmethod
+    def _load(path: str, boot_id: str | None) -> State | None:
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             return None
         except OSError as exc:
-            log.warning("journal: %s not read: %s", self.path, exc)
+            log.warning("journal: %s not read: %s", path, exc)
             return None
         try:
             st = os.fstat(fd)
             if st.st_uid != os.geteuid() or st.st_size > MAX_BYTES:
-                log.warning("journal: %s is not this daemon's (owner or size); ignored", self.path)
+                log.warning("journal: %s is not this daemon's (owner or size); ignored", path)
                 return None
             raw = os.read(fd, MAX_BYTES + 1)
         finally:
@@ -144,10 +185,10 @@ class Journal:
         try:
             state = decode(json.loads(raw))
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
-            log.warning("journal: %s is malformed (%s); ignored", self.path, exc)
+            log.warning("journal: %s is malformed (%s); ignored", path, exc)
             return None
         if boot_id is None or state.boot_id != boot_id:
-            log.info("journal: %s is of another boot; its processes are gone", self.path)
+            log.info("journal: %s is of another boot; its processes are gone", path)
             return None
         return state
 

@@ -9,6 +9,7 @@ import logging
 import os
 import stat
 from dataclasses import replace
+from pathlib import Path
 
 from sidecar.deaths import DeathWatch
 from sidecar.journal import STATE_NAME, Journal, SavedIncident, State
@@ -146,16 +147,50 @@ def test_deaths_a_saved_incident_holds_are_not_judged_again():
 
 
 def test_the_journal_is_written_by_a_path_no_one_else_owns(tmp_path):
-    """A symlink planted where the temp file goes is removed, never followed, and a state
+    """Symlinks planted where the two slots go are removed, never followed, and a state
     owned by another user is not read."""
     target = tmp_path / "elsewhere"
     target.write_text("keep")
-    (tmp_path / (STATE_NAME + ".tmp")).symlink_to(target)
     j = Journal(str(tmp_path))
+    for path in j.paths:
+        os.symlink(target, path)
     files = (OutputFile(9, 1, "/x/train.log", 2, 3, 4),)
     j.save(State("b", 1.0, 1, (), {9: 1}, {9: files}, {10: ()}, (), None, (), {}))
-    assert target.read_text() == "keep" and not (tmp_path / (STATE_NAME + ".tmp")).exists()
+    j.save(State("b", 2.0, 2, (), {9: 1}, {9: files}, {10: ()}, (), None, (), {}))
+    assert target.read_text() == "keep"
+    assert all(not os.path.islink(p) and stat.S_IMODE(os.stat(p).st_mode) == 0o600 for p in j.paths)
     state = j.load("b")
     assert state is not None and state.agent_files == {9: files} and state.rank_files == {10: ()}
-    os.chown(j.path, 65534, 65534)
+    assert state.saved_ns == 2
+    for path in j.paths:
+        os.chown(path, 65534, 65534)
     assert j.load("b") is None
+    j.close()
+
+
+def test_a_save_cut_short_spoils_only_its_own_slot(tmp_path, caplog):
+    """The slots are written in turn, in place: the newer state is read back; where its slot
+    was left half-written (the daemon killed in the middle of the write), the other one is;
+    a slot removed under the daemon is made again at its next turn."""
+    j = Journal(str(tmp_path))
+
+    def state(n: int, agents: int = 1) -> State:
+        return State("b", float(n), n, (), {pid: n for pid in range(agents)}, {}, {}, (), None, (), {})
+
+    j.save(state(1))
+    j.save(state(2, agents=50))
+    j.save(state(3))  # slot 0 holds 1 then 3, slot 1 holds 2
+    first, second = map(Path, j.paths)
+    assert j.load("b").saved_ns == 3
+    j.save(state(4))  # shorter than slot 1's last: the older text is blanked, not left behind
+    now = {"saved_ns": 4, "saved_wall": 4.0, "agents": [[0, 4]]}
+    assert json.loads(second.read_bytes()) == json.loads(first.read_bytes()) | now
+    raw = second.read_bytes()
+    second.write_bytes(raw[: len(raw) // 2] + b"\0" * (len(raw) - len(raw) // 2))  # a write killed half-way
+    with caplog.at_level(logging.WARNING):
+        assert j.load("b").saved_ns == 3
+    assert "malformed" in caplog.text
+    first.unlink()
+    j.save(state(5))  # slot 0's turn: its file is gone, a new one is made
+    assert j.load("b").saved_ns == 5 and first.exists()
+    j.close()
