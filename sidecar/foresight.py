@@ -21,7 +21,9 @@ flat stretch is seen in the shortest window that holds only the leak.
 
 Cost: a series keeps at most one point per ``SPACING_SECONDS`` for 45 s; a window is
 thinned to ``POINTS_PER_WINDOW`` points, so one evaluation is a few hundred slopes, and
-most stop at the first window whose halves do not both grow.
+most stop at the first window whose halves do not both grow. A rank's trend is judged
+only while the charge of the limit that binds it grows: a steady job judges one series
+per limit a second, not one per rank.
 """
 
 from __future__ import annotations
@@ -133,8 +135,9 @@ class Series:
         self.growing_since: float | None = None
         self.rate: float | None = None  # bytes/s while growth is confirmed, else None
 
-    def add(self, t: float, value: float) -> None:
-        """Record a value; re-evaluates the trend when the point is kept."""
+    def add(self, t: float, value: float, judge: bool = True) -> None:
+        """Record a value; re-evaluates the trend when the point is kept and ``judge``
+        (else the series counts as not growing until it is judged again)."""
         points = self._points
         if points and t - points[-1][0] < SPACING_SECONDS:
             return
@@ -142,7 +145,7 @@ class Series:
         horizon = t - WINDOWS_SECONDS[0] - 1.0
         while points and points[0][0] < horizon:
             points.popleft()
-        rate = growth_rate(points, t)
+        rate = growth_rate(points, t) if judge else None
         if rate is None:
             self.growing_since = None
             self.rate = None
@@ -304,9 +307,12 @@ class Foresight:
             if series is None:
                 series = self._ranks[rank.key] = Series()
             # the rank's own trend is what says *it* is growing; the limit's trend says how
-            # fast the room goes (other ranks and processes under the limit count there)
+            # fast the room goes (other ranks and processes under the limit count there).
+            # A prediction needs both, so a rank's trend is judged only while its limit's
+            # charge grows (confirmed or not): its points are kept all along, and a rank
+            # that grows with its limit is confirmed in the same round as the limit.
             if detail:  # else the rank's status is the last detailed round's
-                series.add(t, rank.tree_unreclaimable_bytes)
+                series.add(t, rank.tree_unreclaimable_bytes, judge=limit_series.growing_since is not None)
             if series.rate is not None:
                 seconds = self._seconds(room, limit_series.rate)
         if seconds is not None and limit_series.rate is not None:

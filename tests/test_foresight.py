@@ -175,3 +175,28 @@ def test_a_new_episode_warns_again_after_a_quiet_gap(caplog: pytest.LogCaptureFi
             level += 40 * MB if growing else 0
             foresight.update(_snap(float(t), [_rank(0, level)], level, 16 * GIB, 20 * GIB))
     assert len(foresight.warnings("job")) == 2
+
+
+def test_a_rank_is_judged_only_while_its_limit_grows_and_confirmed_with_it() -> None:
+    """A rank growing under a limit whose charge does not grow (another process frees as
+    much) is not judged: its trend is kept, not evaluated. Once the limit's charge grows
+    too, the rank's prediction comes in the same round as the limit's confirmation."""
+    foresight = Foresight()
+    judged = []
+    series_of = foresight._ranks
+    first_prediction = first_limit = None
+    for t in range(60):
+        leaky = 1 * GIB + 50 * MB * t
+        committed = 4 * GIB if t < 30 else 4 * GIB + 50 * MB * (t - 30)  # flat, then growing
+        snap = foresight.update(_snap(float(t), [_rank(0, leaky)], committed, 8 * GIB, 20 * GIB))
+        (r,) = snap.jobs[0].ranks
+        judged.append(series_of[r.key].growing_since is not None)
+        cg = {c.path: c for c in snap.cgroups}["/job"]
+        if t < 30:
+            assert r.exhaustion_seconds is None and cg.exhaustion_seconds is None
+        if first_prediction is None and r.exhaustion_seconds is not None:
+            first_prediction = t
+        if first_limit is None and cg.exhaustion_seconds is not None:
+            first_limit = t
+    assert not any(judged[:30]), "a rank is judged while its limit's charge is flat"
+    assert first_prediction is not None and first_prediction == first_limit
