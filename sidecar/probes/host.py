@@ -33,20 +33,27 @@ class Psi:
     full_total_seconds: float | None
 
 
+def _kb_field(data: bytes, key: bytes) -> int | None:
+    """The kB value of the line ``key value kB`` (``key`` with its colon) in bytes, or None."""
+    at = 0 if data.startswith(key) else data.find(b"\n" + key) + 1
+    if at == 0 and not data.startswith(key):
+        return None
+    end = data.find(b"\n", at)
+    line = data[at : end if end >= 0 else len(data)]
+    try:
+        return int(line.split()[1]) * 1024
+    except (IndexError, ValueError) as exc:
+        raise ParseError(f"malformed meminfo line {line[:80]!r}") from exc
+
+
 def parse_meminfo(data: bytes) -> Meminfo:
-    """Parse /proc/meminfo. MemAvailable exists since 3.14; older kernels are refused."""
-    total = available = None
-    for line in data.split(b"\n"):
-        try:
-            if line.startswith(b"MemTotal:"):
-                total = int(line.split()[1]) * 1024
-            elif line.startswith(b"MemAvailable:"):
-                available = int(line.split()[1]) * 1024
-        except (IndexError, ValueError) as exc:
-            raise ParseError(f"malformed meminfo line {line[:80]!r}") from exc
-        if total is not None and available is not None:
-            return Meminfo(total, available)
-    raise ParseError("meminfo without MemTotal/MemAvailable")
+    """Parse /proc/meminfo. MemAvailable exists since 3.14; older kernels are refused.
+    The two lines are found directly (the file has some fifty)."""
+    total = _kb_field(data, b"MemTotal:")
+    available = _kb_field(data, b"MemAvailable:")
+    if total is None or available is None:
+        raise ParseError("meminfo without MemTotal/MemAvailable")
+    return Meminfo(total, available)
 
 
 def parse_vmstat_oom_kill(data: bytes) -> int | None:
@@ -65,30 +72,41 @@ def parse_vmstat_oom_kill(data: bytes) -> int | None:
         raise ParseError(f"malformed vmstat line {line!r}") from exc
 
 
-def parse_psi(data: bytes) -> Psi:
-    """Parse a PSI file: ``some avg10=0.00 avg60=0.00 avg300=0.00 total=0`` and ``full ...``."""
-    values: dict[str, dict[str, float]] = {}
-    for line in data.decode("utf-8", "replace").splitlines():
-        parts = line.split()
-        if not parts:
-            continue
-        fields: dict[str, float] = {}
-        for part in parts[1:]:
-            key, _, raw = part.partition("=")
+def _psi_line(data: bytes, kind: bytes) -> tuple[float, float] | None:
+    """(avg10 %, total us) of a PSI file's ``some`` or ``full`` line, None without it."""
+    at = 0 if data.startswith(kind + b" ") else data.find(b"\n" + kind + b" ") + 1
+    if at == 0 and not data.startswith(kind + b" "):
+        return None
+    end = data.find(b"\n", at)
+    avg10 = total = None
+    for part in data[at : end if end >= 0 else len(data)].split()[1:]:
+        key, _, raw = part.partition(b"=")
+        if key == b"avg10" or key == b"total":
             try:
-                fields[key] = float(raw)
+                value = float(raw)
             except ValueError as exc:
-                raise ParseError(f"malformed PSI field {part!r}") from exc
-        values[parts[0]] = fields
-    some = values.get("some")
-    if some is None or "avg10" not in some or "total" not in some:
+                raise ParseError(f"malformed PSI field {part[:40]!r}") from exc
+            if key == b"avg10":
+                avg10 = value
+            else:
+                total = value
+    if avg10 is None or total is None:
+        return None
+    return avg10, total
+
+
+def parse_psi(data: bytes) -> Psi:
+    """Parse a PSI file: ``some avg10=0.00 avg60=0.00 avg300=0.00 total=0`` and ``full ...``
+    (only avg10 and total are used)."""
+    some = _psi_line(data, b"some")
+    if some is None:
         raise ParseError("PSI without a 'some' line")
-    full = values.get("full")
+    full = _psi_line(data, b"full")
     return Psi(
-        some_avg10_ratio=some["avg10"] / 100.0,
-        some_total_seconds=some["total"] / 1e6,
-        full_avg10_ratio=full["avg10"] / 100.0 if full and "avg10" in full else None,
-        full_total_seconds=full["total"] / 1e6 if full and "total" in full else None,
+        some_avg10_ratio=some[0] / 100.0,
+        some_total_seconds=some[1] / 1e6,
+        full_avg10_ratio=full[0] / 100.0 if full else None,
+        full_total_seconds=full[1] / 1e6 if full else None,
     )
 
 
