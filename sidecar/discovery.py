@@ -12,8 +12,8 @@ A new process is
 * part of a rank's **tree** (DataLoader workers, compile workers) when it descends from a
   rank: membership is a walk of parent links, so late arrivals and grandchildren count;
 * anything else. Young processes are re-checked every tick and old ones every few
-  seconds, through their comm only (a change means an exec), so a shell that later
-  ``exec``s torchrun is still found.
+  seconds (30 s where the connector tells renames), through their comm only (a change
+  means an exec), so a shell that later ``exec``s torchrun is still found.
 
 Where the process connector works (``feed``/``watch``, given by the daemon), /proc is
 listed only every ``RESCAN_SECONDS`` (and after the connector lost events), not every
@@ -53,6 +53,10 @@ RESCAN_SECONDS = 5.0  # how often /proc is listed when the connector tells what 
 PENDING_RANK_SECONDS = 30.0  # how long a child of an agent may take to exec before it is "other"
 YOUNG_SECONDS = 10.0  # processes this young are re-checked every tick
 RECHECK_SECONDS = 5.0  # older ones this often
+# With the connector telling renames, an old process that execs a launcher which names
+# itself pt_elastic is seen at once: the sweep of every old process (a stat each, a cost
+# that grows with the node, not the job) is left for launchers that never do.
+RECHECK_WITH_EVENTS_SECONDS = 30.0
 
 
 def is_agent_argv(argv: tuple[str, ...]) -> bool:
@@ -226,7 +230,7 @@ class Discovery:
             elif pid not in self._watched:
                 self._recheck(entry, young=True)
         if now >= self._next_sweep:
-            self._next_sweep = now + RECHECK_SECONDS
+            self._next_sweep = now + (RECHECK_SECONDS if self.feed is None else RECHECK_WITH_EVENTS_SECONDS)
             for entry in list(entries.values()):
                 pid = entry.key.pid
                 if entry.kind == "other" and pid not in self._watched and pid not in self._young:
