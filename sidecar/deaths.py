@@ -73,6 +73,9 @@ RETRY_WRITE_NS = 5 * 10**9  # while a postmortem is in memory only, how often to
 SLOW_READS_MS = 200.0  # an autopsy round whose reads take longer says so in the log
 SPOOL_TRIES = 10  # rounds a job that names a `trainwatch run` output file is looked at for it
 DEATH_TIMES = 64  # deaths whose time is exported (trainwatch_rank_death_timestamp_seconds)
+# observe() at 10 Hz: the latest samples every round; forgetting what is gone, the spools
+# and the journal's check once a second (and in any round with a new rank, agent or cgroup)
+TIDY_NS = 10**9
 
 
 class DeathWatch:
@@ -136,6 +139,7 @@ class DeathWatch:
         self.boot_id = boot_id or ""
         self._journal_at = 0  # monotonic ns of the last save
         self._journal_sig: object = None  # what the last save held, in short
+        self._tidy_ns = 0  # observe(): when to forget the gone, look for spools and save next
         self._cv = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -160,6 +164,17 @@ class DeathWatch:
                         job.key, job.agent.pid, job.run_id, job.world_size, r.restart, job.entrypoint
                     )
                     self._known[r.key.pid] = Known(gen, r, cg.limited_by if cg else None, now)
+            new_ranks = [
+                r.key.pid for job in snap.jobs for r in job.ranks if r.key.pid not in self._rank_files
+            ]
+            agents = {job.agent.pid for job in snap.jobs}
+            new_agents = [p for p in agents if p not in self._agent_outputs]
+            new_cgroups = [
+                (c.path, c.version) for c in snap.cgroups if (c.path, c.version) not in self._oomd_baseline
+            ]
+            if now < self._tidy_ns and not (new_ranks or new_agents or new_cgroups):
+                return  # nothing new: forgetting, the outputs' spools and the journal once a second
+            self._tidy_ns = now + TIDY_NS
             cutoff = now - int(KNOWN_GRACE_S * 1e9)
             for pid in [p for p, k in self._known.items() if k.seen_ns < cutoff]:
                 del self._known[pid]
@@ -171,15 +186,10 @@ class DeathWatch:
                 del self._rank_files[pid]
             for pid in [p for p in self._rank_gpus if p not in self._known]:
                 del self._rank_gpus[pid]
-            new_ranks = [
-                r.key.pid for job in snap.jobs for r in job.ranks if r.key.pid not in self._rank_files
-            ]
-            agents = {job.agent.pid for job in snap.jobs}
             for gone in [p for p in self._agent_outputs if p not in agents]:
                 if not any(inc.gen.agent_pid == gone for inc in self._incidents.values()):
                     del self._agent_outputs[gone]
                     self.gather.forget(gone)
-            new_agents = [p for p in agents if p not in self._agent_outputs]
             for gone in [p for p in self._spool_tries if p not in agents]:
                 del self._spool_tries[gone]
             # jobs under `trainwatch run` (not this one's own): its copy of their output
@@ -191,9 +201,6 @@ class DeathWatch:
             }
             if self.gather.job_output is not None or not self.gather.read_outputs:
                 spools = {}
-            new_cgroups = [
-                (c.path, c.version) for c in snap.cgroups if (c.path, c.version) not in self._oomd_baseline
-            ]
             known_files = [f for files in self._agent_outputs.values() for f in files]
         # Outside the lock (file system calls), once per new job, rank and cgroup
         outputs, rank_files, marks = self.gather.newcomers(new_agents, new_ranks, new_cgroups, known_files)

@@ -194,3 +194,38 @@ def test_a_save_cut_short_spoils_only_its_own_slot(tmp_path, caplog):
     j.save(state(5))  # slot 0's turn: its file is gone, a new one is made
     assert j.load("b").saved_ns == 5 and first.exists()
     j.close()
+
+
+def test_a_new_rank_is_journaled_in_its_round_and_the_rest_once_a_second(tmp_path):
+    """At 10 Hz the death watch keeps each round's samples but tidies (forgets the gone,
+    checks the journal) once a second: a rank that appears is journaled in the round it
+    appears in; one that is gone drops out at the next tidy, within a second."""
+    clock = [0]
+    watch = DeathWatch(
+        PostmortemStore(str(tmp_path)),
+        Timeline(300, 0.1),
+        hostname="h",
+        proc_root=str(tmp_path / "no-proc"),
+        journal=Journal(str(tmp_path)),
+        boot_id="boot-1",
+        clock_ns=lambda: clock[0],
+    )
+    a = _job("a", 100)
+    both = replace(a, ranks=(*a.ranks, replace(a.ranks[0], rank=1, rank_label="1", key=ProcKey(11, 1))))
+
+    def journaled() -> set[int]:
+        state = Journal(str(tmp_path)).load("boot-1")
+        assert state is not None
+        return {k.sample.key.pid for k in state.ranks}
+
+    watch.observe(_snapshot(1, (a,)))
+    assert journaled() == {10}
+    clock[0] = 100_000_000
+    watch.observe(_snapshot(2, (both,)))
+    assert journaled() == {10, 11}  # a new rank: at once
+    clock[0] = 200_000_000
+    watch.observe(_snapshot(3, (a,)))
+    assert journaled() == {10, 11}  # a rank gone: not yet
+    clock[0] = 1_200_000_000
+    watch.observe(_snapshot(4, (a,)))
+    assert journaled() == {10}  # the next tidy, a second after the last
