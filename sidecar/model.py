@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 _T = TypeVar("_T")
 
@@ -123,9 +123,12 @@ class Confidence(_Word):
     POSSIBLE = "possible"
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class ProcKey:
-    """A process: pid plus start time in clock ticks after boot (field 22 of /proc/PID/stat)."""
+class ProcKey(NamedTuple):
+    """A process: pid plus start time in clock ticks after boot (field 22 of /proc/PID/stat).
+
+    A named tuple, not a dataclass: it keys the sampler's and the death watch's tables, and
+    a tuple's hash is computed in C (a frozen dataclass's ``__hash__`` is Python, tens of
+    calls a round)."""
 
     pid: int
     start_ticks: int
