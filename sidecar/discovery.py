@@ -171,6 +171,10 @@ class Discovery:
         self._next_rescan = 0.0
         self._rescan_soon = False
         self._told: set[int] = set()  # the set last given to watch()
+        # Whether anything came, went or moved since the last tick (a scan, events, the
+        # sampler's forget/reparent): else the trees and the job list stand as they are.
+        self._dirty = True
+        self._sorted: list[TrackedJob] = []
         self.rescans_total = 0
 
     # -- the tick ---------------------------------------------------------------------
@@ -184,8 +188,13 @@ class Discovery:
             self._rescan_soon = False
             self._next_rescan = now + RESCAN_SECONDS
             self._scan(now)
+            self._dirty = True
         if events:
             self._apply(events, now)
+            self._dirty = True
+        if not (self._dirty or self._pending):
+            return self._sorted  # nothing came, went or moved since the last tick
+        self._dirty = False
         entries = self.entries
         for pid in list(self._pending):
             entry = entries.get(pid)
@@ -200,7 +209,8 @@ class Discovery:
             if told != self._told:
                 self._told = told
                 self.watch(told)
-        return sorted(self.jobs.values(), key=lambda j: (j.agent.start_ticks, j.agent.pid))
+        self._sorted = sorted(self.jobs.values(), key=lambda j: (j.agent.start_ticks, j.agent.pid))
+        return self._sorted
 
     def _scan(self, now: float) -> None:
         """List /proc: forget what is gone, classify what is new, re-check the young."""
@@ -284,6 +294,7 @@ class Discovery:
         entry = self.entries.get(pid)
         if entry is None or entry.ppid == ppid:
             return
+        self._dirty = True
         self._unlink(pid, entry.ppid)
         entry.ppid = ppid
         self.children.setdefault(ppid, set()).add(pid)
@@ -293,6 +304,7 @@ class Discovery:
         entry = self.entries.pop(pid, None)
         if entry is None:
             return
+        self._dirty = True
         if self.on_gone is not None and entry.kind in ("agent", "rank"):
             self.on_gone(entry.key)
         self._unlink(pid, entry.ppid)
