@@ -359,24 +359,20 @@ class Sampler:
         if discovery.feed is not None and proc.keeps:
             # The connector tells discovery of every exit and fork in the tree, and a held
             # descriptor cannot read another process: statm's RSS is all a round needs.
-            rss_of, is_kept = proc.rss_kept, proc.is_kept
-            for child in tree[1:]:
+            def same(child: int) -> bool:  # before a child's descriptor is first opened
                 entry = entries.get(child)
-                if entry is None:
-                    continue
                 try:
-                    if not is_kept(child, "statm") and proc.stat(child).start_ticks != entry.key.start_ticks:
-                        discovery.forget(child)  # the pid is another process's already
-                        continue
-                    child_rss = rss_of(child)
+                    return entry is not None and proc.stat(child).start_ticks == entry.key.start_ticks
                 except NoSuchProcess:
+                    return False  # (another ProbeError skips the child this round)
+
+            children = [child for child in tree[1:] if child in entries]
+            if children:
+                rss_sum, alive, gone = proc.rss_kept_sum(children, same)
+                tree_rss += rss_sum
+                members += alive
+                for child in gone:  # exited, or the pid is another process's already
                     discovery.forget(child)
-                    continue
-                except ProbeError:
-                    continue
-                if child_rss:  # 0: a zombie
-                    tree_rss += child_rss
-                    members += 1
         else:
             tree_rss, members = self._tree_by_stat(tree, tree_rss, members)
         pss: int | None = None

@@ -216,3 +216,44 @@ def test_kept_descriptors_follow_their_process_and_close():
             child.kill()
             child.wait()
         reader.close()
+
+
+def test_rss_summed_through_held_descriptors_counts_the_live_and_names_the_gone():
+    """The 10 Hz hot path (a rank's workers' statm in one loop, real /proc): live processes
+    are summed, a zombie is not counted, a reaped one and one that fails the identity check
+    are gone, and a pid is checked only before its descriptor is first opened."""
+    import subprocess
+
+    from sidecar.probes.proc import PAGE_SIZE, ProcReader
+
+    reader = ProcReader("/proc")
+    kids = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
+    asked: list[int] = []
+
+    def verify(pid: int) -> bool:
+        asked.append(pid)
+        return pid != kids[2].pid  # the third "is another process" already
+
+    def statm_rss(pid: int) -> int:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * PAGE_SIZE
+
+    try:
+        pids = [k.pid for k in kids]
+        expected = statm_rss(pids[0]) + statm_rss(pids[1])
+        total, members, gone = reader.rss_kept_sum(pids, verify)
+        assert (members, gone) == (2, [pids[2]]) and abs(total - expected) <= 8 * PAGE_SIZE
+        assert sorted(asked) == sorted(pids)
+        asked.clear()
+        kids[0].kill()
+        os.waitid(os.P_PID, pids[0], os.WEXITED | os.WNOWAIT)  # a zombie: reads zeros
+        total, members, gone = reader.rss_kept_sum(pids[:2], verify)
+        assert members == 1 and gone == [] and asked == []  # held: not checked again
+        kids[0].wait()
+        total, members, gone = reader.rss_kept_sum(pids[:2], verify)
+        assert members == 1 and gone == [pids[0]]
+    finally:
+        for k in kids:
+            k.kill()
+            k.wait()
+        reader.close()

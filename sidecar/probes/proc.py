@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import resource
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from sidecar.errors import NoSuchProcess, ParseError, read_bytes, translate_os_error
+from sidecar.errors import NoSuchProcess, ParseError, ProbeError, read_bytes, translate_os_error
 from sidecar.model import ProcKey, RankEnv
 
 __all__ = [
@@ -110,15 +111,6 @@ def parse_stat_brief(data: bytes, page_size: int = PAGE_SIZE) -> tuple[str, int,
         return rest[0].decode(), int(rest[1]), int(rest[19]), int(rest[21]) * page_size
     except (ValueError, IndexError) as exc:
         raise ParseError(f"malformed stat: {data[:80]!r}") from exc
-
-
-def parse_statm_rss(data: bytes, page_size: int = PAGE_SIZE) -> int:
-    """Resident bytes from /proc/PID/statm (its second field, pages). A zombie reads all
-    zeros. Raises ParseError."""
-    try:
-        return int(data.split(None, 2)[1]) * page_size
-    except (ValueError, IndexError) as exc:
-        raise ParseError(f"malformed statm: {data[:80]!r}") from exc
 
 
 _STATUS_KEYS = (
@@ -371,9 +363,6 @@ class ProcReader:
         """Whether descriptors are held (a real procfs, and the open-file limit allows)."""
         return self._kept_limit != 0
 
-    def is_kept(self, pid: int, name: str) -> bool:
-        return (pid, name) in self._kept
-
     def keep_only(self, pids: set[int]) -> None:
         """Close the held descriptors of processes no longer watched."""
         for pid, name in [k for k in self._kept if k[0] not in pids]:
@@ -385,10 +374,43 @@ class ProcReader:
     def stat_brief_kept(self, pid: int) -> tuple[str, int, int, int]:
         return parse_stat_brief(self._read_kept(pid, "stat"))
 
-    def rss_kept(self, pid: int) -> int:
-        """Resident bytes from statm, the cheapest file that has them (no thread walk); 0
-        for a zombie."""
-        return parse_statm_rss(self._read_kept(pid, "statm"))
+    def rss_kept_sum(self, pids: list[int], verify: Callable[[int], bool]) -> tuple[int, int, list[int]]:
+        """The statm RSS of ``pids`` summed through held descriptors, in one loop (the hot
+        path at 10 Hz: a rank's DataLoader workers): (bytes, processes with an address
+        space, pids gone). ``verify(pid)`` is asked before a pid's descriptor is first
+        opened (is it still the process discovery saw?); False counts it gone. A zombie
+        reads zeros and is not counted; an unreadable or malformed file is skipped."""
+        total = members = 0
+        gone: list[int] = []
+        kept = self._kept
+        pread = os.pread
+        for pid in pids:
+            fd = kept.get((pid, "statm"))
+            try:
+                if fd is None:
+                    if not verify(pid):
+                        gone.append(pid)
+                        continue
+                    data = self._read_kept(pid, "statm")
+                else:
+                    try:
+                        data = pread(fd, 256, 0)
+                    except OSError as exc:
+                        self._drop(pid, "statm")
+                        raise translate_os_error(exc, f"{self.root}/{pid}/statm") from None
+                    if not data:
+                        self._drop(pid, "statm")
+                        raise NoSuchProcess(f"{self.root}/{pid}/statm: empty")
+                rss = int(data.split(None, 2)[1]) * PAGE_SIZE
+            except NoSuchProcess:
+                gone.append(pid)
+                continue
+            except (ProbeError, ValueError, IndexError):
+                continue
+            if rss:
+                total += rss
+                members += 1
+        return total, members, gone
 
     def status_kept(self, pid: int) -> ProcStatus:
         return parse_status(self._read_kept(pid, "status"))
