@@ -18,7 +18,7 @@ from sidecar import guard, saferead
 from sidecar.deaths import DeathWatch
 from sidecar.foresight import Foresight
 from sidecar.journal import Journal, State, read_boot_id
-from sidecar.model import Snapshot, evolve
+from sidecar.model import Snapshot
 from sidecar.postmortem import PostmortemStore
 from sidecar.probes.host import HostReader
 from sidecar.probes.proc import TICKS_PER_SECOND
@@ -57,46 +57,6 @@ def under_pressure(snapshot: Snapshot) -> bool:
         if limit and cg.usage_bytes is not None and cg.usage_bytes >= PRESSURE_SHARE * limit:
             return True
     return False
-
-
-def carry_judgements(snapshot: Snapshot, last: Snapshot) -> Snapshot:
-    """``snapshot`` with what foresight and the stall tracker said of the last published
-    one (each rank's forecast and progress, each job's stall, each cgroup's forecast): a
-    round between two detailed ones reads only what changes fast, and judges nothing."""
-    ranks = {r.key: r for j in last.jobs for r in j.ranks}
-    jobs = {j.key: j for j in last.jobs}
-    cgroups = {c.path: c for c in last.cgroups}
-    out = []
-    for job in snapshot.jobs:
-        carried = []
-        for r in job.ranks:
-            before = ranks.get(r.key)
-            carried.append(
-                r
-                if before is None
-                else evolve(
-                    r,
-                    progress=before.progress,
-                    binding_limit=before.binding_limit,
-                    exhaustion_seconds=before.exhaustion_seconds,
-                )
-            )
-        was = jobs.get(job.key)
-        out.append(
-            evolve(job, ranks=tuple(carried))
-            if was is None
-            else evolve(
-                job,
-                ranks=tuple(carried),
-                stalled_seconds=was.stalled_seconds,
-                suspected_missing=was.suspected_missing,
-            )
-        )
-    cgs = []
-    for cg in snapshot.cgroups:
-        before_cg = cgroups.get(cg.path)
-        cgs.append(cg if before_cg is None else evolve(cg, exhaustion_seconds=before_cg.exhaustion_seconds))
-    return evolve(snapshot, jobs=tuple(out), cgroups=tuple(cgs))
 
 
 class Daemon:
@@ -316,11 +276,12 @@ class Daemon:
         return snapshot
 
     def _publish(self, snapshot: Snapshot) -> None:
+        # forecasts and stalls are judged once a second (every round near a limit); the
+        # sampler builds a round between with their last word (Sampler.judged)
         if snapshot.detail or self._snapshot is None:
             snapshot = self.foresight.update(snapshot)
             snapshot = self.stalls.update(snapshot)
-        else:  # forecasts and stalls are judged once a second (every round near a limit)
-            snapshot = carry_judgements(snapshot, self._snapshot)
+        self.sampler.judged = snapshot
         with self._lock:
             self._snapshot = snapshot
         self._last_done = time.monotonic()

@@ -98,7 +98,10 @@ def _rank_sample(
     rank_cgroup: dict[ProcKey, str],
     gpu_by_rank: dict[ProcKey, dict[int, int]],
     gpu_activity: dict[ProcKey, tuple[float, float]],
+    judged: RankSample | None = None,
 ) -> RankSample:
+    """``judged``: the rank as last published, whose foresight and stall judgements a
+    round between two detailed ones carries."""
     sm, mem = gpu_activity.get(tracked.key, (None, None))
     return RankSample(
         job=job.key or "",
@@ -128,6 +131,9 @@ def _rank_sample(
         slurm_times=tracked.env.slurm_times if tracked.env else None,
         gpu_sm_percent=sm,
         gpu_memory_percent=mem,
+        binding_limit=None if judged is None else judged.binding_limit,
+        exhaustion_seconds=None if judged is None else judged.exhaustion_seconds,
+        progress=None if judged is None else judged.progress,
     )
 
 
@@ -194,6 +200,9 @@ class Sampler:
         self._statuses: dict[ProcKey, ProcStatus] = {}  # the last detailed round's
         self._cgroup_samples: dict[str, CgroupSample] = {}  # path -> the last detailed sample
         self._host: HostSample | None = None
+        # The last snapshot as published (with foresight's and the stall tracker's word),
+        # set by the daemon: what a round between two detailed ones carries.
+        self.judged: Snapshot | None = None
         # Called with a rank's zombie exit status: the fallback when the process connector
         # is unavailable (the agent reaps within 0.1 s, so this sees a death only by luck).
         self.on_zombie: Callable[[ExitEvent], None] | None = None
@@ -289,11 +298,36 @@ class Sampler:
             statuses["host"] = ProbeStatus(True, 0.0, None)
 
         gpu_by_rank, unmatched, gpu_activity = self._attribute_gpu(gpus, rank_rows)
+        # A round between two detailed ones judges nothing: it carries the last word of
+        # foresight and the stall tracker (daemon.py), built in, not copied in afterwards.
+        judged = None if detail else self.judged
+        judged_ranks = {} if judged is None else {r.key: r for j in judged.jobs for r in j.ranks}
+        judged_jobs = {} if judged is None else {j.key: j for j in judged.jobs}
+        if judged is not None:
+            forecast = {
+                c.path: c.exhaustion_seconds for c in judged.cgroups if c.exhaustion_seconds is not None
+            }
+            if forecast:
+                cgroup_samples = tuple(
+                    c if c.path not in forecast else evolve(c, exhaustion_seconds=forecast[c.path])
+                    for c in cgroup_samples
+                )
         job_samples: list[JobSample] = []
         for job, rows in rank_rows:
             ranks = []
             for tracked, sample in rows:
-                ranks.append(_rank_sample(job, tracked, sample, rank_cgroup, gpu_by_rank, gpu_activity))
+                ranks.append(
+                    _rank_sample(
+                        job,
+                        tracked,
+                        sample,
+                        rank_cgroup,
+                        gpu_by_rank,
+                        gpu_activity,
+                        judged_ranks.get(tracked.key),
+                    )
+                )
+            was = judged_jobs.get(job.key or "")
             job_samples.append(
                 JobSample(
                     key=job.key or "",
@@ -306,6 +340,8 @@ class Sampler:
                     started_at=job.started_at,
                     ranks=tuple(ranks),
                     agent_alive=job.agent_alive,
+                    stalled_seconds=0.0 if was is None else was.stalled_seconds,
+                    suspected_missing=() if was is None else was.suspected_missing,
                 )
             )
         self.samples_total += 1

@@ -225,6 +225,7 @@ def test_rss_summed_through_held_descriptors_counts_the_live_and_names_the_gone(
     import subprocess
 
     from sidecar.probes.proc import PAGE_SIZE, ProcReader
+    from tests.e2e import wait_for
 
     reader = ProcReader("/proc")
     kids = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
@@ -238,8 +239,13 @@ def test_rss_summed_through_held_descriptors_counts_the_live_and_names_the_gone(
         with open(f"/proc/{pid}/statm", "rb") as f:
             return int(f.read().split()[1]) * PAGE_SIZE
 
+    def asleep(pid: int) -> bool:  # in its nanosleep: its pages are in, its RSS holds still
+        with open(f"/proc/{pid}/wchan", "rb") as f:
+            return b"nanosleep" in f.read()
+
     try:
         pids = [k.pid for k in kids]
+        wait_for(lambda: all(asleep(p) for p in pids), 10, "the sleeps to sleep")
         expected = statm_rss(pids[0]) + statm_rss(pids[1])
         total, members, gone = reader.rss_kept_sum(pids, verify)
         assert (members, gone) == (2, [pids[2]]) and abs(total - expected) <= 8 * PAGE_SIZE
