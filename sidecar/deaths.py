@@ -154,15 +154,18 @@ class DeathWatch:
             self._snapshots.append((now, snap))
             self._records.gpus(snap, now)
             for job in snap.jobs:
+                gens: dict[int, Generation] = {}  # restart -> the generation (one a job, as a rule)
                 for r in job.ranks:
                     if r.gpu_memory_bytes:  # a lost GPU lists no processes: remember the earlier ones
                         self._rank_gpus[r.key.pid] = self._rank_gpus.get(r.key.pid, frozenset()) | set(
                             r.gpu_memory_bytes
                         )
                     cg = cgroups.get(r.cgroup or "")
-                    gen = Generation(
-                        job.key, job.agent.pid, job.run_id, job.world_size, r.restart, job.entrypoint
-                    )
+                    gen = gens.get(r.restart)
+                    if gen is None:
+                        gen = gens[r.restart] = Generation(
+                            job.key, job.agent.pid, job.run_id, job.world_size, r.restart, job.entrypoint
+                        )
                     self._known[r.key.pid] = Known(gen, r, cg.limited_by if cg else None, now)
             new_ranks = [
                 r.key.pid for job in snap.jobs for r in job.ranks if r.key.pid not in self._rank_files

@@ -415,7 +415,10 @@ class Sampler:
         uss: int | None = None
         workers: tuple[tuple[int, int, int], ...] = ()
         if "smaps" not in self.settings.disabled:
-            pss, uss, workers = self.pss.of(tracked.key, tree, tree_rss, self._limit_used(tracked.key))
+            if detail:  # due every 30 s, sooner on growth: asked once a second
+                pss, uss, workers = self.pss.of(tracked.key, tree, tree_rss, self._limit_used(tracked.key))
+            else:
+                pss, uss, workers = self.pss.last(tracked.key)
         return tracked, _RankRead(
             rss,
             status.peak_rss_bytes,

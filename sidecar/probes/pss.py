@@ -112,6 +112,12 @@ class PssSampler:
         self._last[rank] = _Measured(now, now + EVERY_S, tree_rss, limit_used, pss, uss, kept)
         return pss, uss, kept
 
+    def last(self, rank: ProcKey) -> tuple[int | None, int | None, Workers]:
+        """The tree's (PSS, USS, workers) as last measured, nothing measured (a round
+        between two detailed ones: whether one is due is asked once a second)."""
+        m = self._last.get(rank)
+        return (None, None, ()) if m is None else (m.pss, m.uss, m.workers)
+
     def forget(self, live: set[ProcKey]) -> None:
         """Drop the ranks that are gone."""
         for key in [k for k in self._last if k not in live]:
