@@ -38,7 +38,7 @@ from sidecar.model import (
 from sidecar.probes.cgroup import CgroupReader, MemoryCgroupRef
 from sidecar.probes.gpu import GpuProbe
 from sidecar.probes.host import HostReader
-from sidecar.probes.proc import ProcReader, ProcStatus
+from sidecar.probes.proc import ProcReader, ProcStat, ProcStatus
 from sidecar.probes.pss import PssSampler
 from sidecar.settings import Settings
 from sidecar.watch.exits import ExitEvent
@@ -198,6 +198,7 @@ class Sampler:
         self.pressure = False  # memory near a limit: every file, every round (the daemon sets it)
         self._detail_at: float | None = None
         self._statuses: dict[ProcKey, ProcStatus] = {}  # the last detailed round's
+        self._stats: dict[ProcKey, ProcStat] = {}  # likewise (CPU time, threads)
         self._cgroup_samples: dict[str, CgroupSample] = {}  # path -> the last detailed sample
         self._host: HostSample | None = None
         # The last snapshot as published (with foresight's and the stall tracker's word),
@@ -261,6 +262,8 @@ class Sampler:
         self.pss.forget(live)
         for key in [k for k in self._statuses if k not in live]:
             del self._statuses[key]
+        for key in [k for k in self._stats if k not in live]:
+            del self._stats[key]
         self.proc.keep_only({pid for _, rows in rank_rows for _, read in rows for pid in read.tree})
         self._timed("proc", statuses, t, proc_problem is None, proc_problem)
 
@@ -368,27 +371,50 @@ class Sampler:
         self, job: TrackedJob, pid: int, tracked: TrackedRank, detail: bool = True
     ) -> tuple[TrackedRank, _RankRead] | None:
         proc, discovery = self.proc, self.discovery
-        try:
-            st = proc.stat_kept(pid)
-            if st.start_ticks != tracked.key.start_ticks:
+        key = tracked.key
+        light = not detail and self.on_zombie is None and discovery.feed is not None and proc.keeps
+        st = self._stats.get(key) if light else None
+        status = self._statuses.get(key) if st is not None else None
+        if st is not None and status is not None:
+            # Between detailed rounds, with the connector telling exits: the rank's RSS from
+            # statm through its held descriptor (stat would sum its threads' CPU times, and
+            # a training process has dozens); its CPU time, threads and status as the last
+            # detailed round read them.
+            def still_the_rank(p: int) -> bool:  # before its statm descriptor is first opened
+                return proc.stat(p).start_ticks == key.start_ticks
+
+            rss, alive, gone = proc.rss_kept_sum([pid], still_the_rank)
+            if gone:
                 discovery.forget(pid)
                 return None
-            if st.state in ("Z", "X"):
-                if self.on_zombie is not None and st.exit_code is not None:
-                    self.on_zombie(ExitEvent(pid, st.exit_code, st.ppid, time.monotonic_ns(), source="proc"))
-                return None  # dead, not yet reaped by the agent: no longer a live rank
-            status = None if detail else self._statuses.get(tracked.key)
-            fresh = status is None
-            if status is None:
-                status = self._statuses[tracked.key] = proc.status_kept(pid)
-        except NoSuchProcess:
-            discovery.forget(pid)
-            return None
-        if status.rss_bytes is None or st.rss_bytes == 0:
-            return None  # no address space any more: killed and exiting, not a live rank
+            if not alive:
+                return None  # no address space any more: killed and exiting, not a live rank
+            fresh = False
+        else:
+            try:
+                st = proc.stat_kept(pid)
+                if st.start_ticks != key.start_ticks:
+                    discovery.forget(pid)
+                    return None
+                if st.state in ("Z", "X"):
+                    if self.on_zombie is not None and st.exit_code is not None:
+                        now_ns = time.monotonic_ns()
+                        self.on_zombie(ExitEvent(pid, st.exit_code, st.ppid, now_ns, source="proc"))
+                    return None  # dead, not yet reaped by the agent: no longer a live rank
+                if detail:
+                    self._stats[key] = st
+                status = None if detail else self._statuses.get(key)
+                fresh = status is None
+                if status is None:
+                    status = self._statuses[key] = proc.status_kept(pid)
+            except NoSuchProcess:
+                discovery.forget(pid)
+                return None
+            if status.rss_bytes is None or st.rss_bytes == 0:
+                return None  # no address space any more: killed and exiting, not a live rank
+            # VmRSS; between detailed rounds stat's, from the same counters
+            rss = status.rss_bytes if fresh else st.rss_bytes
         tree = discovery.trees.get(pid) or discovery.tree(pid)
-        # VmRSS; between detailed rounds stat's, from the same counters
-        rss = status.rss_bytes if fresh else st.rss_bytes
         tree_rss = rss
         members = 1
         entries = discovery.entries

@@ -4,9 +4,10 @@ the thread, and the history is kept in time (--history), bounded whatever the ra
 from __future__ import annotations
 
 import itertools
+import os
 import time
 
-from sidecar.daemon import Daemon
+from sidecar.daemon import Daemon, Sampler
 from sidecar.model import JobSample, ProcKey, RankSample, Snapshot
 from sidecar.settings import Settings
 from sidecar.timeline import Timeline
@@ -241,3 +242,71 @@ def test_rounds_between_detailed_ones_carry_the_judgements(proc_tree, tmp_path):
     sampler.pressure = True  # near a limit: every round is detailed and judged
     clock.now += 0.1
     assert daemon.sample_now().detail and judged == [True, True, True]
+
+
+def test_between_detailed_rounds_a_rank_is_read_through_its_statm_alone(tmp_path):
+    """Real processes (benchmarks/fake_job.py: an agent named pt_elastic, a rank, two
+    workers), the connector's part played by an empty feed: between two detailed rounds a
+    rank's own RSS comes from statm through its held descriptor (its stat, whose CPU time
+    sums every thread, is not read), its CPU time is the detailed round's; a rank killed
+    between two detailed rounds (a zombie: its statm reads zeros) is gone from the next."""
+    import signal
+    import subprocess
+    import sys
+
+    from sidecar.probes.proc import PAGE_SIZE
+    from tests.e2e import wait_for
+    from tests.paths import REPO
+    from tests.test_discovery import Clock
+
+    job = subprocess.Popen(
+        [sys.executable, str(REPO / "benchmarks" / "fake_job.py"), "--agents", "1", "--ranks", "1",
+         "--workers", "2", "--hold-mb", "8"],
+        stdin=subprocess.PIPE,
+    )  # fmt: skip
+    clock = Clock()
+    settings = Settings(pids=(job.pid,), interval_seconds=0.1, postmortem_dir=str(tmp_path))
+    sampler = Sampler(settings, clock=clock)
+    sampler.discovery.feed = lambda: ([], False)
+    sampler.discovery.watch = lambda pids: None
+    try:
+
+        def found() -> Snapshot | None:
+            clock.now += 5.0  # discovery lists /proc every 5 s with the connector's feed
+            snap = sampler.sample()
+            ranks = [r for j in snap.jobs for r in j.ranks]
+            return snap if ranks and ranks[0].tree_processes == 3 else None
+
+        first = wait_for(found, 60, "the fake job's rank and its two workers")
+        assert first.detail
+        rank = first.jobs[0].ranks[0]
+        stats: list[int] = []
+        real_stat = sampler.proc.stat_kept
+        sampler.proc.stat_kept = lambda pid: stats.append(pid) or real_stat(pid)  # type: ignore[method-assign]
+        clock.now += 0.1
+        light = sampler.sample()
+        assert not light.detail and stats == []
+        (now,) = light.jobs[0].ranks
+        with open(f"/proc/{rank.key.pid}/statm", "rb") as f:
+            resident = int(f.read().split()[1]) * PAGE_SIZE
+        assert abs(now.rss_bytes - resident) <= 16 * PAGE_SIZE and now.rss_bytes >= 8 << 20
+        assert now.cpu_seconds == rank.cpu_seconds and now.tree_processes == 3
+        clock.now += 1.0
+        assert sampler.sample().detail and stats == [rank.key.pid]  # a detailed round reads stat
+        os.kill(rank.key.pid, signal.SIGKILL)
+
+        def dead() -> bool:  # a zombie (the fake agent does not reap it) or gone
+            try:
+                with open(f"/proc/{rank.key.pid}/stat", "rb") as f:
+                    return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+            except FileNotFoundError:
+                return True
+
+        wait_for(dead, 30, "the rank dead")
+        clock.now += 0.1
+        gone = sampler.sample()
+        assert not gone.detail and all(r.key != rank.key for j in gone.jobs for r in j.ranks)
+    finally:
+        job.terminate()
+        job.communicate(timeout=60)
+        sampler.proc.close()
