@@ -439,8 +439,6 @@ class DeathWatch:
         if self._thread is not None:
             self._thread.join(10)
             self._thread = None
-        if self.journal is not None:
-            self.journal.close()  # a save after this (a late observe) makes its slot again
 
     def _run(self) -> None:
         while True:

@@ -95,36 +95,44 @@ class Journal:
     """The state, in two files written in turn (``save`` from any thread, one write at a
     time; ``load`` at start reads the newer one of this boot).
 
-    Each save overwrites the older slot in place through a descriptor held open (one
-    ``pwrite``, the JSON padded with spaces to the slot's length: no truncate, no rename,
-    no directory change; each rename cost an ext4 journal transaction, every 5 s). A
+    Each save overwrites the older slot in place (open, one ``pwrite`` of the JSON padded
+    with spaces to the slot's length, close: no truncate, no rename, no new directory
+    entry; each rename cost an ext4 journal transaction, every 5 s). Nothing is held open
+    between saves, so the file system can still be remounted read-only or unmounted. A
     write cut short (the daemon SIGKILLed in the middle of one) spoils only its own slot:
     the other holds the state of one save before. Each slot is a file this process made
     (whatever was at its path, a planted link too, is unlinked first and the file created
-    exclusively, mode 0600); one unlinked under it is made again."""
+    exclusively, mode 0600), and it is written only while its path still names that file
+    (same inode, one link): else a new one is made."""
 
     def __init__(self, directory: str) -> None:
         self.path = os.path.join(directory, STATE_NAME)
         self.paths = (self.path, self.path + SECOND_SLOT)
         self._lock = threading.Lock()
         self._failed: str | None = None  # the last write error, logged once
-        self._fds: list[int | None] = [None, None]
+        self._made: list[tuple[int, int] | None] = [None, None]  # (device, inode) of each slot made
         self._sizes = [0, 0]
         self._next = 0
 
-    def _slot(self, i: int) -> int:
-        fd = self._fds[i]
-        if fd is not None:
-            if os.fstat(fd).st_nlink > 0:
-                return fd
-            os.close(fd)  # removed under us: a new file
-            self._fds[i] = None
+    def _open_slot(self, i: int) -> int:
         path = self.paths[i]
+        made = self._made[i]
+        if made is not None:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except FileNotFoundError:
+                fd = -1
+            if fd >= 0:
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) == made and st.st_nlink == 1:
+                    return fd
+                os.close(fd)  # not the file this process made any more
         os.makedirs(os.path.dirname(path), mode=0o750, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # whatever is there (a planted link) goes; a new file is made
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        self._fds[i], self._sizes[i] = fd, 0
+        st = os.fstat(fd)
+        self._made[i], self._sizes[i] = (st.st_dev, st.st_ino), 0
         return fd
 
     def save(self, state: State) -> None:
@@ -132,17 +140,17 @@ class Journal:
         with self._lock:
             i = self._next
             try:
-                fd = self._slot(i)
-                padded = data + b" " * (self._sizes[i] - len(data))  # JSON allows trailing blanks
-                if os.pwrite(fd, padded, 0) != len(padded):
-                    raise OSError(errno.EIO, "short write")
+                fd = self._open_slot(i)
+                try:
+                    padded = data + b" " * (self._sizes[i] - len(data))  # JSON allows trailing blanks
+                    if os.pwrite(fd, padded, 0) != len(padded):
+                        raise OSError(errno.EIO, "short write")
+                finally:
+                    os.close(fd)
                 self._sizes[i] = max(self._sizes[i], len(data))
                 self._next = 1 - i
             except OSError as exc:
-                held = self._fds[i]
-                if held is not None:
-                    os.close(held)
-                    self._fds[i] = None
+                self._made[i] = None  # made afresh next time
                 if self._failed != str(exc):
                     log.warning(
                         "journal: %s not written (%s): a restart will not know the jobs", self.paths[i], exc
@@ -152,13 +160,6 @@ class Journal:
             if self._failed is not None:
                 log.info("journal: %s written again", self.paths[i])
                 self._failed = None
-
-    def close(self) -> None:
-        with self._lock:
-            for i, fd in enumerate(self._fds):
-                if fd is not None:
-                    os.close(fd)
-                    self._fds[i] = None
 
     def load(self, boot_id: str | None) -> State | None:
         """The newer saved state of this boot, else None (and why, in the log)."""

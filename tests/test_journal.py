@@ -165,7 +165,6 @@ def test_the_journal_is_written_by_a_path_no_one_else_owns(tmp_path):
     for path in j.paths:
         os.chown(path, 65534, 65534)
     assert j.load("b") is None
-    j.close()
 
 
 def test_a_save_cut_short_spoils_only_its_own_slot(tmp_path, caplog):
@@ -193,7 +192,10 @@ def test_a_save_cut_short_spoils_only_its_own_slot(tmp_path, caplog):
     first.unlink()
     j.save(state(5))  # slot 0's turn: its file is gone, a new one is made
     assert j.load("b").saved_ns == 5 and first.exists()
-    j.close()
+    os.unlink(second)
+    os.link(first, second)  # a second name for slot 0's file: slot 1 is made afresh, not written through it
+    j.save(state(6))
+    assert json.loads(first.read_bytes())["saved_ns"] == 5 and j.load("b").saved_ns == 6
 
 
 def test_a_new_rank_is_journaled_in_its_round_and_the_rest_once_a_second(tmp_path):
