@@ -12,6 +12,10 @@ For torchrun-shaped trees of real processes (``benchmarks/fake_job.py``: agents 
   tree) scraped at the same rate, 1 Hz and 10 Hz, so that one of its scrapes is one
   sampling round;
 
+* the floor under the daemon (``benchmarks/floor.py``, not in an A/B run): a Python thread
+  that only wakes at the interval, and one that also reads every file a detailed round
+  reads, without parsing;
+
 and reads both processes' utime+stime (all threads, ``/proc/PID/stat``) over the window:
 CPU per watched process per round, and share of one core. Also per tree: ``GET /metrics``
 latency (p50/p99 of 200 requests) and, labelled as such, the sampler alone in this
@@ -246,6 +250,24 @@ class ProcessExporter:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+class Floor:
+    """``benchmarks/floor.py``: a Python thread that only wakes at the interval (``wake``),
+    or that also reads every file a detailed round reads (``reads``)."""
+
+    def __init__(self, interval: float, mode: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "floor.py"), "--interval", str(interval), "--mode", mode],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != b"ready":
+            raise RuntimeError(f"floor.py --mode {mode} did not start")
+
+    def close(self) -> None:
+        self.proc.communicate(timeout=30)
+
+
 def side_by_side(
     watched: int,
     ranks: int,
@@ -260,6 +282,7 @@ def side_by_side(
     d = Daemon(interval)
     b = Daemon(interval, cwd=baseline) if baseline is not None else None
     pe = ProcessExporter(exporter) if exporter else None
+    floors: dict[str, Floor] = {}
     try:
         for daemon in (d, b):
             if daemon is not None:
@@ -267,6 +290,9 @@ def side_by_side(
                 daemon.wait_rounds(3)  # every worker found and settled
         if pe:
             pe.scrape()
+        if b is None:  # the floor under the daemon's cost, beside it (not in an A/B run)
+            floors = {mode: Floor(interval, mode) for mode in ("wake", "reads")}
+        floor0 = {mode: cpu_seconds(f.proc.pid) for mode, f in floors.items()}
         rounds_b0 = b.samples_total() if b else 0.0
         cpu_b0 = cpu_seconds(b.proc.pid) if b else 0.0
         rounds0, cpu_d0 = d.samples_total(), cpu_seconds(d.proc.pid)
@@ -295,6 +321,10 @@ def side_by_side(
         ticks_d = cpu_ticks_seconds(d.proc.pid) - ticks_d0
         cpu_p = (cpu_seconds(pe.proc.pid) - cpu_p0) if pe else None
         rounds = d.samples_total() - rounds0
+        floor = {
+            f"floor_{mode}_core_percent": (cpu_seconds(f.proc.pid) - floor0[mode]) / elapsed * 100
+            for mode, f in floors.items()
+        }
         base: dict[str, Any] = {}
         if b:
             cpu_b = cpu_seconds(b.proc.pid) - cpu_b0
@@ -307,6 +337,7 @@ def side_by_side(
             }
         return {
             **base,
+            **floor,
             "interval_seconds": interval,
             "window_seconds": round(elapsed, 1),
             "trainwatch_rounds": int(rounds),
@@ -323,6 +354,8 @@ def side_by_side(
             "exporter_core_percent": None if cpu_p is None else cpu_p / elapsed * 100,
         }
     finally:
+        for f in floors.values():
+            f.close()
         if pe:
             pe.close()
         if b:

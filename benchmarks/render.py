@@ -99,6 +99,33 @@ def overhead() -> str:
         )
         out.append("| " + " | ".join(cells) + " |")
     idle, soak, churn = r["idle"], r["soak"], r.get("churn")
+    floors = [row for row in r["rows"] if "floor_reads_core_percent" in row["1hz"]]
+    if floors:
+        out += [
+            "",
+            "The floor under it, measured beside it in the same windows (`benchmarks/floor.py`): a"
+            " Python thread that only wakes at the interval, and one that also reads, through held"
+            " descriptors and without parsing, every file a detailed round reads (each rank's stat"
+            " and status, each worker's statm, the cgroup's counters, the host's files). Share of one"
+            " core:",
+            "",
+            "| processes | trainwatch, 1 Hz | reads alone, 1 Hz | wake alone, 1 Hz | trainwatch, 10 Hz "
+            "| reads alone, 10 Hz | wake alone, 10 Hz |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for row in floors:
+            cells = [str(row["processes"])]
+            for rate in ("1hz", "10hz"):
+                m = row[rate]
+                cells += [
+                    f"{m[key]:.3f} %" if m.get(key) is not None else "n/a"
+                    for key in (
+                        "trainwatch_core_percent",
+                        "floor_reads_core_percent",
+                        "floor_wake_core_percent",
+                    )
+                ]
+            out.append("| " + " | ".join(cells) + " |")
     if lagged:
         out += [
             "",
