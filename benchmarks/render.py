@@ -172,6 +172,12 @@ AB_CHANGES = (  # results name, what changed (the commits are in each file)
         "records copied without re-running __init__; descendants from statm; /metrics cached",
     ),
     ("overhead-ab-judge", "foresight and stalls judge once a second; the journal without a deep copy"),
+    (
+        "overhead-ab-reads",
+        "host and cgroup files held open; the journal written in place; a rank's trend judged only"
+        " while its limit grows; light rounds read a rank's statm; the death watch tidies once a"
+        " second (this session's changes together, beside the last commit of the one before)",
+    ),
 )
 
 
@@ -184,7 +190,7 @@ def overhead_ab() -> str:
         if doc is None:
             continue
         r = doc["results"]
-        row = r["rows"][0]
+        row = next((row for row in r["rows"] if row["processes"] == 21), r["rows"][0])
         cells = [what, f"`{doc['commit']}` vs `{r['baseline']}`"]
         for rate in ("1hz", "10hz"):
             m = row[rate]
