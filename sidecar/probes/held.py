@@ -38,6 +38,8 @@ class HeldFiles:
         self.enabled = enabled
         self.most = most
         self._fds: dict[str, int] = {}
+        self._kept_under: set[str] | None = None  # keep_under's last set
+        self._opened = self._opened_then = 0  # descriptors opened so far, and at its last look
 
     def __len__(self) -> int:
         return len(self._fds)
@@ -54,6 +56,7 @@ class HeldFiles:
             except OSError as exc:
                 raise translate_os_error(exc, path) from None
             self._fds[path] = fd
+            self._opened += 1
         try:
             data = os.pread(fd, _CHUNK, 0)
             if len(data) < _CHUNK and not records:
@@ -78,9 +81,13 @@ class HeldFiles:
 
     def keep_under(self, directories: set[str]) -> None:
         """Close the descriptors of files outside ``directories`` (cgroups no longer
-        watched)."""
+        watched); nothing to look at when no descriptor was opened since a call with the
+        same set."""
+        if directories == self._kept_under and self._opened == self._opened_then:
+            return
         for path in [p for p in self._fds if p.rsplit("/", 1)[0] not in directories]:
             self.drop(path)
+        self._kept_under, self._opened_then = directories, self._opened
 
     def close(self) -> None:
         for path in list(self._fds):

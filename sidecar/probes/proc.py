@@ -305,6 +305,8 @@ class ProcReader:
         self.root = root
         self._dir_fd: int | None = None
         self._kept: dict[tuple[int, str], int] = {}
+        self._kept_for: set[int] | None = None  # keep_only's last set
+        self._opened = self._opened_then = 0  # descriptors opened so far, and at keep_only's last look
         self._kept_limit: int | None = None if os.path.realpath(root) == "/proc" else 0
 
     def _open(self, pid: int, name: str) -> int:
@@ -341,6 +343,7 @@ class ProcReader:
             if len(self._kept) >= self._kept_limit:
                 return self._read_one_shot(pid, name)
             fd = self._kept[(pid, name)] = self._open(pid, name)
+            self._opened += 1
         try:
             data = os.pread(fd, 8192, 0)
         except OSError as exc:
@@ -364,9 +367,13 @@ class ProcReader:
         return self._kept_limit != 0
 
     def keep_only(self, pids: set[int]) -> None:
-        """Close the held descriptors of processes no longer watched."""
+        """Close the held descriptors of processes no longer watched (nothing to look at
+        when the watched set is the last call's and no descriptor was opened since)."""
+        if pids == self._kept_for and self._opened == self._opened_then:
+            return
         for pid, name in [k for k in self._kept if k[0] not in pids]:
             self._drop(pid, name)
+        self._kept_for, self._opened_then = pids, self._opened
 
     def stat_kept(self, pid: int) -> ProcStat:
         return parse_stat(self._read_kept(pid, "stat"))
