@@ -76,6 +76,7 @@ DEATH_TIMES = 64  # deaths whose time is exported (trainwatch_rank_death_timesta
 # observe() at 10 Hz: the latest samples every round; forgetting what is gone, the spools
 # and the journal's check once a second (and in any round with a new rank, agent or cgroup)
 TIDY_NS = 10**9
+WALL_STEP_S = 0.05  # the wall clock moved this far against the monotonic one: it was stepped
 
 
 class DeathWatch:
@@ -140,6 +141,7 @@ class DeathWatch:
         self._journal_at = 0  # monotonic ns of the last save
         self._journal_sig: object = None  # what the last save held, in short
         self._tidy_ns = 0  # observe(): when to forget the gone, look for spools and save next
+        self._wall_offset: float | None = None  # wall minus monotonic seconds (_wall)
         self._cv = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -536,9 +538,15 @@ class DeathWatch:
     # -- the document --------------------------------------------------------------
 
     def _wall(self, ns: int | None) -> float | None:
+        """The wall time of a monotonic instant. The clocks' offset is kept between calls
+        (renewed when the wall clock was stepped): a document rebuilt later (a late fate,
+        a retried write) gives the same event the same time, not one a millisecond off."""
         if ns is None:
             return None
-        return self.wall() - (self.clock_ns() - ns) / 1e9
+        offset = self.wall() - self.clock_ns() / 1e9
+        if self._wall_offset is None or abs(offset - self._wall_offset) > WALL_STEP_S:
+            self._wall_offset = offset
+        return ns / 1e9 + self._wall_offset
 
     def _write(self, inc: Incident, ev: Evidence) -> None:
         verdict = autopsy(ev)

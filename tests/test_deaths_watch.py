@@ -230,3 +230,31 @@ def test_only_signals_that_end_a_process_have_their_sender_described(tmp_path, m
     )  # not a rank
     assert described == [777]
     assert [e.signal for e in watch._records.signals] == [signal.SIGABRT, signal.SIGKILL]
+
+
+def test_an_event_keeps_its_wall_time_when_the_document_is_rebuilt(tmp_path):
+    """The wall time of a monotonic instant is read against the clocks' offset, which two
+    reads of the two clocks give a few microseconds apart each time: kept between calls, a
+    death rebuilt into a later version of its postmortem has the same time to the
+    millisecond; a stepped wall clock (NTP) is followed."""
+    from sidecar.deaths import DeathWatch
+    from sidecar.timeline import Timeline
+
+    mono = [5_000_000_000]
+    jitter = [0.0]
+    watch = DeathWatch(
+        PostmortemStore(str(tmp_path)),
+        Timeline(300, 1),
+        hostname="h",
+        proc_root=str(tmp_path),
+        clock_ns=lambda: mono[0],
+        wall=lambda: 1_700_000_000.0 + mono[0] / 1e9 + jitter[0],
+    )
+    event = 4_999_999_500  # 0.5 us before "now"
+    first = watch._wall(event)
+    mono[0] += 250_000_000
+    jitter[0] = 0.0007  # the two clocks read 0.7 ms apart this time
+    assert watch._wall(event) == first
+    assert f"{first:.3f}" == f"{watch._wall(event):.3f}"
+    jitter[0] = 2.0  # the wall clock was stepped by two seconds
+    assert abs(watch._wall(event) - (first + 2.0)) < 1e-6
