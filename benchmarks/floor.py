@@ -5,13 +5,15 @@ detailed round reads, cost a Python process at the same rate. Run beside the dae
     python benchmarks/floor.py --interval S --mode wake|reads
 
 ``wake``: a thread that waits on an event with a timeout, as the daemon's sampler does,
-and does nothing else. ``reads``: the same thread, each round reading through held
-descriptors (one ``pread`` each, nothing parsed, nothing kept) every file a detailed round
-of the daemon reads for the bench tree (``fake_job.py``'s processes, found once at start):
-each rank's ``stat`` and ``status``, each descendant's ``statm``, the ranks' memory
-cgroup's counters (usage, limit, peak, OOM counters, memory.stat; v1 or v2), and the
-host's meminfo, vmstat, memory PSI and the /dev/shm statvfs. What the daemon costs above
-``reads`` is its Python: parsing, the snapshot, judging, publishing.
+and does nothing else. ``reads``: the same thread reading, through held descriptors (one
+``pread`` each, nothing parsed, nothing kept), the files the daemon's rounds read for the
+bench tree (``fake_job.py``'s processes, found once at start), on the daemon's schedule:
+once a second (every round at 1 Hz) what a detailed round reads: each rank's ``stat`` and
+``status``, each descendant's ``statm``, the ranks' memory cgroup's counters (usage, limit,
+peak, OOM counters, memory.stat; v1 or v2) and the host's meminfo, vmstat, memory PSI and
+the /dev/shm statvfs; the rounds between, what they read: each rank's and descendant's
+``statm`` and the cgroup's usage. What the daemon costs above ``reads`` is its Python:
+parsing, the snapshot, judging, publishing.
 """
 
 from __future__ import annotations
@@ -73,33 +75,48 @@ def main() -> int:
     ap.add_argument("--interval", type=float, required=True)
     ap.add_argument("--mode", choices=("wake", "reads"), required=True)
     args = ap.parse_args()
-    fds: list[int] = []
-    records: list[int] = []
+    detailed: list[int] = []  # once a second
+    light: list[int] = []  # the rounds between
+    records: list[int] = []  # once a second, read to the end (over a page)
+
+    def held(paths: list[str]) -> list[int]:
+        return [os.open(p, os.O_RDONLY | os.O_CLOEXEC) for p in paths if os.path.exists(p)]
+
     if args.mode == "reads":
         ranks, descendants = _ranks_and_descendants()
         if not ranks:
             print("floor: no bench ranks found", file=sys.stderr)
             return 1
-        paths = [f"/proc/{p}/{n}" for p in ranks for n in ("stat", "status")]
-        paths += [f"/proc/{p}/statm" for p in descendants]
-        paths += _cgroup_files(ranks[0])
-        paths += ["/proc/meminfo", "/proc/pressure/memory"]
-        fds = [os.open(p, os.O_RDONLY | os.O_CLOEXEC) for p in paths if os.path.exists(p)]
-        records = [os.open("/proc/vmstat", os.O_RDONLY | os.O_CLOEXEC)]  # over a page: read to its end
+        cgroup = _cgroup_files(ranks[0])
+        detailed = held(
+            [f"/proc/{p}/{n}" for p in ranks for n in ("stat", "status")]
+            + [f"/proc/{p}/statm" for p in descendants]
+            + cgroup
+            + ["/proc/meminfo", "/proc/pressure/memory"]
+        )
+        light = held([f"/proc/{p}/statm" for p in ranks + descendants] + cgroup[:1])
+        records = held(["/proc/vmstat"])
     stop = threading.Event()
     interval = args.interval
+    every = max(1, round(1 / interval))  # a detailed round once a second
 
     def loop() -> None:
         pread, statvfs = os.pread, os.statvfs
+        n = 0
         while not stop.wait(interval):
-            for fd in fds:
-                pread(fd, 65536, 0)
-            for fd in records:
-                offset = 0
-                while chunk := pread(fd, 65536, offset):
-                    offset += len(chunk)
-            if fds:
-                statvfs("/dev/shm")
+            if n % every == 0:
+                for fd in detailed:
+                    pread(fd, 65536, 0)
+                for fd in records:
+                    offset = 0
+                    while chunk := pread(fd, 65536, offset):
+                        offset += len(chunk)
+                if detailed:
+                    statvfs("/dev/shm")
+            else:
+                for fd in light:
+                    pread(fd, 65536, 0)
+            n += 1
 
     thread = threading.Thread(target=loop, daemon=True)
     thread.start()
