@@ -259,13 +259,16 @@ class DeathWatch:
 
     def resync(self, proc_root: str = "/proc") -> None:
         """After the connector lost events (ENOBUFS): every known rank that is gone and
-        whose death was not recorded died with an unknown exit status."""
+        whose exit nobody reported died with an unknown exit status.
+
+        Not only the ranks the last round saw: the sampler may have run a round between the
+        loss and this call (both threads wake together after a stall) and seen them gone
+        already. A rank that ended before the loss had its exit reported (``_reported``),
+        or was resynchronised at an earlier loss (its incident holds it)."""
         now = self.clock_ns()
         with self._cv:
-            latest = self._snapshots[-1][0] if self._snapshots else None
             for pid, known in list(self._known.items()):
-                # only ranks the last round saw alive: older ones ended (or were handled) before
-                if known.seen_ns != latest or any(pid in inc.deaths for inc in self._incidents.values()):
+                if pid in self._reported or any(pid in inc.deaths for inc in self._incidents.values()):
                     continue
                 if not self.gather.alive(known.sample.key, proc_root):
                     log.warning(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
+from unittest.mock import ANY
 
 from sidecar.parse.kernel import (
     parse_kmsg_record,
@@ -97,7 +98,9 @@ def test_the_summary_and_the_kill_line_are_one_oom(tmp_path):
     assert oom.at_ns == 663845864 * 1000 and len(oom.lines) == 2
 
 
-def test_resync_leaves_ranks_that_ended_before_the_last_round_alone(tmp_path, caplog):
+def test_resync_leaves_ranks_whose_exit_was_told_alone(tmp_path, caplog):
+    """A rank whose exit the connector told before the overrun (here a clean one) ended
+    then, whatever the rounds saw since: the resync leaves it alone."""
     from sidecar.deaths import DeathWatch
     from sidecar.timeline import Timeline
     from tests.test_daemon_loop import _job, _snapshot
@@ -107,12 +110,36 @@ def test_resync_leaves_ranks_that_ended_before_the_last_round_alone(tmp_path, ca
     watch.start()
     try:
         watch.observe(_snapshot(1, (_job("a", 100),)))
-        watch.observe(_snapshot(2, ()))  # the job ended normally before the overrun
+        watch.on_exit(ExitEvent(10, 0, 9, time.monotonic_ns()))  # the job ended normally before the overrun
+        watch.observe(_snapshot(2, ()))
         watch.resync(proc_root=str(tmp_path / "no-proc"))  # decides at once, under its lock
         assert "vanished" not in caplog.text and "died" not in caplog.text, caplog.text
     finally:
         watch.stop()  # finishes any postmortem in flight
     assert store.newest() is None
+
+
+def test_resync_after_a_round_that_already_saw_the_rank_gone(tmp_path, caplog):
+    """After a stall both the sampler and the connector's reader wake: a round may see the
+    rank gone before the reader gets ENOBUFS. The rank's exit was lost all the same: the
+    resync still records it, exit status unknown (it once looked only at the ranks the last
+    round saw, and the death was lost; the e2e overrun test caught it, where the agent's log
+    then gives the status)."""
+    from sidecar.deaths import DeathWatch
+    from sidecar.timeline import Timeline
+    from tests.test_daemon_loop import _job, _snapshot
+
+    store = PostmortemStore(str(tmp_path))
+    watch = DeathWatch(store, Timeline(60, 1), hostname="h")
+    watch.start()
+    try:
+        watch.observe(_snapshot(1, (_job("a", 100),)))
+        watch.observe(_snapshot(2, ()))  # the round after the stall: pid 10 is gone
+        watch.resync(proc_root=str(tmp_path / "no-proc"))
+        assert "rank 0 (pid 10) vanished while exit events were lost" in caplog.text
+        assert [inc.deaths for inc in watch._incidents.values()] == [{10: (None, ANY, None)}]
+    finally:
+        watch.stop()
 
 
 def test_a_gpu_nvml_reports_lost_is_a_gpu_error(tmp_path):
