@@ -76,6 +76,7 @@ DEATH_TIMES = 64  # deaths whose time is exported (trainwatch_rank_death_timesta
 # observe() at 10 Hz: the latest samples every round; forgetting what is gone, the spools
 # and the journal's check once a second (and in any round with a new rank, agent or cgroup)
 TIDY_NS = 10**9
+AGENT_GRACE_NS = 30 * 10**9  # an agent's output files are kept this long after its job left the rounds
 WALL_STEP_S = 0.05  # the wall clock moved this far against the monotonic one: it was stepped
 
 
@@ -142,6 +143,7 @@ class DeathWatch:
         self._journal_sig: object = None  # what the last save held, in short
         self._tidy_ns = 0  # observe(): when to forget the gone, look for spools and save next
         self._wall_offset: float | None = None  # wall minus monotonic seconds (_wall)
+        self._agents_seen: dict[int, int] = {}  # agent pid -> the last round that saw it (ns)
         self._cv = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -156,6 +158,7 @@ class DeathWatch:
             self._snapshots.append((now, snap))
             self._records.gpus(snap, now)
             for job in snap.jobs:
+                self._agents_seen[job.agent.pid] = now
                 gens: dict[int, Generation] = {}  # restart -> the generation (one a job, as a rule)
                 for r in job.ranks:
                     if r.gpu_memory_bytes:  # a lost GPU lists no processes: remember the earlier ones
@@ -192,8 +195,14 @@ class DeathWatch:
             for pid in [p for p in self._rank_gpus if p not in self._known]:
                 del self._rank_gpus[pid]
             for gone in [p for p in self._agent_outputs if p not in agents]:
+                # kept a while after its agent left the rounds: its ranks' exits may be told
+                # after a round saw the job gone (the connector's reader runs on its own
+                # thread; after a stall, or lost events, the round can come first)
+                if now - self._agents_seen.get(gone, 0) < AGENT_GRACE_NS:
+                    continue
                 if not any(inc.gen.agent_pid == gone for inc in self._incidents.values()):
                     del self._agent_outputs[gone]
+                    self._agents_seen.pop(gone, None)
                     self.gather.forget(gone)
             for gone in [p for p in self._spool_tries if p not in agents]:
                 del self._spool_tries[gone]

@@ -285,3 +285,29 @@ def test_an_event_keeps_its_wall_time_when_the_document_is_rebuilt(tmp_path):
     assert f"{first:.3f}" == f"{watch._wall(event):.3f}"
     jitter[0] = 2.0  # the wall clock was stepped by two seconds
     assert abs(watch._wall(event) - (first + 2.0)) < 1e-6
+
+
+def test_an_agent_s_outputs_outlive_its_last_round_for_a_while(tmp_path):
+    """A round can see a job gone before the connector's reader tells its ranks' exits
+    (after a stall, or lost events): the agent's output files, which give the exit codes,
+    are kept 30 s after its last round, then let go."""
+    from sidecar.deaths import DeathWatch
+    from sidecar.timeline import Timeline
+    from tests.test_daemon_loop import _job, _snapshot
+
+    clock = [10**9]
+    watch = DeathWatch(
+        PostmortemStore(str(tmp_path)),
+        Timeline(60, 1),
+        hostname="h",
+        proc_root=str(tmp_path / "no-proc"),
+        clock_ns=lambda: clock[0],
+    )
+    watch.observe(_snapshot(1, (_job("a", 100),)))
+    assert 9 in watch._agent_outputs
+    clock[0] += 2 * 10**9
+    watch.observe(_snapshot(2, ()))  # the job gone from the rounds
+    assert 9 in watch._agent_outputs
+    clock[0] += 31 * 10**9
+    watch.observe(_snapshot(3, ()))
+    assert 9 not in watch._agent_outputs
