@@ -105,9 +105,11 @@ def overhead() -> str:
             "",
             "The floor under it, measured beside it in the same windows (`benchmarks/floor.py`): a"
             " Python thread that only wakes at the interval, and one that also reads, through held"
-            " descriptors and without parsing, every file a detailed round reads (each rank's stat"
-            " and status, each worker's statm, the cgroup's counters, the host's files). Share of one"
-            " core:",
+            " descriptors and without parsing, the files the daemon reads on its schedule (once a"
+            " second each rank's stat and status, each worker's statm, the cgroup's counters, the"
+            " host's files; between, the ranks' and workers' statm and the cgroup's usage). Share of"
+            " one core; these machines are noisy, and the wake-alone column shows how much the"
+            " windows differ:",
             "",
             "| processes | trainwatch, 1 Hz | reads alone, 1 Hz | wake alone, 1 Hz | trainwatch, 10 Hz "
             "| reads alone, 10 Hz | wake alone, 10 Hz |",
