@@ -286,6 +286,7 @@ class DeathWatch:
                         known.sample.rank_label,
                         pid,
                     )
+                    self._reported[pid] = now  # told now: a later overrun does not tell it again
                     self._record(known, pid, None, now, None)
 
     def _record(self, known: Known, pid: int, exit_code: int | None, at_ns: int, source: str | None) -> None:

@@ -138,6 +138,10 @@ def test_resync_after_a_round_that_already_saw_the_rank_gone(tmp_path, caplog):
         watch.resync(proc_root=str(tmp_path / "no-proc"))
         assert "rank 0 (pid 10) vanished while exit events were lost" in caplog.text
         assert [inc.deaths for inc in watch._incidents.values()] == [{10: (None, ANY, None)}]
+        watch._incidents.clear()  # the incident closed (a minute later), the rank still known
+        caplog.clear()
+        watch.resync(proc_root=str(tmp_path / "no-proc"))  # a second overrun
+        assert "vanished" not in caplog.text and not watch._incidents, "an old death told twice"
     finally:
         watch.stop()
 
