@@ -390,25 +390,12 @@ class ProcReader:
         total = members = 0
         gone: list[int] = []
         kept = self._kept
-        pread = os.pread
         for pid in pids:
-            fd = kept.get((pid, "statm"))
             try:
-                if fd is None:
-                    if not verify(pid):
-                        gone.append(pid)
-                        continue
-                    data = self._read_kept(pid, "statm")
-                else:
-                    try:
-                        data = pread(fd, 256, 0)
-                    except OSError as exc:
-                        self._drop(pid, "statm")
-                        raise translate_os_error(exc, f"{self.root}/{pid}/statm") from None
-                    if not data:
-                        self._drop(pid, "statm")
-                        raise NoSuchProcess(f"{self.root}/{pid}/statm: empty")
-                rss = int(data.split(None, 2)[1]) * PAGE_SIZE
+                if (pid, "statm") not in kept and not verify(pid):
+                    gone.append(pid)
+                    continue
+                rss = int(self._read_kept(pid, "statm").split(None, 2)[1]) * PAGE_SIZE
             except NoSuchProcess:
                 gone.append(pid)
                 continue
