@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import mmap
+import os
 import subprocess
 import sys
 import time
@@ -26,17 +28,33 @@ def _keys(data: bytes) -> list[bytes]:
 
 
 def test_a_many_record_file_is_read_whole_through_a_held_descriptor():
-    """/proc/vmstat is over a page: the kernel fills a page per read, so a short read is not
-    its end. Read twice through the same descriptor, it has every counter each time."""
-    held = HeldFiles()
-    first = held.read("/proc/vmstat", records=True)
-    again = held.read("/proc/vmstat", records=True)
-    assert len(held) == 1
-    assert len(first) > 4096
-    assert _keys(first) == _keys(again) == _keys(read_bytes("/proc/vmstat"))
-    assert parse_vmstat_oom_kill(again) is not None
-    held.close()
-    assert len(held) == 0
+    """A seq_file of the kernel (here /proc/self/maps) may hand out a page's worth of
+    records per read, so a short read is not its end. The file is made longer than this
+    machine's page rather than assumed so (/proc/vmstat is under a page on some kernels):
+    three pages' worth of one-page mappings of alternating protection (a line of about 50
+    bytes each; the kernel cannot merge them). Read twice through the same descriptor, it
+    has every record each time."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    regions = [
+        mmap.mmap(-1, page, prot=mmap.PROT_READ | (mmap.PROT_WRITE * (i % 2)))
+        for i in range(3 * page // 40 + 100)
+    ]
+    try:
+        held = HeldFiles()
+        first = held.read("/proc/self/maps", records=True)
+        again = held.read("/proc/self/maps", records=True)
+        assert len(held) == 1
+        assert len(first) > 2 * page
+        whole = read_bytes("/proc/self/maps")
+        assert first.count(b"\n") == again.count(b"\n") == whole.count(b"\n")
+        vmstat = held.read("/proc/vmstat", records=True)
+        assert _keys(vmstat) == _keys(read_bytes("/proc/vmstat"))
+        assert parse_vmstat_oom_kill(vmstat) is not None
+        held.close()
+        assert len(held) == 0
+    finally:
+        for region in regions:
+            region.close()
 
 
 def test_host_files_are_held_on_the_real_proc_only(tmp_path):
