@@ -70,7 +70,6 @@ from sidecar.postmortem.document import Cited, HostAtDeath, JobInfo, Parts, Rank
 __all__ = ["DiagnoseError", "LogInput", "diagnose", "read_inputs"]
 
 MAX_BYTES = 64 << 20  # of each input, the tail that is read
-PAGE = 4096
 S = 10**9
 
 
@@ -294,11 +293,37 @@ def _when(line: str) -> float | None:
 
 _PARTIAL = re.compile(r"oom-kill:constraint=(CONSTRAINT_[A-Z]+)")
 _PAGES_RAM = re.compile(r"^(\d+) pages RAM$")
+# Mem-Info: the machine's counters in pages, then each NUMA node's in kB
+_MEMINFO_PAGES = re.compile(r"^active_anon:(\d{1,20}) inactive_anon:(\d{1,20}) ")
+_MEMINFO_NODE_KB = re.compile(r"^Node \d{1,5} active_anon:(\d{1,20})kB inactive_anon:(\d{1,20})kB ")
+PAGE_SIZES = (4096, 8192, 16384, 65536)  # x86, sparc, arm64 16K, arm64/ppc64 64K
+
+
+def infer_page_size(observations: list[tuple[int, int]]) -> int | None:
+    """The page size an OOM report was counted in, from what it printed twice: once in
+    pages and once in kB (``[(bytes, pages), ...]``). The task table's ``rss`` is pages,
+    the kill line's anon-rss + file-rss + shmem-rss of the same pid is kB; Mem-Info's
+    ``active_anon:N`` is pages, its ``Node 0 active_anon:NkB`` kB. The report's host may
+    not be this one (a log from an arm64 host with 64 KiB pages): None when nothing pairs,
+    or the pairs do not agree on one size."""
+    sizes = set()
+    for size_bytes, pages in observations:
+        if pages < 16 or size_bytes <= 0:  # too few pages to tell 4 KiB from 8 KiB
+            continue
+        ratio = size_bytes / pages
+        near = min(PAGE_SIZES, key=lambda page: abs(ratio / page - 1))
+        if abs(ratio / near - 1) > 0.2:
+            return None
+        sizes.add(near)
+    return sizes.pop() if len(sizes) == 1 else None
 
 
 def _kernel(lines: list[KernelLine]) -> KernelRecords:
     k = KernelRecords([], [], {}, [], None)
     fold = OomFold()  # every line at time 0: the records of one pid are one kill
+    pages_ram: int | None = None
+    meminfo_pages: int | None = None
+    node_kb = 0
     for line in lines:
         parsed = parse_oom_line(line.text)
         if isinstance(parsed, (OomMemcgLimit, OomSummary, OomKill)):
@@ -312,16 +337,31 @@ def _kernel(lines: list[KernelLine]) -> KernelRecords:
             continue
         row = parse_task_row(line.text)
         if row is not None:
-            k.tasks[row.pid] = (row.rss_pages * PAGE, row.comm)
+            k.tasks[row.pid] = (row.rss_pages, row.comm)
             continue
         xid = parse_xid_line(line.text) if "NVRM" in line.text else None
         if xid is not None:
             k.xids.append((line, xid))
             continue
-        m = _PAGES_RAM.match(line.text.strip())
+        text = line.text.strip()
+        m = _PAGES_RAM.match(text)
         if m:
-            k.host_total = int(m[1]) * PAGE
+            pages_ram = int(m[1])
+            continue
+        m = _MEMINFO_PAGES.match(text)
+        if m and meminfo_pages is None:
+            meminfo_pages = int(m[1]) + int(m[2])
+            continue
+        m = _MEMINFO_NODE_KB.match(text)
+        if m and meminfo_pages is not None:
+            node_kb += int(m[1]) + int(m[2])
     k.ooms = list(fold.kills)
+    pairs = [(o.rss_bytes, k.tasks[o.pid][0]) for o in k.ooms if o.rss_bytes is not None and o.pid in k.tasks]
+    if meminfo_pages is not None and node_kb:
+        pairs.append((node_kb * 1024, meminfo_pages))
+    k.page_size = infer_page_size(pairs)
+    if pages_ram is not None and k.page_size is not None:
+        k.host_total = pages_ram * k.page_size
     return k
 
 
@@ -439,7 +479,7 @@ def diagnose(inputs: list[LogInput], now: float | None = None) -> dict[str, Any]
             signal=-r.returncode if r.returncode is not None and r.returncode < 0 else None,
             died_at=r.at,
             fate=v.fates.get(r.label, Fate.UNKNOWN) if v else Fate.UNKNOWN,
-            rss_bytes=out.kernel.tasks.get(r.pid or -1, (None, ""))[0],
+            rss_bytes=out.kernel.task_rss_bytes(r.pid),
             local_rank_inferred=r.inferred_local,
         )
         for r in out.ranks

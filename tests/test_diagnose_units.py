@@ -66,7 +66,12 @@ def test_public_cases_accuracy_and_no_confident_wrong_answer():
     ("case_id", "kind", "confidence", "words"),
     [
         ("tranx-41-dmesg-global-oom", "kernel_oom", "certain", "pid 25315"),
-        ("llamafactory-3230-memcg-72b-z3", "cgroup_oom", "likely", "python (pid 202779) with 928.4 GiB"),
+        (
+            "llamafactory-3230-memcg-72b-z3",
+            "cgroup_oom",
+            "likely",
+            "python (pid 202779) with 243385180 pages RSS",
+        ),
         ("arjuna-52-slurm-batch-oom", "cgroup_oom", "likely", "191.batch"),
         ("msswift-5884-sighup-torch25", "external_signal", "certain", "SIGHUP"),
         ("llamafactory-7396-allreduce-10min", "collective_timeout", "certain", "allreduce (SeqNum 1580)"),
@@ -296,3 +301,63 @@ def test_cli_stdin_files_formats_and_exit_statuses(tmp_path):
     assert r.returncode == 2 and "not a text log" in r.stderr
     r = _cli("--format", "yaml")
     assert r.returncode == 2 and r.stderr.startswith("trainwatch: error:")
+
+
+def _oom_report(page: int, rss_pages: int, ram_pages: int, meminfo: bool) -> str:
+    """A global OOM report as the kernel prints it, counted in pages of ``page`` bytes:
+    the task table's rss and ``N pages RAM`` in pages, the kill line in kB."""
+    kb = rss_pages * page // 1024
+    lines = [
+        "python invoked oom-killer: gfp_mask=0x140dca(GFP_HIGHUSER_MOVABLE|__GFP_COMP|__GFP_ZERO), order=0, "
+        "oom_score_adj=0",
+        "Mem-Info:",
+        f"active_anon:{rss_pages} inactive_anon:{ram_pages // 100} isolated_anon:0",
+        f"Node 0 active_anon:{rss_pages * page // 1024}kB inactive_anon:{ram_pages // 100 * page // 1024}kB "
+        "active_file:0kB",
+        f"{ram_pages} pages RAM",
+        "Tasks state (memory values in pages):",
+        "[  pid  ]   uid  tgid total_vm      rss pgtables_bytes swapents oom_score_adj name",
+        f"[   4242]     0  4242 {rss_pages + 100}  {rss_pages}   123456        0             0 python",
+        "[    812]     0   812     2000      300    45056        0             0 sshd",
+        "oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0,global_oom,"
+        "task_memcg=/user.slice,task=python,pid=4242,uid=0",
+        f"Out of memory: Killed process 4242 (python) total-vm:{kb + 400}kB, anon-rss:{kb - 8}kB, file-rss:8kB, "
+        "shmem-rss:0kB, UID:0 pgtables:123456kB oom_score_adj:0",
+    ]
+    if not meminfo:
+        lines = [x for x in lines if not x.startswith(("active_anon", "Node 0"))]
+    return "\n".join(f"[ 8123.{i:06d}] {x}" for i, x in enumerate(lines))
+
+
+@pytest.mark.parametrize("page", [4096, 16384, 65536])
+@pytest.mark.parametrize("meminfo", [True, False])
+def test_a_report_is_read_in_the_page_size_it_was_counted_in(page, meminfo):
+    """A log from another host (arm64 with 64 KiB pages) is not read as 4 KiB pages: the
+    page size comes from the record's own kB beside its pages."""
+    doc = diagnose([LogInput("dmesg", _oom_report(page, 250_000, 4_000_000, meminfo)), LogInput("t", AGENT)])
+    assert doc["killer"]["kind"] == "kernel_oom"
+    assert doc["memory"]["host"]["total_bytes"] == 4_000_000 * page
+    victim = next(r for r in doc["ranks"] if r["pid"] == 4242)
+    assert victim["rss_bytes"] == 250_000 * page
+
+
+def test_a_report_that_does_not_say_its_page_size_gives_pages_not_bytes():
+    """A record cut off after its task table (no kill line, no Mem-Info): its counts are
+    pages of a size the record does not tell, so no byte figure is made up from them."""
+    text = _oom_report(65536, 250_000, 4_000_000, meminfo=False)
+    cut = text[: text.index("task=python,pid=4242")]
+    doc = diagnose([LogInput("dmesg", cut)])
+    assert doc["memory"]["host"]["total_bytes"] is None
+    assert "250000 pages RSS" in doc["killer"]["summary"], doc["killer"]["summary"]
+    assert "GiB" not in doc["killer"]["summary"]
+
+
+def test_page_size_pairs_must_agree():
+    from sidecar.diagnose import infer_page_size
+
+    assert infer_page_size([(250_000 * 65536, 250_000)]) == 65536
+    assert infer_page_size([(250_000 * 4096 + 8192, 250_000)]) == 4096  # the kill line a little later
+    assert infer_page_size([(250_000 * 4096, 250_000), (10_000 * 65536, 10_000)]) is None
+    assert infer_page_size([(250_000 * 3000, 250_000)]) is None  # no page size is that
+    assert infer_page_size([(4096 * 3, 3)]) is None  # too few pages to tell
+    assert infer_page_size([]) is None

@@ -74,10 +74,20 @@ class LogRecords:
 class KernelRecords:
     ooms: list[KernelOom]
     partial: list[tuple[str, KernelLine]]  # (constraint, line): summaries cut before the pid
-    tasks: dict[int, tuple[int, str]]  # pid -> (rss bytes, comm) from the OOM report's table
+    tasks: dict[int, tuple[int, str]]  # pid -> (rss in pages, comm) from the OOM report's table
     xids: list[tuple[KernelLine, XidRecord]]
     host_total: int | None
     oom_at: dict[int, float] = field(default_factory=dict)  # pid -> wall time of its kill line
+    # the page size the report counted in, where it printed a count both in pages and in kB
+    # (``diagnose.infer_page_size``); None when it cannot be told: the log may come from a
+    # host with another page size than this one
+    page_size: int | None = None
+
+    def task_rss_bytes(self, pid: int | None) -> int | None:
+        """A pid's RSS from the task table, in bytes; None when absent or the page size is
+        not known."""
+        row = self.tasks.get(pid) if pid is not None else None
+        return row[0] * self.page_size if row is not None and self.page_size is not None else None
 
 
 COLLECT_KERNEL = (
@@ -221,15 +231,21 @@ def logs_rules(
         constraint, line = k.partial[0]
         items.append(EvidenceItem("kmsg", None, line.text))
         biggest = max(k.tasks.items(), key=lambda kv: kv[1][0]) if k.tasks else None
+        size = ""
         if biggest is not None:
-            pid, (rss, comm) = biggest
+            pid, (pages, comm) = biggest
+            rss = k.task_rss_bytes(pid)
+            size = (
+                f"{_gib(rss)} RSS"
+                if rss is not None
+                else f"{pages} pages RSS (the record does not tell their size)"
+            )
             items.append(
-                EvidenceItem("kmsg", None, f"task table: largest process {comm} (pid {pid}), {_gib(rss)} RSS")
+                EvidenceItem("kmsg", None, f"task table: largest process {comm} (pid {pid}), {size}")
             )
         memcg = constraint == "CONSTRAINT_MEMCG"
         tail = (
-            f"; the largest process in its task table was {biggest[1][1]} (pid {biggest[0]}) "
-            f"with {_gib(biggest[1][0])} RSS"
+            f"; the largest process in its task table was {biggest[1][1]} (pid {biggest[0]}) with {size}"
             if biggest
             else ""
         )
