@@ -1,0 +1,300 @@
+"""The emitter catalog: the messages every emitter that can kill a rank prints, as data.
+
+Each ``*.toml`` file beside this one is one emitter (the torch elastic agent, c10d, the CUDA
+runtime, the kernel, glibc, Slurm, Kubernetes, ...), each ``[[message]]`` one message shape
+recorded from the emitter's source (README.md says how to add one). ``catalog()`` loads
+them once; ``Catalog.scan`` finds them in log lines. ``trainwatch diagnose`` and the live
+daemon read ranks' output, agents' logs, error files and kernel records through the same
+catalog, so a message learnt once is known on both paths.
+
+A message carries what it can decide on its own: the ``kind`` of killer it names, its
+``layer`` (a mechanism beats a symptom; a report never decides), the highest
+``confidence`` it may carry alone, and whether it is ``first_hand`` (the dying process's or
+the killer's own word). Patterns are searched in lines the caller has already stripped of
+prefixes; each message's literal words are looked for first, so a line costs a substring
+test or a few per message, and the regular expression runs only where its words are.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from sidecar.model import Confidence, Kind
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - 3.10
+    import tomli as tomllib  # type: ignore[no-redef, import-not-found, unused-ignore]
+
+__all__ = ["CHANNELS", "LAYERS", "Catalog", "CatalogError", "Hit", "Message", "catalog", "load"]
+
+log = logging.getLogger(__name__)
+
+LAYERS = ("mechanism", "symptom", "report", "context")
+# where a message is written: the process's own output (stderr, its error file), the
+# launcher's or agent's log, the kernel log, a shell, a scheduler or container runtime
+CHANNELS = ("output", "agent", "kernel", "shell", "scheduler")
+LINE_MAX = 4096  # what a scan looks at of one line: a message is far shorter; longer is glued or hostile
+
+
+_SAYS_FIELD = re.compile(r"\{(\w+)\}")
+
+
+class CatalogError(ValueError):
+    """A catalog file that does not follow README.md's format."""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message shape of one emitter (README.md's fields)."""
+
+    id: str
+    emitter: str
+    versions: str
+    source: str
+    format: str
+    pattern: re.Pattern[str]
+    kind: Kind | None
+    layer: str
+    confidence: Confidence
+    first_hand: bool
+    mechanism: str
+    says: str
+    real: tuple[tuple[str, str], ...]  # (url, text)
+    channel: str
+    anchors: tuple[str, ...]  # literal words one of which every match holds (see _anchors)
+    fold: bool  # the pattern ignores case
+
+    def said(self, fields: tuple[tuple[str, str], ...] | dict[str, str]) -> str:
+        """``says`` with its ``{field}`` placeholders filled from what the pattern captured
+        (each value cut to 200 characters); a placeholder with nothing captured is left out."""
+        values = dict(fields)
+
+        def fill(m: re.Match[str]) -> str:
+            value = values.get(m[1])
+            return value.strip()[:200] if value else ""
+
+        text = _SAYS_FIELD.sub(fill, self.says)
+        text = re.sub(r"\(\s*\)|\[\s*\]", "", text)
+        return re.sub(r" {2,}", " ", text).strip().rstrip(":,").strip()
+
+    @property
+    def decides(self) -> bool:
+        """It names a killer on its own (a mechanism or a symptom with a kind)."""
+        return self.kind is not None and self.layer in ("mechanism", "symptom")
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """A message found in a line: the line as scanned and the fields its pattern captured."""
+
+    message: Message
+    line: str
+    fields: tuple[tuple[str, str], ...]
+
+    def get(self, name: str) -> str | None:
+        return next((v for k, v in self.fields if k == name), None)
+
+
+class Catalog:
+    """The messages of every emitter; ``scan`` finds them in a line."""
+
+    def __init__(self, messages: list[Message]) -> None:
+        self.messages = tuple(messages)
+        self.by_id = {m.id: m for m in messages}
+        self._plain = [m for m in messages if not m.fold]
+        self._folded = [m for m in messages if m.fold]
+        self._parts: dict[tuple[str, ...], Catalog] = {}
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def scan(self, line: str) -> list[Hit]:
+        """Every message found in ``line`` (its first ``LINE_MAX`` characters), in
+        catalog order."""
+        line = line[:LINE_MAX]
+        hits = []
+        for m in self._plain:
+            if any(a in line for a in m.anchors) or not m.anchors:
+                found = m.pattern.search(line)
+                if found is not None:
+                    hits.append(_hit(m, line, found))
+        if self._folded:
+            low = line.lower()
+            for m in self._folded:
+                if any(a in low for a in m.anchors) or not m.anchors:
+                    found = m.pattern.search(line)
+                    if found is not None:
+                        hits.append(_hit(m, line, found))
+        return hits
+
+    def part(self, *channels: str, deciding: bool = False) -> Catalog:
+        """The messages written on ``channels`` (those that decide alone, with
+        ``deciding``), as a catalog of their own; made once."""
+        key = (*channels, "deciding" if deciding else "")
+        part = self._parts.get(key)
+        if part is None:
+            part = Catalog(
+                [m for m in self.messages if m.channel in channels and (m.decides or not deciding)]
+            )
+            self._parts[key] = part
+        return part
+
+    def emitters(self) -> list[str]:
+        return sorted({m.emitter for m in self.messages})
+
+
+def _hit(m: Message, line: str, found: re.Match[str]) -> Hit:
+    return Hit(m, line, tuple((k, v) for k, v in found.groupdict().items() if v is not None))
+
+
+def _anchors(pattern: re.Pattern[str]) -> tuple[str, ...]:
+    """Literal words one of which every match of ``pattern`` contains: the longest run of
+    literal characters of its top level (or of a plain group in it), or, for alternatives,
+    one such run from each alternative. () when the pattern has none (it is then searched
+    in every line). Lower-case when the pattern ignores case."""
+    try:
+        from re import _parser as parser  # type: ignore[attr-defined]
+    except ImportError:  # pragma: no cover - before 3.11
+        import sre_parse as parser
+    try:
+        tree = parser.parse(pattern.pattern, pattern.flags)
+    except Exception:  # a parser detail changed: scan without an anchor
+        return ()
+
+    def best(candidates: list[tuple[str, ...]]) -> tuple[str, ...]:
+        usable = [c for c in candidates if c and all(c)]
+        return max(usable, key=lambda c: min(len(x) for x in c), default=())
+
+    def sequence(items: Any) -> tuple[str, ...]:
+        candidates: list[tuple[str, ...]] = []
+        run: list[str] = []
+        for op, arg in items:
+            if op is parser.LITERAL:
+                run.append(chr(arg))
+                continue
+            candidates.append(("".join(run),))
+            run = []
+            if op is parser.SUBPATTERN and arg[1] == 0 and arg[2] == 0:  # a group, no flag change
+                candidates.append(sequence(arg[3]))
+            elif op is parser.BRANCH:
+                each = [sequence(alternative) for alternative in arg[1]]
+                if all(each):
+                    candidates.append(tuple(x for alternative in each for x in alternative))
+        candidates.append(("".join(run),))
+        return best(candidates)
+
+    found = sequence(tree)
+    if pattern.flags & re.IGNORECASE:
+        found = tuple(x.lower() for x in found)
+    return tuple(dict.fromkeys(found))
+
+
+_FIELDS = (
+    "id",
+    "versions",
+    "source",
+    "format",
+    "pattern",
+    "kind",
+    "layer",
+    "confidence",
+    "first_hand",
+    "mechanism",
+    "says",
+)
+
+
+def _message(raw: dict[str, Any], emitter: str, channel: str, where: str) -> Message:
+    missing = [f for f in _FIELDS if f not in raw]
+    if missing:
+        raise CatalogError(f"{where}: {raw.get('id', '?')}: missing {', '.join(missing)}")
+    ident = str(raw["id"])
+    if not ident.startswith(emitter + "."):
+        raise CatalogError(f"{where}: {ident}: an id starts with its emitter's id ({emitter}.)")
+    try:
+        pattern = re.compile(str(raw["pattern"]))
+    except re.error as exc:
+        raise CatalogError(f"{where}: {ident}: pattern: {exc}") from None
+    kind_text = str(raw["kind"])
+    try:
+        kind = Kind(kind_text) if kind_text else None
+        confidence = Confidence(str(raw["confidence"]))
+    except ValueError as exc:
+        raise CatalogError(f"{where}: {ident}: {exc}") from None
+    layer = str(raw["layer"])
+    if layer not in LAYERS:
+        raise CatalogError(f"{where}: {ident}: layer {layer!r} is not one of {', '.join(LAYERS)}")
+    real = tuple((str(r.get("url", "")), str(r.get("text", ""))) for r in raw.get("real", []))
+    channel = str(raw.get("channel", channel))
+    if channel not in CHANNELS:
+        raise CatalogError(f"{where}: {ident}: channel {channel!r} is not one of {', '.join(CHANNELS)}")
+    anchors = _anchors(pattern)
+    return Message(
+        id=ident,
+        emitter=emitter,
+        versions=str(raw["versions"]),
+        source=str(raw["source"]),
+        format=str(raw["format"]),
+        pattern=pattern,
+        kind=kind,
+        layer=layer,
+        confidence=confidence,
+        first_hand=bool(raw["first_hand"]),
+        mechanism=str(raw["mechanism"]),
+        says=str(raw["says"]),
+        real=real,
+        channel=channel,
+        anchors=anchors,
+        fold=bool(pattern.flags & re.IGNORECASE),
+    )
+
+
+def load(texts: dict[str, str]) -> Catalog:
+    """A catalog from TOML texts (file name -> text). Raises CatalogError."""
+    messages: list[Message] = []
+    seen: set[str] = set()
+    for name in sorted(texts):
+        try:
+            doc = tomllib.loads(texts[name])
+        except tomllib.TOMLDecodeError as exc:
+            raise CatalogError(f"{name}: {exc}") from None
+        head = doc.get("emitter", {})
+        emitter = str(head.get("id", ""))
+        if not emitter:
+            raise CatalogError(f"{name}: no [emitter] id")
+        for raw in doc.get("message", []):
+            m = _message(raw, emitter, str(head.get("channel", "")), name)
+            if m.id in seen:
+                raise CatalogError(f"{name}: {m.id}: a second message with this id")
+            seen.add(m.id)
+            messages.append(m)
+    return Catalog(messages)
+
+
+def texts() -> dict[str, str]:
+    """The catalog files shipped with trainwatch: name -> text."""
+    here = resources.files(__name__)
+    return {
+        entry.name: entry.read_text(encoding="utf-8")
+        for entry in here.iterdir()
+        if entry.name.endswith(".toml")
+    }
+
+
+@cache
+def catalog() -> Catalog:
+    """The shipped catalog, loaded once. A shipped file that does not load (the tests load
+    every one) must not take the death path with it: the error is logged once and the
+    catalog is empty, so the parsers of the structured records still run."""
+    try:
+        return load(texts())
+    except (CatalogError, OSError, UnicodeDecodeError) as exc:
+        log.error("the emitter catalog did not load, so messages are not read by it: %s", exc)
+        return Catalog([])

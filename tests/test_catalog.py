@@ -1,0 +1,192 @@
+"""The emitter catalog (sidecar/catalog/*.toml): every entry is well formed, its pattern
+finds the text its format renders with random values (and captures them), and it finds its
+real public logs, which never come from a held-out thread of the corpus."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sidecar.catalog import Catalog, CatalogError, Message, catalog, load, texts
+from sidecar.model import Confidence
+from tests.corpus import half
+
+# the emitters the issue names, each at least one file's worth
+EMITTERS = {
+    "torchelastic",  # torch.distributed.elastic agent, error files, torch.distributed.launch, spawn
+    "c10d",  # ProcessGroupNCCL, gloo, the store, the flight recorder
+    "python",  # tracebacks, faulthandler, MemoryError, the DataLoader
+    "cuda",  # every cudaError_t text
+    "nccl",  # NCCL's own warnings and ncclResult_t
+    "nvrm",  # the driver's Xid records, GPU lost
+    "linux",  # OOM killer and memory cgroup records, segfault records
+    "libc",  # glibc, libstdc++, shells
+    "mpi",  # UCX, HPC-X, Open MPI, MPICH banners
+    "oomd",  # systemd-oomd, earlyoom, nohang, oomd, Talos
+    "k8s",  # kubelet, container statuses, events, Kubeflow, Docker
+    "slurm",  # slurmstepd, srun, states
+    "launchers",  # DeepSpeed, accelerate, Lightning, Ray
+}
+
+MESSAGES = load(texts()).messages  # raises what is wrong with a shipped file
+IDS = [m.id for m in MESSAGES]
+
+_PLACEHOLDER = re.compile(r"\{(\w+)(?::(\w+))?\}")
+_plain = st.text(
+    alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,:;-_/=",
+    min_size=1,
+    max_size=40,
+).map(lambda s: s.strip() or "x")
+_STRATEGIES: dict[str, st.SearchStrategy[str]] = {
+    "int": st.integers(-(2**31), 2**31).map(str),
+    "uint": st.integers(0, 2**32).map(str),
+    "hex": st.integers(0, 2**64 - 1).map(hex),
+    "float": st.tuples(st.integers(0, 10**6), st.integers(0, 99)).map(lambda t: f"{t[0]}.{t[1]:02d}"),
+    "word": st.from_regex(r"[A-Za-z0-9_]{1,16}", fullmatch=True),
+    "name": st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,15}", fullmatch=True),
+    "path": st.from_regex(r"(/[A-Za-z0-9._-]{1,10}){1,5}", fullmatch=True),
+    "text": _plain,
+    "size": st.tuples(
+        st.integers(0, 9999), st.integers(0, 99), st.sampled_from(["B", "KiB", "MiB", "GiB", "TiB"])
+    ).map(lambda t: f"{t[0]}.{t[1]:02d} {t[2]}"),
+    "signal": st.sampled_from(
+        ["SIGKILL", "SIGTERM", "SIGSEGV", "SIGBUS", "SIGABRT", "SIGINT", "SIGHUP", "SIGUSR1"]
+    ),
+    "time": st.sampled_from(
+        ["2026-12-02T11:53:34", "2026-12-02 11:53:34", "11:53:34", "2026-12-02T11:53:34.123456"]
+    ),
+}
+
+
+def _render(fmt: str, values: dict[str, str]) -> str:
+    guarded = fmt.replace("{{", "\x00").replace("}}", "\x01")
+    out = _PLACEHOLDER.sub(lambda m: values[m[1]], guarded)
+    return out.replace("\x00", "{").replace("\x01", "}")
+
+
+def _placeholders(fmt: str) -> list[tuple[str, str]]:
+    guarded = fmt.replace("{{", "").replace("}}", "")
+    return [(m[1], m[2] or "text") for m in _PLACEHOLDER.finditer(guarded)]
+
+
+def test_the_catalog_loads_and_names_every_emitter():
+    assert len(MESSAGES) >= 150
+    assert set(catalog().emitters()) >= EMITTERS, EMITTERS - set(catalog().emitters())
+    assert len(set(IDS)) == len(IDS)
+    assert [m.id for m in catalog().messages] == IDS  # the daemon's catalog is the whole one
+    assert set(texts()) == {f"{e}.toml" for e in catalog().emitters()}  # one file an emitter
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=IDS)
+def test_an_entry_is_well_formed(message: Message):
+    assert message.source.strip() and message.versions.strip() and message.mechanism.strip()
+    assert message.says.strip()
+    for name in re.findall(r"\{(\w+)\}", message.says):  # filled from what the pattern captured
+        assert name in message.pattern.groupindex, (
+            f"{message.id}: says {{{name}}}, the pattern has no such group"
+        )
+    for name, typ in _placeholders(message.format):
+        assert typ in _STRATEGIES, f"{message.id}: placeholder {name} has an unknown type {typ}"
+    if message.confidence == Confidence.CERTAIN:
+        # certain only from a first-hand record: the dying process's or its killer's own word
+        assert message.first_hand, message.id
+    if message.layer == "report":
+        assert message.kind is None or message.kind.value == "agent_teardown", message.id
+    assert message.anchors and min(map(len, message.anchors)) >= 3, (
+        f"{message.id}: the pattern has no literal words to look for: {message.anchors}"
+    )
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=IDS)
+def test_an_entry_finds_what_its_format_renders(message: Message):
+    """Property: whatever values fill the format's placeholders, the pattern finds the text
+    and each named group that is a placeholder captures its value (or text around it)."""
+    fields = _placeholders(message.format)
+    strategy = st.fixed_dictionaries({name: _STRATEGIES[typ] for name, typ in fields})
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def check(values: dict[str, str]) -> None:
+        text = _render(message.format, values)
+        found = message.pattern.search(text)
+        assert found is not None, f"{message.id}: {text!r}"
+        assert [h.message.id for h in catalog().scan(text) if h.message.id == message.id] == [message.id]
+        for group in message.pattern.groupindex:
+            if group in values and found[group] is not None:
+                assert values[group] in found[group] or found[group] in values[group], (group, text)
+
+    check()
+
+
+@pytest.mark.parametrize("message", [m for m in MESSAGES if m.real], ids=[m.id for m in MESSAGES if m.real])
+def test_an_entry_finds_its_real_public_log(message: Message):
+    for url, text in message.real:
+        assert url.startswith("https://"), url
+        assert half(url) == "dev", f"{message.id}: a real example from a held-out thread: {url}"
+        lines = text.splitlines() or [text]
+        assert any(message.id in {h.message.id for h in catalog().scan(line)} for line in lines), (
+            message.id,
+            text[:200],
+        )
+
+
+def test_most_entries_have_a_real_public_log():
+    with_real = sum(1 for m in MESSAGES if m.real)
+    assert with_real >= 0.6 * len(MESSAGES), f"{with_real} of {len(MESSAGES)}"
+
+
+def test_a_scan_is_bounded_on_hostile_lines():
+    """Patterns are bounded: a long line of the characters they repeat on, or a line that
+    nearly matches everything, is scanned in well under a second (a catastrophic pattern
+    takes minutes)."""
+    cat = catalog()
+    hostile = [
+        "a" * 100_000,
+        "(" * 50_000,
+        "0" * 50_000,
+        " " * 50_000 + "x",
+        "CUDA error: " * 5000,
+        "Killed process " + "9" * 10_000,
+        "".join(m.anchors[0] for m in cat.messages)[:4096],
+    ]
+    start = time.process_time()
+    for line in hostile:
+        cat.scan(line)
+    assert time.process_time() - start < 5
+
+
+def test_a_bad_catalog_file_is_one_clear_error():
+    head = '[emitter]\nid = "x"\nname = "x"\nsources = ["x"]\nchannel = "output"\n[[message]]\n'
+    good = "\n".join(
+        [
+            'id = "x.a"',
+            'versions = "1"',
+            'source = "s"',
+            'format = "boom {n:int}"',
+            "pattern = 'boom (?P<n>-?\\d+)'",
+            'kind = "abort"',
+            'layer = "symptom"',
+            'confidence = "likely"',
+            "first_hand = true",
+            'mechanism = "m"',
+            'says = "s"',
+            "",
+        ]
+    )
+    assert isinstance(load({"x.toml": head + good}), Catalog)
+    for bad, words in (
+        (good.replace('id = "x.a"', 'id = "y.a"'), "starts with its emitter"),
+        (good.replace('layer = "symptom"', 'layer = "cause"'), "layer"),
+        (good.replace('kind = "abort"', 'kind = "oom"'), "oom"),
+        (good.replace("boom (?P<n>", "boom ((?P<n>"), "pattern"),
+        (good.replace('says = "s"\n', ""), "missing says"),
+        (good + 'channel = "stdout"\n', "channel"),
+    ):
+        with pytest.raises(CatalogError, match=words):
+            load({"x.toml": head + bad})
+    with pytest.raises(CatalogError, match="second message"):
+        load({"x.toml": head + good + "[[message]]\n" + good})
