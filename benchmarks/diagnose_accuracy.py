@@ -1,14 +1,18 @@
 """How often `trainwatch diagnose` names the killer of the public-log cases, and whether it
-is ever confidently wrong.
+is ever confidently wrong, on each half of the corpus.
 
     python benchmarks/diagnose_accuracy.py [CASES.jsonl] [--name NAME]
 
 Reads tests/fixtures/public-logs/cases.jsonl (one real incident a line, from public issue
-threads, with the cause the thread supports and the thread's URL) and prints, per case, the
-truth, the answer and its confidence, then the accuracy and the count of wrong answers
-given as `certain` or `likely` (the target is zero). A case about a rank the torchrun agent
-tore down is answered by that rank's fate. Results, with the per-case table:
-``benchmarks/results/NAME.json`` (default ``diagnose``).
+threads, with the cause the thread supports, the thread's URL, the torch version and the
+launcher). The corpus is split by a fixed hash of each thread's URL (tests/corpus.py): the
+`dev` half may be read while writing rules, the `held_out` half is only scored here. Prints,
+per case, the truth, the answer and its confidence, then per half, per kind and per
+launcher: the cases right, the decisive ones right (those whose excerpt holds the record
+that decides the label) and the wrong answers given as `certain` or `likely` (the target is
+zero). A case about a rank the torchrun agent tore down is answered by that rank's fate.
+Results, with the per-case table: ``benchmarks/results/NAME.json`` (default ``diagnose``).
+Held-out cases are listed by id and URL only: their texts are not printed.
 """
 
 from __future__ import annotations
@@ -17,11 +21,31 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import results
+from tests.corpus import HALVES, half
 from tests.test_diagnose_units import CASES, CONFIDENT, score
+
+
+def _tally(rows: list[dict[str, Any]]) -> dict[str, int]:
+    decisive = [r for r in rows if r["decisive"]]
+    return {
+        "cases": len(rows),
+        "right": sum(r["right"] for r in rows),
+        "decisive": len(decisive),
+        "decisive_right": sum(r["right"] for r in decisive),
+        "confident_wrong": sum(r["confident_wrong"] for r in rows),
+    }
+
+
+def _by(rows: list[dict[str, Any]], key: str) -> dict[str, dict[str, int]]:
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(str(r[key]), []).append(r)
+    return {name: _tally(group) for name, group in sorted(groups.items())}
 
 
 def main() -> int:
@@ -39,6 +63,10 @@ def main() -> int:
             {
                 "id": case["id"],
                 "source": case["source"],
+                "half": half(case["source"]),
+                "launcher": case.get("launcher") or "unknown",
+                "torch_version": case.get("torch_version"),
+                "collected": case.get("collected") or "2026-12-03 or before",
                 "truth": case["ground_truth"],
                 "label_confidence": case["confidence"],
                 "answer": kind,
@@ -49,25 +77,33 @@ def main() -> int:
             }
         )
         print(
-            f"{'ok  ' if ok else 'MISS'} {case['id']:<48} truth {case['ground_truth']:<18} "
-            f"answer {kind} ({confidence})"
+            f"{'ok  ' if ok else 'MISS'} {rows[-1]['half']:<8} {case['id']:<48} "
+            f"truth {case['ground_truth']:<18} answer {kind} ({confidence})"
         )
-    right = sum(r["right"] for r in rows)
-    wrong_confident = sum(r["confident_wrong"] for r in rows)
-    decisive = [r for r in rows if r["decisive"]]
-    per_kind: dict[str, dict[str, int]] = {}
-    for r in rows:
-        k = per_kind.setdefault(r["truth"], {"cases": 0, "right": 0, "decisive": 0, "decisive_right": 0})
-        k["cases"] += 1
-        k["right"] += r["right"]
-        k["decisive"] += r["decisive"]
-        k["decisive_right"] += r["decisive"] and r["right"]
-    for kind, k in sorted(per_kind.items()):
-        print(f"  {kind:<20} {k['right']}/{k['cases']} right; decisive {k['decisive_right']}/{k['decisive']}")
+    halves: dict[str, Any] = {}
+    for name in HALVES:
+        mine = [r for r in rows if r["half"] == name]
+        halves[name] = {**_tally(mine), "per_kind": _by(mine, "truth"), "per_launcher": _by(mine, "launcher")}
+        t = halves[name]
+        print(
+            f"\n{name}: {t['right']}/{t['cases']} right; decisive {t['decisive_right']}/{t['decisive']}; "
+            f"confidently wrong (certain or likely): {t['confident_wrong']}"
+        )
+        for group in ("per_kind", "per_launcher"):
+            for key, k in t[group].items():
+                print(
+                    f"  {key:<24} {k['right']}/{k['cases']} right; "
+                    f"decisive {k['decisive_right']}/{k['decisive']}"
+                )
+    # the held-out cases no one had read when any rule was written (collected after the split)
+    unseen = [r for r in rows if r["half"] == "held_out" and r["collected"] == "2026-12-04"]
+    halves["held_out_unseen"] = _tally(unseen)
+    t = halves["held_out_unseen"]
     print(
-        f"\naccuracy: {right}/{len(rows)} ({100 * right / len(rows):.0f} %); "
-        f"confidently wrong (certain or likely): {wrong_confident}"
+        f"\nheld_out, collected after the split: {t['right']}/{t['cases']} right; "
+        f"decisive {t['decisive_right']}/{t['decisive']}; confidently wrong: {t['confident_wrong']}"
     )
+    total = _tally(rows)
     try:
         shown = str(path.resolve().relative_to(results.REPO))
     except ValueError:
@@ -76,12 +112,12 @@ def main() -> int:
         args.name,
         {
             "cases_file": shown,
-            "cases": len(rows),
-            "right": right,
-            "confident_wrong": wrong_confident,
-            "decisive": len(decisive),
-            "decisive_right": sum(r["right"] for r in decisive),
-            "per_kind": per_kind,
+            "split": "sha256 of the thread URL (fragment and trailing slash removed), "
+            "first byte even: dev, odd: held_out",
+            **total,
+            "per_kind": _by(rows, "truth"),
+            "per_launcher": _by(rows, "launcher"),
+            "halves": halves,
             "rows": rows,
         },
     )

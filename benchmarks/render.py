@@ -276,51 +276,74 @@ def deaths() -> str:
     return "\n".join(out) + "\n"
 
 
+def _pct(right: int, of: int) -> str:
+    return f"{100 * right / of:.0f} %" if of else "-"
+
+
 def diagnose() -> str:
     doc = _load("diagnose")
     if doc is None:
         return _missing("diagnose", "run `make bench`")
     r = doc["results"]
-    misses = [row for row in r["rows"] if not row["right"]]
+    if "halves" not in r:
+        return _missing(
+            "diagnose", "run `python benchmarks/diagnose_accuracy.py` (the results predate the split)"
+        )
+    dev, held = r["halves"]["dev"], r["halves"]["held_out"]
     out = [
-        f"On the {r['cases']} real incidents of `{r['cases_file']}` (public issue threads, each with its"
-        f" URL; `python benchmarks/diagnose_accuracy.py`, {doc['date'][:10]}, commit `{doc['commit']}`):"
-        f" **{r['right']} right**, **{r['confident_wrong']} wrong answers given as `certain` or"
-        f" `likely`**"
-        + (
-            f"; the {len(misses)} misses are "
-            + ", ".join(f"`{m['answer']}`/{m['confidence']}" for m in misses)
-            + " where the logs alone do not decide."
-            if misses
-            else "."
-        ),
+        f"On the {r['cases']} real incidents of `{r['cases_file']}` (public issue threads, each with its URL, torch"
+        f" version and launcher; `python benchmarks/diagnose_accuracy.py`, {doc['date'][:10]}, commit"
+        f" `{doc['commit']}`), split by a fixed hash of each thread's URL into a half that may be read while"
+        " writing rules (`dev`) and a half that is only scored (`held_out`; tests/corpus.py):",
+        "",
+        "| half | cases | right | decisive cases | decisive right | wrong given as `certain`/`likely` |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, h in (("dev", dev), ("held_out", held)):
+        out.append(
+            f"| {name} | {h['cases']} | {h['right']} | {h['decisive']} |"
+            f" {h['decisive_right']} ({_pct(h['decisive_right'], h['decisive'])}) | {h['confident_wrong']} |"
+        )
+    unseen = r["halves"].get("held_out_unseen")
+    if unseen:
+        out.append(
+            f"| held_out, collected after the split (read by no one writing rules) | {unseen['cases']} |"
+            f" {unseen['right']} | {unseen['decisive']} | {unseen['decisive_right']}"
+            f" ({_pct(unseen['decisive_right'], unseen['decisive'])}) | {unseen['confident_wrong']} |"
+        )
+    out += [
+        "",
+        "A decisive case is one whose excerpt holds the record that decides the label; on the others an"
+        " honest `unknown` or `possible` answer is right to be unsure, and only a confident wrong answer"
+        " counts against the tool.",
         "",
     ]
-    if "per_kind" in r:
-        out[0] += (
-            f" Of the {r['decisive']} cases whose excerpt holds the record that decides the label,"
-            f" {r['decisive_right']} are right ({100 * r['decisive_right'] / max(1, r['decisive']):.0f} %)."
-        )
+    for group, title in (("per_kind", "the thread supports"), ("per_launcher", "launcher")):
+        keys = sorted(set(dev[group]) | set(held[group]))
         out += [
-            "| the thread supports | cases | right | decisive cases | decisive right |",
+            f"| {title} | dev: right / cases | dev: decisive right | held out: right / cases |"
+            " held out: decisive right |",
             "| --- | ---: | ---: | ---: | ---: |",
-            *(
-                f"| {kind} | {k['cases']} | {k['right']} | {k['decisive']} | {k['decisive_right']} |"
-                for kind, k in sorted(r["per_kind"].items())
-            ),
-            "",
         ]
+        for key in keys:
+            d = dev[group].get(key, {"cases": 0, "right": 0, "decisive": 0, "decisive_right": 0})
+            h = held[group].get(key, {"cases": 0, "right": 0, "decisive": 0, "decisive_right": 0})
+            out.append(
+                f"| {key} | {d['right']} / {d['cases']} | {d['decisive_right']} / {d['decisive']} |"
+                f" {h['right']} / {h['cases']} | {h['decisive_right']} / {h['decisive']} |"
+            )
+        out.append("")
     out += [
         "<details><summary>Every case</summary>",
         "",
-        "| case | the thread supports | trainwatch diagnose | |",
-        "| --- | --- | --- | --- |",
+        "| case | half | launcher | the thread supports | trainwatch diagnose | |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for row in r["rows"]:
         mark = "right" if row["right"] else ("**confidently wrong**" if row["confident_wrong"] else "miss")
         out.append(
-            f"| [{row['id']}]({row['source']}) | {row['truth']} ({row['label_confidence']}) |"
-            f" {row['answer']} ({row['confidence']}) | {mark} |"
+            f"| [{row['id']}]({row['source']}) | {row['half']} | {row['launcher']} | {row['truth']}"
+            f" ({row['label_confidence']}) | {row['answer']} ({row['confidence']}) | {mark} |"
         )
     out += ["", "</details>"]
     return "\n".join(out) + "\n"

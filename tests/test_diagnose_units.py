@@ -14,6 +14,8 @@ import pytest
 from sidecar.diagnose import LogInput, diagnose
 from sidecar.parse.logs import kernel_lines
 from sidecar.postmortem import render_text
+from tests.corpus import HALVES
+from tests.corpus import cases as corpus_cases
 from tests.paths import PUBLIC_CASES as CASES
 
 HERE = Path(__file__).resolve().parent
@@ -40,26 +42,29 @@ def _cases() -> list[dict[str, Any]]:
     return [json.loads(line) for line in CASES.read_text().splitlines() if line.strip()]
 
 
-def test_public_cases_accuracy_and_no_confident_wrong_answer():
-    """At least 60 public cases; of those whose excerpt decides the label, at least 95 % are
-    answered right; none is answered wrong with confidence."""
-    cases = _cases()
-    assert len(cases) >= 60 and len({c["id"] for c in cases}) == len(cases)
+@pytest.mark.parametrize("which", HALVES)
+def test_public_cases_accuracy_and_no_confident_wrong_answer(which):
+    """At least 150 public cases with their provenance, split by a hash of their thread's URL
+    (tests/corpus.py). On each half, of the cases whose excerpt decides the label, at least
+    95 % are answered right, and no case is answered wrong with confidence. The held-out half
+    is never read while writing rules: this is the measure of logs the rules have not seen."""
+    every = _cases()
+    assert len(every) >= 150 and len({c["id"] for c in every}) == len(every)
+    for c in every:
+        assert c["source"].startswith("https://") and c.get("launcher"), c["id"]
+        assert "torch_version" in c, c["id"]
     rows = []
-    for case in cases:
+    for case in corpus_cases(which):
         kind, confidence, _doc = score(case)
         rows.append((case["id"], case["ground_truth"], kind, confidence, case["decisive"]))
     right = [r for r in rows if r[1] == r[2]]
     confident_wrong = [r for r in rows if r[1] != r[2] and r[3] in CONFIDENT]
     decisive = [r for r in rows if r[4]]
     decisive_right = [r for r in decisive if r[1] == r[2]]
-    print(f"\npublic cases: {len(right)}/{len(rows)} right; decisive {len(decisive_right)}/{len(decisive)}")
-    for r in rows:
-        print(("  ok   " if r[1] == r[2] else "  MISS ") + f"{r[0]}: truth {r[1]}, answered {r[2]} ({r[3]})")
-    assert not confident_wrong, confident_wrong
-    assert len(decisive_right) >= 0.95 * len(decisive), [r for r in decisive if r[1] != r[2]]
-    # every miss is an honest "unknown"/"possible", and the count does not regress
-    assert len(right) >= 53, rows
+    print(f"\n{which}: {len(right)}/{len(rows)} right; decisive {len(decisive_right)}/{len(decisive)}")
+    assert len(rows) >= 60
+    assert not confident_wrong, [r[0] for r in confident_wrong]
+    assert len(decisive_right) >= 0.95 * len(decisive), [r[0] for r in decisive if r[1] != r[2]]
 
 
 @pytest.mark.parametrize(
@@ -74,7 +79,8 @@ def test_public_cases_accuracy_and_no_confident_wrong_answer():
         ),
         ("arjuna-52-slurm-batch-oom", "cgroup_oom", "likely", "191.batch"),
         ("msswift-5884-sighup-torch25", "external_signal", "certain", "SIGHUP"),
-        ("llamafactory-7396-allreduce-10min", "collective_timeout", "certain", "allreduce (SeqNum 1580)"),
+        # the ranks in the log all waited: the one that never came, and why, is not in it
+        ("llamafactory-7396-allreduce-10min", "collective_timeout", "possible", "allreduce (SeqNum 1580)"),
         ("easyr1-185-ray-memory-monitor", "userspace_oom", "likely", "Ray's memory monitor"),
         ("deepspeed-3160-gptj-optimizer-init", "unknown", "possible", "22.6% used"),
         ("nvidia-docker-1553-xid79-fallen-off-bus", "gpu_error", "likely", "Xid 79"),
