@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal as _signal
 import socket
 import sys
 import time
@@ -47,6 +48,7 @@ from sidecar.autopsy.logs import (
     logs_rules,
 )
 from sidecar.autopsy.oom import OomFold
+from sidecar.catalog import Hit, catalog
 from sidecar.model import Confidence, Fate, wait_status_from_returncode
 from sidecar.parse.jobs import parse_job_line
 from sidecar.parse.kernel import (
@@ -159,7 +161,17 @@ def _gather(inputs: list[LogInput]) -> LogRecords:
             if g.host is None:
                 g.host = next((k.host for k in klines if k.host), None)
         sources: set[str] = set()
+        others = catalog().part("agent", "kernel", "shell", "scheduler")
         for line in text.splitlines():
+            for hit in others.scan(line):
+                if hit.message.decides:
+                    g.said.append((hit, line_time(line)))
+                elif hit.message.channel != "kernel" and exit_of(hit) is not None:
+                    g.exits.append((hit, line_time(line)))
+                else:
+                    continue
+                if hit.message.emitter not in _NAMED_ALREADY:
+                    sources.add(hit.message.emitter)
             rec = parse_job_line(line)
             if rec is not None:
                 g.jobs.append(rec)
@@ -177,6 +189,10 @@ def _gather(inputs: list[LogInput]) -> LogRecords:
             kinds.append(f"(its last {MAX_BYTES >> 20} MiB read)")
         g.kinds[inp.name] = kinds or ["nothing recognised"]
     return g
+
+
+# emitters whose texts the structured readers above already name as a kind of input
+_NAMED_ALREADY = frozenset({"linux", "nvrm", "torchelastic"})
 
 
 def _ranks(g: LogRecords) -> tuple[list[LogRank], list[EvidenceItem]]:
@@ -278,7 +294,53 @@ def _ranks(g: LogRecords) -> tuple[list[LogRank], list[EvidenceItem]]:
                     f"(local rank {base[0]} is pid {base[1]})",
                 )
             )
+    if not any(r.returncode is not None for r in ranks):
+        # no structured record gave an exit: a launcher's, a shell's or a runtime's report of
+        # a process's exit status or signal is one (spawn's "process 1 terminated with signal
+        # SIGSEGV", mpirun's "exited on signal 9", a container's "Exit Code: 137")
+        for hit, at in g.exits:
+            code = exit_of(hit)
+            who = [_int(hit.get(name)) for name in ("pid", "rank", "local_rank")]
+            r = get(who[0], who[1], who[2]) if any(x is not None for x in who) else get(None)
+            if r.returncode is None:
+                r.returncode = code
+                r.first = not any(o.first for o in ranks if o is not r)
+                r.lines.append(hit.line)
+                r.at = r.at or at
     return ranks, notes
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text is not None and text.lstrip("-").isdigit() and len(text) < 12 else None
+
+
+_SIGNAL_WORDS = {
+    **{_signal.strsignal(n) or "": n for n in range(1, 32) if _signal.strsignal(n)},
+    **{s.name: int(s) for s in _signal.Signals},
+    "Killed": _signal.SIGKILL,
+}
+
+
+def exit_of(hit: Hit) -> int | None:
+    """The exit a report of a process's end gives, as torchrun writes it (-N for signal N,
+    else the status); a status of 128+N from a shell or a container runtime is signal N.
+    None when the message names no killer-less exit (a message of a kind decides instead)."""
+    m = hit.message
+    if m.kind is not None or m.layer not in ("symptom", "report"):
+        return None
+    for name in ("signum", "signal", "signame", "sigdesc"):
+        value = (hit.get(name) or "").strip().strip("<>")
+        if not value:
+            continue
+        number = _int(value.removeprefix("Unknown signal ").strip())
+        if number is None:
+            number = _SIGNAL_WORDS.get(value) or _SIGNAL_WORDS.get(value.split(" (")[0])
+        if number is not None and 0 < number < 65:
+            return -number
+    code = _int(hit.get("exit_code"))
+    if code is None or code == 0:
+        return None
+    return -(code - 128) if 128 < code <= 128 + 64 else code
 
 
 def _when(line: str) -> float | None:
@@ -397,7 +459,7 @@ def _decide(g: LogRecords, now: float) -> _Outcome:
     k = _kernel(g.kernel)
     t0 = int(now * S)
     if not ranks:
-        if not (k.ooms or k.partial or k.xids or g.findings or g.jobs or g.userspace):
+        if not (k.ooms or k.partial or k.xids or g.findings or g.jobs or g.userspace or g.said or g.exits):
             return _Outcome(None, [COLLECT_KERNEL, COLLECT_RANK_LOGS, COLLECT_DAEMON], ranks, k, notes)
         ranks = _synthetic_victim(k, g, t0)
     # times: a line's own if it has one, else the agent's order (the first failure, then the

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.autopsy.evidence import EvidenceItem, KernelOom, UserspaceKill, Verdict, rank_name, signal_name
+from sidecar.autopsy.said import fits
+from sidecar.catalog import Hit
 from sidecar.model import Confidence, Fate, Kind
 from sidecar.parse.jobs import JobRecord
 from sidecar.parse.kernel import XidRecord
@@ -67,6 +69,12 @@ class LogRecords:
     output_read: bool
     host: str | None = None
     userspace_at: list[float | None] = field(default_factory=list)  # each userspace kill's line time
+    # catalog messages that decide alone, from the agent's, the kernel's, a shell's and the
+    # schedulers' lines (a rank's own output is read into ``findings``), with each line's time
+    said: list[tuple[Hit, float | None]] = field(default_factory=list)
+    # their reports of a process's exit status or signal that name no killer (spawn's
+    # "process 1 terminated with signal SIGSEGV", a container's "Exit Code: 137")
+    exits: list[tuple[Hit, float | None]] = field(default_factory=list)
     death_at: dict[str, float] = field(default_factory=dict)  # rank label -> its death, where known
 
 
@@ -258,6 +266,13 @@ def logs_rules(
             f"the victim{tail}.",
             items,
         )
+    told = _catalog_says(v, g, death) if weak else None
+    if told is not None:
+        hit, confidence = told
+        m = hit.message
+        items.append(EvidenceItem(m.emitter, None, hit.line))
+        items.append(EvidenceItem("catalog", None, f"{m.id}: {m.mechanism}"))
+        return _with(v, m.kind or Kind.UNKNOWN, confidence, f"{who}: {m.said(hit.fields)}.", items)
     if v.kind == Kind.BUS_ERROR and v.facts.shm_exhausted:
         # the DataLoader's message guesses /dev/shm; only the daemon can measure it
         collect.append(
@@ -342,6 +357,48 @@ def logs_rules(
     if v.confidence == Confidence.POSSIBLE:
         collect += [COLLECT_KERNEL, COLLECT_RANK_LOGS]
     return v
+
+
+_RANKED = {Confidence.CERTAIN: 0, Confidence.LIKELY: 1, Confidence.POSSIBLE: 2}
+
+
+def _catalog_says(v: Verdict, g: LogRecords, death: float | None) -> tuple[Hit, Confidence] | None:
+    """The message of a launcher, the kernel, a shell or a scheduler that decides how the
+    victim died: one whose kind can have ended it the way it ended, that is not about
+    another pid, and not far in time from the death. A mechanism before a symptom, a
+    first-hand word before another's, then the higher ceiling. Its confidence is its
+    ceiling when it names the victim's pid, else at most likely (it names a container, a
+    step or nobody)."""
+    victim = v.victim
+    found: list[tuple[bool, bool, bool, int, int, Hit, Confidence]] = []
+    for hit, at in g.said:
+        m = hit.message
+        pid = hit.get("pid")
+        if not m.decides or not fits(m.kind, victim.signal, victim.status) or _far(at, death):
+            continue
+        if pid is not None and pid.isdigit() and victim.pid and int(pid) != victim.pid:
+            continue
+        named = pid is not None and pid.isdigit() and victim.pid == int(pid)
+        ceiling = (
+            m.confidence
+            if (named and m.first_hand)
+            else max(m.confidence, Confidence.LIKELY, key=lambda c: _RANKED[c])
+        )
+        found.append(
+            (
+                m.layer != "mechanism",
+                not m.first_hand,
+                m.kind == Kind.ABORT,
+                _RANKED[ceiling],
+                len(found),
+                hit,
+                ceiling,
+            )
+        )
+    if not found:
+        return None
+    best = min(found, key=lambda t: t[:5])
+    return best[5], best[6]
 
 
 def _death_time(v: Verdict, g: LogRecords) -> float | None:

@@ -6,14 +6,16 @@ first-hand), and NVRM Xid records or a GPU NVML reports lost near the death. The
 
 from __future__ import annotations
 
+import signal as _signal
 from typing import Any
 
 from sidecar.autopsy.evidence import Evidence, EvidenceItem, RankState, rank_label, rank_name
+from sidecar.catalog import catalog
 from sidecar.model import Confidence, Kind
 from sidecar.parse.kernel import GPU_FAULT_XIDS
 from sidecar.parse.ranks import Finding
 
-__all__ = ["WAITING", "findings_of", "from_output", "gpu_fault"]
+__all__ = ["WAITING", "findings_of", "fits", "from_output", "gpu_fault", "strongest"]
 
 
 WAITING = ("nccl_timeout", "gloo_timeout", "peer_closed", "nccl_aborted")
@@ -176,6 +178,12 @@ def from_output(
             )
         else:
             never = "; every rank here was waiting (the one that never arrived is elsewhere)"
+            if ev.from_logs:
+                # the logs hold only ranks that waited: what kept the missing one away (a
+                # crash, an OOM, a hang on another node) is the job's killer, and they do
+                # not show it
+                confidence = Confidence.POSSIBLE
+                never += ": what kept it away is the job's root cause, and these logs do not show it"
         return (
             Kind.COLLECTIVE_TIMEOUT,
             confidence,
@@ -230,9 +238,93 @@ def from_output(
             f"{who} could not get shared memory for a DataLoader batch: /dev/shm ran out{size} "
             "(No space left on device).",
         )
+    said = [
+        f
+        for f in mine
+        if f.kind == "said" and fits(Kind(f.get("said_kind") or "unknown"), victim.signal, victim.status)
+    ]
+    mechanism = strongest(said, "mechanism")
+    if mechanism is not None:
+        return _from_catalog(who, mechanism, confidence, items)
     exc_found = [f for f in mine if f.kind == "exception"]
+    symptom = strongest(said, "symptom")
+    if symptom is not None and (not exc_found or victim.signal is not None or victim.status is None):
+        # how it ended (an abort, a fault banner), where no exception or a signal says so
+        return _from_catalog(who, symptom, confidence, items)
     if exc_found and victim.status not in (None, 0):
         f = exc_found[-1]
         items.append(_cited(f))
         return Kind.PYTHON_EXCEPTION, confidence, f"{who} raised {f.line}"
     return None
+
+
+_ORDER = {Confidence.CERTAIN.value: 0, Confidence.LIKELY.value: 1, Confidence.POSSIBLE.value: 2}
+
+# How each killer ends a process: the signals (or an exit status, 0 here) it can leave. A
+# message whose kind cannot end the process the way it ended is about something else (an
+# earlier, caught error; another process).
+_ENDS: dict[Kind, frozenset[int]] = {
+    Kind.KERNEL_OOM: frozenset({_signal.SIGKILL}),
+    Kind.CGROUP_OOM: frozenset({_signal.SIGKILL}),
+    Kind.USERSPACE_OOM: frozenset({_signal.SIGKILL, _signal.SIGTERM, _signal.SIGINT}),
+    Kind.EXTERNAL_SIGNAL: frozenset(range(1, 65)),
+    Kind.AGENT_TEARDOWN: frozenset({_signal.SIGKILL, _signal.SIGTERM, _signal.SIGINT}),
+    # the watchdog aborts (SIGABRT) or raises (exit 1); a hung rank is killed
+    Kind.COLLECTIVE_TIMEOUT: frozenset({0, _signal.SIGABRT, _signal.SIGKILL, _signal.SIGTERM}),
+    Kind.SEGFAULT: frozenset({_signal.SIGSEGV}),
+    Kind.BUS_ERROR: frozenset({_signal.SIGBUS, 0}),  # the DataLoader raises for its worker's SIGBUS
+    Kind.ABORT: frozenset({_signal.SIGABRT}),
+    # raised in Python (exit 1), or in a C++ thread (terminate: SIGABRT)
+    Kind.CUDA_OOM: frozenset({0, _signal.SIGABRT}),
+    Kind.GPU_ERROR: frozenset({0, _signal.SIGABRT, _signal.SIGSEGV, _signal.SIGBUS, _signal.SIGKILL}),
+    Kind.PYTHON_EXCEPTION: frozenset({0, _signal.SIGABRT}),
+}
+
+
+def fits(kind: Kind | None, signal: int | None, status: int | None) -> bool:
+    """Whether ``kind`` can have ended a process that ended so (``signal``, or a non-zero
+    ``status``; both None: not known, anything fits). A shell's status 128+N is signal N."""
+    if kind is None:
+        return False
+    if signal is None and status is not None and 128 < status < 128 + 65:
+        signal = status - 128
+    if signal is None and status is None:
+        return True
+    ends = _ENDS.get(kind)
+    if ends is None:
+        return True
+    return (signal if signal is not None else 0) in ends
+
+
+def strongest(said: list[Finding], layer: str) -> Finding | None:
+    """Of the catalog's messages found, the one of ``layer`` that decides: a first-hand one
+    before another's word, any kind before an abort (SIGABRT is how a process ends when
+    something it found fatal calls abort(): a terminate after an exception names that
+    exception beside it), then the higher confidence it may carry alone, then the first
+    said."""
+    found = [f for f in said if f.get("layer") == layer and f.get("said_kind")]
+    if not found:
+        return None
+    return min(
+        found,
+        key=lambda f: (
+            not f.get("first_hand"),
+            f.get("said_kind") == Kind.ABORT.value,  # an abort is what is left when nothing else explains it
+            _ORDER.get(f.get("ceiling") or "", 3),
+        ),
+    )
+
+
+def _from_catalog(
+    who: str, f: Finding, confidence: Confidence, items: list[EvidenceItem]
+) -> tuple[Kind, Confidence, str]:
+    """A catalog message's verdict: its kind, at the lower of its ceiling and what the line's
+    attribution to the rank allows (never certain when it is not first-hand)."""
+    message = catalog().by_id[f.get("id") or ""]
+    ceiling = Confidence(f.get("ceiling") or "possible")
+    if not message.first_hand and ceiling == Confidence.CERTAIN:
+        ceiling = Confidence.LIKELY
+    sure = max(ceiling, confidence, key=lambda c: _ORDER[c.value])
+    items.append(_cited(f))
+    items.append(EvidenceItem("catalog", None, f"{message.id}: {message.mechanism}"))
+    return message.kind or Kind.UNKNOWN, sure, f"{who}: {message.said(f.fields)}."

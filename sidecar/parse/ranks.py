@@ -31,7 +31,9 @@ import re
 import time
 from dataclasses import dataclass, replace
 
-__all__ = ["Finding", "line_stamp", "parse_rank_output", "size_to_bytes", "stamp_to_epoch"]
+from sidecar.catalog import Hit, catalog
+
+__all__ = ["Finding", "line_stamp", "parse_rank_output", "said_fields", "size_to_bytes", "stamp_to_epoch"]
 
 _UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 
@@ -47,7 +49,9 @@ class Finding:
     the line is not attributed. ``kind``: nccl_timeout, nccl_progress, nccl_aborted,
     nccl_heartbeat, gloo_timeout, peer_closed, cuda_oom, dataloader_killed, shm_bus_error,
     shm_full (torch 2.x preallocates: "unable to allocate shared memory(shm) for file ...: No
-    space left on device"), exception. ``fields`` holds what the line measured (op, seq, timeout_ms, ...)."""
+    space left on device"), exception, said (a message of the emitter catalog that decides
+    alone: its id, kind, layer and confidence ceiling in ``fields``). ``fields`` holds what
+    the line measured (op, seq, timeout_ms, ...)."""
 
     kind: str
     rank: int | None
@@ -268,4 +272,33 @@ def _parse(text: str) -> list[Finding]:
             out.append(Finding("shm_bus_error", rank, local, body))
         elif _SHM_FULL.search(body):
             out.append(Finding("shm_full", rank, local, body))
+        said = catalog().part("output", deciding=True).scan(body)
+        if said and any(h.message.layer == "symptom" for h in said) and _reported(body):
+            # a launcher's or framework's report of another process's death (spawn's
+            # ProcessExitedException, Ray's ActorDiedError) is not this process's own end
+            said = [h for h in said if h.message.layer != "symptom"]
+        for hit in said:
+            out.append(Finding("said", rank, local, body, said_fields(hit)))
     return out
+
+
+def _reported(line: str) -> bool:
+    """The line is a message of a launcher, or any emitter's report of a failure elsewhere."""
+    whole = catalog()
+    return any(h.message.layer == "report" for h in whole.part("output", "scheduler").scan(line)) or bool(
+        whole.part("agent", "shell").scan(line)
+    )
+
+
+def said_fields(hit: Hit) -> tuple[tuple[str, str], ...]:
+    """A catalog message found in a line, as a finding's fields: which message, what it
+    decides alone, and what its pattern captured."""
+    m = hit.message
+    return (
+        ("id", m.id),
+        ("said_kind", m.kind.value if m.kind else ""),
+        ("layer", m.layer),
+        ("ceiling", m.confidence.value),
+        ("first_hand", "1" if m.first_hand else ""),
+        *hit.fields,
+    )

@@ -151,6 +151,12 @@ def main() -> int:
     )
     ap.add_argument("--abort-file", default=None)
     ap.add_argument(
+        "--double-free-rank",
+        type=int,
+        default=-1,
+        help="this rank frees a C heap block twice after --raise-after: the C library aborts it",
+    )
+    ap.add_argument(
         "--flood-rank", type=int, default=-1, help="once --flood-file exists, this rank forks --flood-count"
     )
     ap.add_argument("--flood-file", default=None)
@@ -281,6 +287,15 @@ def main() -> int:
             open(args.flood_file + ".done", "w").close()
         if rank == args.abort_rank and restart == 0 and args.abort_file and os.path.exists(args.abort_file):
             os.abort()  # SIGABRT, as a CUDA runtime does on a fatal device error
+        if rank == args.double_free_rank and restart == 0 and elapsed > args.raise_after:
+            import ctypes
+
+            libc = ctypes.CDLL(None)
+            libc.malloc.restype = ctypes.c_void_p
+            libc.free.argtypes = [ctypes.c_void_p]
+            block = libc.malloc(64)
+            libc.free(block)
+            libc.free(block)  # glibc: "free(): double free detected in tcache 2", then abort()
         if rank == args.segfault_rank and restart == 0 and elapsed > args.raise_after:
             import ctypes
 
