@@ -94,8 +94,12 @@ def test_an_entry_is_well_formed(message: Message):
     if message.confidence == Confidence.CERTAIN:
         # certain only from a first-hand record: the dying process's or its killer's own word
         assert message.first_hand, message.id
-    if message.layer == "report":
-        assert message.kind is None or message.kind.value == "agent_teardown", message.id
+    if message.layer == "report":  # what happened elsewhere: never more than possible alone
+        assert (
+            message.kind is None
+            or message.kind.value == "agent_teardown"
+            or message.confidence == Confidence.POSSIBLE
+        )
     assert message.anchors and min(map(len, message.anchors)) >= 3, (
         f"{message.id}: the pattern has no literal words to look for: {message.anchors}"
     )

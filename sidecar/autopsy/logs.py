@@ -365,12 +365,13 @@ _RANKED = {Confidence.CERTAIN: 0, Confidence.LIKELY: 1, Confidence.POSSIBLE: 2}
 def _catalog_says(v: Verdict, g: LogRecords, death: float | None) -> tuple[Hit, Confidence] | None:
     """The message of a launcher, the kernel, a shell or a scheduler that decides how the
     victim died: one whose kind can have ended it the way it ended, that is not about
-    another pid, and not far in time from the death. A mechanism before a symptom, a
-    first-hand word before another's, then the higher ceiling. Its confidence is its
+    another pid, and not far in time from the death. A mechanism before a symptom before a
+    report (possible at most), a first-hand word before another's, any kind before an
+    abort, then the higher ceiling. Its confidence is its
     ceiling when it names the victim's pid, else at most likely (it names a container, a
     step or nobody)."""
     victim = v.victim
-    found: list[tuple[bool, bool, bool, int, int, Hit, Confidence]] = []
+    found: list[tuple[int, bool, bool, int, int, Hit, Confidence]] = []
     for hit, at in g.said:
         m = hit.message
         pid = hit.get("pid")
@@ -384,9 +385,11 @@ def _catalog_says(v: Verdict, g: LogRecords, death: float | None) -> tuple[Hit, 
             if (named and m.first_hand)
             else max(m.confidence, Confidence.LIKELY, key=lambda c: _RANKED[c])
         )
+        if m.layer == "report":  # what happened elsewhere decides last, and only as possible
+            ceiling = Confidence.POSSIBLE
         found.append(
             (
-                m.layer != "mechanism",
+                ("mechanism", "symptom", "report").index(m.layer),
                 not m.first_hand,
                 m.kind == Kind.ABORT,
                 _RANKED[ceiling],

@@ -109,6 +109,21 @@ def from_output(
         if alone and victim.signal is None:
             mine = [f for label, f in ev.output if label is None]
             confidence = Confidence.LIKELY if len(ev.ranks) > 1 else Confidence.CERTAIN
+        elif victim.signal is not None and not any(
+            r is not victim and r.dead and r.signal == victim.signal for r in ev.ranks
+        ):
+            # killed by a signal no other rank died of: an unprefixed message that says the
+            # same end (glibc's "double free" before its SIGABRT, a UCX SIGSEGV banner) is
+            # its own; nothing else unprefixed is
+            mine = [
+                f
+                for label, f in ev.output
+                if label is None
+                and f.kind == "said"
+                and f.get("layer") in ("mechanism", "symptom")
+                and _ends_with(Kind(f.get("said_kind") or "unknown"), victim.signal)
+            ]
+            confidence = Confidence.LIKELY
     if not mine or victim.returncode == 0:
         return None
 
@@ -255,6 +270,9 @@ def from_output(
         f = exc_found[-1]
         items.append(_cited(f))
         return Kind.PYTHON_EXCEPTION, confidence, f"{who} raised {f.line}"
+    report = strongest(said, "report")
+    if report is not None:  # its own words tell only what happened elsewhere
+        return _from_catalog(who, report, Confidence.POSSIBLE, items)
     return None
 
 
@@ -279,6 +297,17 @@ _ENDS: dict[Kind, frozenset[int]] = {
     Kind.GPU_ERROR: frozenset({0, _signal.SIGABRT, _signal.SIGSEGV, _signal.SIGBUS, _signal.SIGKILL}),
     Kind.PYTHON_EXCEPTION: frozenset({0, _signal.SIGABRT}),
 }
+
+
+_FROM_OUTSIDE = frozenset(
+    {Kind.EXTERNAL_SIGNAL, Kind.AGENT_TEARDOWN, Kind.USERSPACE_OOM, Kind.KERNEL_OOM, Kind.CGROUP_OOM}
+)
+
+
+def _ends_with(kind: Kind, signal: int) -> bool:
+    """``kind`` is something the process does to itself that ends it by ``signal`` (a
+    killer from outside is never told by the victim's own unprefixed lines)."""
+    return signal in _ENDS.get(kind, frozenset()) and kind not in _FROM_OUTSIDE
 
 
 def fits(kind: Kind | None, signal: int | None, status: int | None) -> bool:

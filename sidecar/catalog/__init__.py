@@ -86,8 +86,11 @@ class Message:
 
     @property
     def decides(self) -> bool:
-        """It names a killer on its own (a mechanism or a symptom with a kind)."""
-        return self.kind is not None and self.layer in ("mechanism", "symptom")
+        """It names a killer: a mechanism or a symptom with a kind, or a report of what
+        happened elsewhere that names its kind (it decides last, and at most possible)."""
+        if self.kind is None or self.layer == "context":
+            return False
+        return self.layer != "report" or self.kind != Kind.AGENT_TEARDOWN
 
 
 @dataclass(frozen=True, slots=True)

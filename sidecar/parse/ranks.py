@@ -212,66 +212,7 @@ def _parse(text: str) -> list[Finding]:
                     # the same line may also say what went wrong (a gloo timeout, a CUDA OOM)
                 elif not body.startswith(("During handling", "The above exception")):
                     in_traceback.pop(key, None)
-        m = _NCCL_TIMEOUT.search(body)
-        if m:
-            r = _NCCL_RANK.search(body)
-            fields = [("seq", m[1]), ("op", m[2]), ("timeout_ms", m[5]), ("ran_ms", m[6])]
-            if m[3] is not None:
-                fields += [("numel_in", m[3]), ("numel_out", m[4])]
-            out.append(Finding("nccl_timeout", int(r[1]) if r else rank, local, body, tuple(fields)))
-            continue
-        m = _NCCL_PROGRESS.search(body)
-        if m:
-            r = _NCCL_RANK.search(body)
-            out.append(
-                Finding(
-                    "nccl_progress",
-                    int(r[1]) if r else rank,
-                    local,
-                    body,
-                    (("last_enqueued", m[1]), ("last_completed", m[2])),
-                )
-            )
-            continue
-        if _NCCL_ABORTED.search(body):
-            out.append(Finding("nccl_aborted", rank, local, body))
-            continue
-        if _HEARTBEAT.search(body):
-            out.append(Finding("nccl_heartbeat", rank, local, body))
-            continue
-        m = _GLOO_TIMEOUT.search(body)
-        if m:
-            out.append(Finding("gloo_timeout", rank, local, body, (("timeout_ms", m[1]), ("op", m[2]))))
-            continue
-        m = _PEER_CLOSED.search(body)
-        if m:
-            out.append(Finding("peer_closed", rank, local, body, (("peer", f"{m[1]}:{m[2]}"),)))
-            continue
-        m = _CUDA_OOM.search(body)
-        if m is None and "CUDA error: out of memory" in body:
-            out.append(Finding("cuda_oom", rank, local, body))
-            continue
-        if m:
-            fields = [("requested_bytes", str(size_to_bytes(m[1], m[2])))]
-            if m[3] is not None:
-                fields.append(("gpu", m[3]))
-            if m[4] is not None:
-                fields.append(("total_bytes", str(size_to_bytes(m[4], m[5]))))
-            if m[6] is not None:
-                fields.append(("free_bytes", str(size_to_bytes(m[6], m[7]))))
-            out.append(Finding("cuda_oom", rank, local, body, tuple(fields)))
-            continue
-        m = _DATALOADER.search(body)
-        if m:
-            fields = [("pids", m[1].strip())]
-            if m[2]:
-                fields.append(("signal", m[2].strip()))
-            out.append(Finding("dataloader_killed", rank, local, body, tuple(fields)))
-            continue
-        if _SHM.search(body):
-            out.append(Finding("shm_bus_error", rank, local, body))
-        elif _SHM_FULL.search(body):
-            out.append(Finding("shm_full", rank, local, body))
+        _structured(body, rank, local, out)
         said = catalog().part("output", deciding=True).scan(body)
         if said and any(h.message.layer == "symptom" for h in said) and _reported(body):
             # a launcher's or framework's report of another process's death (spawn's
@@ -283,11 +224,74 @@ def _parse(text: str) -> list[Finding]:
 
 
 def _reported(line: str) -> bool:
-    """The line is a message of a launcher, or any emitter's report of a failure elsewhere."""
-    whole = catalog()
-    return any(h.message.layer == "report" for h in whole.part("output", "scheduler").scan(line)) or bool(
-        whole.part("agent", "shell").scan(line)
-    )
+    """The line is a launcher's, a shell's or a scheduler's message (about a process it ran),
+    not the process's own word; a rank's own exception that quotes a peer's failure
+    ("Connection closed by peer") is still its own end."""
+    return bool(catalog().part("agent", "shell", "scheduler").scan(line))
+
+
+def _structured(body: str, rank: int | None, local: int | None, out: list[Finding]) -> None:
+    """The findings the parsers above read from one line, with their measured fields."""
+    m = _NCCL_TIMEOUT.search(body)
+    if m:
+        r = _NCCL_RANK.search(body)
+        fields = [("seq", m[1]), ("op", m[2]), ("timeout_ms", m[5]), ("ran_ms", m[6])]
+        if m[3] is not None:
+            fields += [("numel_in", m[3]), ("numel_out", m[4])]
+        out.append(Finding("nccl_timeout", int(r[1]) if r else rank, local, body, tuple(fields)))
+        return
+    m = _NCCL_PROGRESS.search(body)
+    if m:
+        r = _NCCL_RANK.search(body)
+        out.append(
+            Finding(
+                "nccl_progress",
+                int(r[1]) if r else rank,
+                local,
+                body,
+                (("last_enqueued", m[1]), ("last_completed", m[2])),
+            )
+        )
+        return
+    if _NCCL_ABORTED.search(body):
+        out.append(Finding("nccl_aborted", rank, local, body))
+        return
+    if _HEARTBEAT.search(body):
+        out.append(Finding("nccl_heartbeat", rank, local, body))
+        return
+    m = _GLOO_TIMEOUT.search(body)
+    if m:
+        out.append(Finding("gloo_timeout", rank, local, body, (("timeout_ms", m[1]), ("op", m[2]))))
+        return
+    m = _PEER_CLOSED.search(body)
+    if m:
+        out.append(Finding("peer_closed", rank, local, body, (("peer", f"{m[1]}:{m[2]}"),)))
+        return
+    m = _CUDA_OOM.search(body)
+    if m is None and "CUDA error: out of memory" in body:
+        out.append(Finding("cuda_oom", rank, local, body))
+        return
+    if m:
+        fields = [("requested_bytes", str(size_to_bytes(m[1], m[2])))]
+        if m[3] is not None:
+            fields.append(("gpu", m[3]))
+        if m[4] is not None:
+            fields.append(("total_bytes", str(size_to_bytes(m[4], m[5]))))
+        if m[6] is not None:
+            fields.append(("free_bytes", str(size_to_bytes(m[6], m[7]))))
+        out.append(Finding("cuda_oom", rank, local, body, tuple(fields)))
+        return
+    m = _DATALOADER.search(body)
+    if m:
+        fields = [("pids", m[1].strip())]
+        if m[2]:
+            fields.append(("signal", m[2].strip()))
+        out.append(Finding("dataloader_killed", rank, local, body, tuple(fields)))
+        return
+    if _SHM.search(body):
+        out.append(Finding("shm_bus_error", rank, local, body))
+    elif _SHM_FULL.search(body):
+        out.append(Finding("shm_full", rank, local, body))
 
 
 def said_fields(hit: Hit) -> tuple[tuple[str, str], ...]:
