@@ -60,6 +60,7 @@ from sidecar.parse.kernel import (
 )
 from sidecar.parse.logs import KernelLine, kernel_lines, line_time, parse_task_row
 from sidecar.parse.oomd import parse_userspace_oom_line
+from sidecar.parse.pasted import plain
 from sidecar.parse.ranks import line_stamp, parse_rank_output, stamp_to_epoch
 from sidecar.parse.torchrun import (
     ClosingSignal,
@@ -139,7 +140,7 @@ def _gather(inputs: list[LogInput]) -> LogRecords:
     g = LogRecords({}, [], [], [], [], [], False)
     for inp in inputs:
         kinds: list[str] = []
-        text = inp.text
+        text = plain(inp.text)
         agent = parse_agent_text(text)
         if agent:
             gen = next((name for rx, name in _GENERATION if rx.search(text)), None)

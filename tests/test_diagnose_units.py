@@ -176,7 +176,8 @@ SCHEDULERS = [
      "have been killed by the cgroup out-of-memory handler.", "cgroup_oom", "likely"),
     ("slurmstepd: error: Detected 1 oom-kill event(s) in step 1234.0 cgroup. Some of your processes may have "
      "been killed by the cgroup out-of-memory handler.", "cgroup_oom", "likely"),
-    ("slurmstepd: error: Job 1234 exceeded memory limit (16777216 > 16384000), being killed", "cgroup_oom",
+    # jobacct_gather's polling kill (OverMemoryKill): Slurm's own policy in user space
+    ("slurmstepd: error: Job 1234 exceeded memory limit (16777216 > 16384000), being killed", "userspace_oom",
      "likely"),
     ("srun: error: node07: task 1: Out Of Memory", "cgroup_oom", "likely"),
     ("       JobID      State\n------------ ----------\n1234         OUT_OF_ME+", "cgroup_oom", "likely"),

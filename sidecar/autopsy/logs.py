@@ -157,6 +157,12 @@ def logs_rules(
                 "memory limit (the record names the {unit}, not the pid).",
             ),
             (
+                "memory_policy",
+                Kind.USERSPACE_OOM,
+                "{src}'s own memory accounting found the step over its limit and killed it{scope}: {who} "
+                "was killed by the scheduler's policy (its polling, not the kernel's cgroup limit).",
+            ),
+            (
                 "eviction",
                 Kind.USERSPACE_OOM,
                 "Kubernetes evicted the pod because the node ran low on memory: "
@@ -371,7 +377,7 @@ def _catalog_says(v: Verdict, g: LogRecords, death: float | None) -> tuple[Hit, 
     ceiling when it names the victim's pid, else at most likely (it names a container, a
     step or nobody)."""
     victim = v.victim
-    found: list[tuple[int, bool, bool, int, int, Hit, Confidence]] = []
+    found: list[tuple[int, bool, int, int, int, Hit, Confidence]] = []
     for hit, at in g.said:
         m = hit.message
         pid = hit.get("pid")
@@ -391,7 +397,7 @@ def _catalog_says(v: Verdict, g: LogRecords, death: float | None) -> tuple[Hit, 
             (
                 ("mechanism", "symptom", "report").index(m.layer),
                 not m.first_hand,
-                m.kind == Kind.ABORT,
+                2 * m.generic + (m.kind == Kind.ABORT),
                 _RANKED[ceiling],
                 len(found),
                 hit,

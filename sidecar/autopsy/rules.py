@@ -56,6 +56,21 @@ def _oom_for(rank: RankState, kernel: tuple[KernelOom, ...]) -> KernelOom | None
     return min(matches, key=lambda k: abs(k.at_ns - (rank.died_ns or 0))) if matches else None
 
 
+def _timeout_elsewhere(victim: RankState, ev: Evidence) -> tuple[str | None, str] | None:
+    """Another rank's (or an unattributed) watchdog or backend timeout in the output read:
+    (its rank label, its line)."""
+    for label, f in ev.output:
+        if label == victim.label:
+            continue
+        if f.kind in ("nccl_timeout", "gloo_timeout") or (
+            f.kind == "said"
+            and f.get("said_kind") == Kind.COLLECTIVE_TIMEOUT.value
+            and f.get("layer") == "mechanism"
+        ):
+            return (label or (str(f.rank) if f.rank is not None else None)), f.line
+    return None
+
+
 def _describe_exit(rank: RankState) -> str:
     if rank.exit_code is None:
         return "exit status unknown"
@@ -394,6 +409,19 @@ def _victim_verdict(
     if sig == _signal.SIGBUS:
         return Kind.BUS_ERROR, sure, f"{who} crashed with SIGBUS (often /dev/shm exhausted)."
     if sig == _signal.SIGABRT:
+        timed_out = _timeout_elsewhere(victim, ev)
+        if timed_out is not None:
+            # the watchdog takes the whole process down (abort) once a collective timed
+            # out: another rank's word that one did explains this rank's SIGABRT
+            label, line = timed_out
+            items.append(EvidenceItem("output", None, line))
+            return (
+                Kind.COLLECTIVE_TIMEOUT,
+                Confidence.LIKELY if ev.from_logs else Confidence.POSSIBLE,
+                f"{who} aborted (SIGABRT) as the NCCL watchdog does after a collective timed out: "
+                + (f"{rank_label(label, ev.from_logs)}" if label else "a rank")
+                + " reported the timeout; this rank's own output gave no other cause.",
+            )
         return (
             Kind.ABORT,
             Confidence.POSSIBLE,

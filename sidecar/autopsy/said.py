@@ -327,10 +327,10 @@ def fits(kind: Kind | None, signal: int | None, status: int | None) -> bool:
 
 def strongest(said: list[Finding], layer: str) -> Finding | None:
     """Of the catalog's messages found, the one of ``layer`` that decides: a first-hand one
-    before another's word, any kind before an abort (SIGABRT is how a process ends when
-    something it found fatal calls abort(): a terminate after an exception names that
-    exception beside it), then the higher confidence it may carry alone, then the first
-    said."""
+    before another's word, a specific message before a generic one (any exception's last
+    line, any terminate: the catalog's ``generic``), any kind before an abort (SIGABRT is
+    how a process ends when something it found fatal calls abort()), then the higher
+    confidence it may carry alone, then the first said."""
     found = [f for f in said if f.get("layer") == layer and f.get("said_kind")]
     if not found:
         return None
@@ -338,7 +338,8 @@ def strongest(said: list[Finding], layer: str) -> Finding | None:
         found,
         key=lambda f: (
             not f.get("first_hand"),
-            f.get("said_kind") == Kind.ABORT.value,  # an abort is what is left when nothing else explains it
+            bool(f.get("generic")),  # any exception, any terminate: a specific message is better
+            f.get("said_kind") == Kind.ABORT.value,  # SIGABRT is how something found fatal ends
             _ORDER.get(f.get("ceiling") or "", 3),
         ),
     )

@@ -68,6 +68,7 @@ class Message:
     says: str
     real: tuple[tuple[str, str], ...]  # (url, text)
     channel: str
+    generic: bool  # its shape is any death of its kind (any exception's last line, any terminate)
     anchors: tuple[str, ...]  # literal words one of which every match holds (see _anchors)
     fold: bool  # the pattern ignores case
 
@@ -254,6 +255,7 @@ def _message(raw: dict[str, Any], emitter: str, channel: str, where: str) -> Mes
         says=str(raw["says"]),
         real=real,
         channel=channel,
+        generic=bool(raw.get("generic", False)),
         anchors=anchors,
         fold=bool(pattern.flags & re.IGNORECASE),
     )

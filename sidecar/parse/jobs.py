@@ -4,7 +4,8 @@ Each line in, a ``JobRecord`` or None out. Formats, as they appear in real logs:
 
 * Slurm: ``slurmstepd: error: Detected 1 oom-kill event(s) in StepId=191.batch cgroup.``
   (20.02+; ``in step 191.batch cgroup`` before), ``Job 1234 exceeded memory limit (X > Y),
-  being killed`` (the accounting-based kill of old releases), ``srun: error: node7: task 3:
+  being killed`` (jobacct_gather's polling kill, OverMemoryKill: slurmstepd's own policy, not
+  the kernel's), ``srun: error: node7: task 3:
   Out Of Memory``, ``OUT_OF_MEMORY`` (``sacct``, ``scontrol``; ``OUT_OF_ME+`` when sacct
   cuts the column), ``*** JOB 123 ON node7 CANCELLED AT 2026-12-02T11:53:34 DUE TO TIME
   LIMIT ***`` (also ``PREEMPTION``, ``NODE FAILURE``, or by a user);
@@ -35,7 +36,8 @@ __all__ = ["JobRecord", "parse_job_line"]
 
 @dataclass(frozen=True, slots=True)
 class JobRecord:
-    """``what``: oom_cgroup (a scheduler or runtime says a memory limit killed), eviction
+    """``what``: oom_cgroup (a scheduler or runtime says a memory limit killed), memory_policy
+    (a scheduler's own memory polling killed it: Slurm's jobacct_gather), eviction
     (Kubernetes evicted the pod for node memory pressure), memory_monitor (Ray's), time_limit,
     preempted, node_failure, cancelled, exit_signal, exit_code, killed_by_shell (a shell
     reports its child's death by a signal), teardown (a launcher killing its workers),
@@ -131,8 +133,8 @@ def parse_job_line(text: str) -> JobRecord | None:
         if m:
             return JobRecord("slurm", "oom_cgroup", line, scope=m[2].rstrip("."))
     m = _SLURM_LIMIT.search(line)
-    if m:
-        return JobRecord("slurm", "oom_cgroup", line, scope=m[1])
+    if m:  # jobacct_gather's polling found the step over its limit and slurmstepd kills it
+        return JobRecord("slurm", "memory_policy", line, scope=m[1])
     m = _SRUN_OOM.search(line)
     if m:
         return JobRecord("slurm", "oom_cgroup", line, local_rank=int(m[2]), scope=m[1])

@@ -304,5 +304,6 @@ def said_fields(hit: Hit) -> tuple[tuple[str, str], ...]:
         ("layer", m.layer),
         ("ceiling", m.confidence.value),
         ("first_hand", "1" if m.first_hand else ""),
+        ("generic", "1" if m.generic else ""),
         *hit.fields,
     )
