@@ -9,15 +9,17 @@ What a copy adds and what it breaks, undone here:
   itself writes, so the rules attribute the line as they would torch's own; a container
   runtime's ``2026-12-02T11:53:34.123456789Z stdout F `` and ``kubectl logs --prefix``'s
   ``[pod/name/container] `` are dropped;
-* a line a terminal or a web page wrapped is joined back to the one before it when a
-  message of the emitter catalog runs across the
-  break: joined without a space when the break fell inside a word (``closing signal SI`` +
-  ``GTERM``), with one otherwise. Nothing is joined on a guess: only a known message shape
-  that neither line holds alone decides it.
+* a terminal's wrap is undone when many lines are exactly as long as the widest (the
+  terminal's width): each of those continues on the next line;
+* any other wrapped line (a web page's) is joined back to the one before it when a message
+  of the emitter catalog runs across the break: joined without a space when the break fell
+  inside a word or kept its space (``closing signal SI`` + ``GTERM``), with one otherwise.
+  Nothing else is joined: only a known message shape decides it.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 
 from sidecar.catalog import Catalog, catalog
@@ -52,18 +54,21 @@ def _srun_tasks(lines: list[str]) -> bool:
     return len(filled) >= 3 and tagged >= 0.6 * len(filled)
 
 
-def _crossing(cat: Catalog, before: str, after: str, glue: str) -> bool:
-    """A catalog message runs across the break between
-    ``before`` and ``after`` joined with ``glue``, and neither holds it alone."""
-    joined = before + glue + after
+def _crossing(cat: Catalog, parts: list[str], glue: str) -> bool:
+    """A catalog message runs across the first break of ``parts`` joined with ``glue``:
+    it starts before the break, ends after it, and the line before the break does not
+    hold it from the same start (a pattern whose tail takes any text would otherwise run
+    on into whatever line follows)."""
+    joined = glue.join(parts)
+    before = parts[0]
     edge = len(before)
-    alone = {h.message.id for h in cat.scan(before)} | {h.message.id for h in cat.scan(after)}
     for hit in cat.scan(joined):
-        if hit.message.id in alone:
-            continue
-        for m in hit.message.pattern.finditer(joined):
+        rx = hit.message.pattern
+        for m in rx.finditer(joined):
             if m.start() < edge < m.end():
-                return True
+                own = rx.search(before, m.start())
+                if own is None or own.start() != m.start():
+                    return True
     return False
 
 
@@ -79,15 +84,57 @@ def plain(text: str) -> str:
         lines = out
     if len(lines) > JOIN_MAX_LINES:
         return "\n".join(lines)
+    lines = _unwrap_fixed(lines)
     cat = catalog()
     joined: list[str] = []
-    for line in lines:
-        if joined and line and joined[-1] and len(joined[-1]) < LINE_MAX and len(line) < LINE_MAX:
-            before = joined[-1]
-            glues = ("", " ") if not before.endswith(" ") and not line.startswith(" ") else ("",)
-            glue = next((g for g in glues if _crossing(cat, before, line, g)), None)
-            if glue is not None:
-                joined[-1] = before + glue + line
-                continue
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        span = _run(cat, joined[-1], lines[i : i + RUN_MAX]) if joined and joined[-1] and line else None
+        if span is not None:
+            count, glue = span
+            joined[-1] = glue.join([joined[-1], *lines[i : i + count]])
+            i += count
+            continue
         joined.append(line)
+        i += 1
     return "\n".join(joined)
+
+
+RUN_MAX = 4  # a message wrapped over more than five lines is not rebuilt here
+
+
+def _unwrap_fixed(lines: list[str]) -> list[str]:
+    """A terminal wraps at a fixed width: every piece of a long record but its last is
+    exactly as long as the widest line. When several lines share that width (and it is a
+    terminal's, 40 columns or more), each of them continues on the next line."""
+    width = max((len(line) for line in lines), default=0)
+    full = sum(1 for line in lines if len(line) == width)
+    if width < 40 or full < 3 or full * 20 < sum(1 for line in lines if len(line) >= 40):
+        return lines
+    out: list[str] = []
+    carry = False
+    for line in lines:
+        if carry:
+            out[-1] += line
+        else:
+            out.append(line)
+        carry = len(line) == width
+    return out
+
+
+def _run(cat: Catalog, before: str, after: list[str]) -> tuple[int, str] | None:
+    """How many of the lines ``after`` continue ``before`` (a message runs across the
+    break after it when the first 1..RUN_MAX of them are joined to it), and the glue: ""
+    when the break fell inside a word or kept its space, " " when the copy dropped it."""
+    if len(before) >= LINE_MAX:
+        return None
+    for count in range(1, len(after) + 1):
+        parts = [before, *after[:count]]
+        if not parts[-1] or len(parts[-1]) >= LINE_MAX:
+            return None
+        spaced = any(p.endswith(" ") or q.startswith(" ") for p, q in itertools.pairwise(parts))
+        for glue in ("",) if spaced else ("", " "):
+            if _crossing(cat, parts, glue):
+                return count, glue
+    return None
