@@ -499,6 +499,14 @@ def _decide(g: LogRecords, now: float) -> _Outcome:
         output=findings,
         output_read=g.output_read,
         xids=xids,
+        kernel_said=tuple(
+            (victim_ns, int(pid), hit.message.id, hit.line)
+            for hit, _ in g.said
+            if hit.message.channel == "kernel"
+            and (pid := hit.get("pid")) is not None
+            and pid.isdigit()
+            and len(pid) < 11
+        ),
         from_logs=True,
     )
     v = autopsy(ev)

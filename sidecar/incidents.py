@@ -226,6 +226,7 @@ def join_evidence(
         skipped=reads.skipped,
         kernel_losses=tuple(records.kmsg_losses),
         xids=tuple(records.xids),
+        kernel_said=tuple(records.said),
         lost_gpus=tuple((ns, index, name) for index, (ns, name) in sorted(records.lost_gpus.items())),
     )
 

@@ -1,6 +1,8 @@
 """What the kernel log, the signal tracepoint and NVML reported, kept for the death watch:
 the kernel's OOM kills (each merged from its records), the signals sent to ranks, Meta's
-oomd lines in the kernel log, NVRM Xid records and the GPUs NVML reports lost. Each kind
+oomd lines in the kernel log, NVRM Xid records, the kernel's other records of a process's
+end that the emitter catalog names with a pid (a segfault record), and the GPUs NVML
+reports lost. Each kind
 is bounded; an autopsy takes them all and its rules pick the window around a death.
 Not thread-safe: the death watch calls it under its lock (``parse`` needs no lock).
 """
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from sidecar.autopsy import SignalSent, UserspaceKill
 from sidecar.autopsy.evidence import Sender
 from sidecar.autopsy.oom import OomFold
+from sidecar.catalog import catalog
 from sidecar.model import Snapshot
 from sidecar.parse.kernel import (
     KmsgRecord,
@@ -40,6 +43,7 @@ class Parsed:
     oom: OomMemcgLimit | OomSummary | OomKill | None = None
     xid: XidRecord | None = None
     userspace: UserspaceKill | None = None
+    said: tuple[int, str] | None = None  # (pid, catalog id): a kernel record the catalog names
 
 
 class Records:
@@ -48,6 +52,8 @@ class Records:
         self.signals: deque[SignalSent] = deque(maxlen=1024)
         self.userspace: deque[UserspaceKill] = deque(maxlen=256)  # oomd's kernel-log lines
         self.xids: deque[tuple[int, XidRecord]] = deque(maxlen=256)  # (kernel time ns, record)
+        # (kernel time ns, pid, catalog id, text) of the kernel's records of a process's end
+        self.said: deque[tuple[int, int, str, str]] = deque(maxlen=256)
         self.lost_gpus: dict[int, tuple[int, str | None]] = {}  # GPU index -> (first seen lost, name)
         # kernel log records overwritten before they were read: (kernel time ns, how many)
         self.kmsg_losses: deque[tuple[int, int]] = deque(maxlen=256)
@@ -69,6 +75,10 @@ class Records:
         oom = parse_oom_line(record.text)
         if isinstance(oom, (OomMemcgLimit, OomSummary, OomKill)):
             return Parsed(at_ns, record.text, oom=oom)
+        for hit in catalog().part("kernel", deciding=True).scan(record.text):
+            pid = hit.get("pid")
+            if pid is not None and pid.isdigit() and len(pid) < 11:  # a record of one process's end
+                return Parsed(at_ns, record.text, said=(int(pid), hit.message.id))
         return None
 
     def add(self, p: Parsed) -> int | None:
@@ -80,6 +90,9 @@ class Records:
         if p.xid is not None:
             self.xids.append((p.at_ns, p.xid))
             return EVERY_INCIDENT
+        if p.said is not None:
+            self.said.append((p.at_ns, p.said[0], p.said[1], p.text))
+            return p.said[0]
         if p.oom is not None:
             merged = self.ooms.feed(p.oom, p.text, p.at_ns)
             return merged.pid if merged is not None else None

@@ -100,6 +100,13 @@ REQUIREMENTS = {
         lambda: os.geteuid() == 0 and shutil.which("setpriv") is not None and _nobody_python() is not None,
         lambda: "needs root, setpriv and a python3 of this version that user nobody may run with torch",
     ),
+    "exception-trace": (
+        lambda: (
+            Path("/proc/sys/debug/exception-trace").exists()
+            and Path("/proc/sys/debug/exception-trace").read_text().strip() != "0"
+        ),
+        lambda: "needs the kernel to log unhandled faults (sysctl debug.exception-trace=1)",
+    ),
     "kmsg-write": (lambda: os.access("/dev/kmsg", os.W_OK), lambda: "needs write access to /dev/kmsg"),
     "free-memory": (
         lambda: _meminfo()["MemAvailable"] >= 6 * GIB,

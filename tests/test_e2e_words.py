@@ -92,3 +92,32 @@ def test_a_bus_error_in_a_small_dev_shm_is_named_live_and_from_its_logs(tmp_path
     # the logs show the DataLoader's message but not /dev/shm's size: named, but not certain
     assert offline["killer"]["kind"] == "bus_error", offline["killer"]
     assert live["victim"]["rank"] == offline["victim"]["rank"] == 1
+
+
+@pytest.mark.root
+@requires("root", "exception-trace")  # dmesg; the kernel logging unhandled faults
+def test_the_kernels_own_segfault_record_names_the_rank(tmp_path):
+    """With no handler of its own (faulthandler off), the rank's SIGSEGV is logged by the
+    kernel as "python[PID]: segfault at ..."; the catalog reads that record on the live
+    path (the kernel log) and in diagnose (the same record pasted beside the job's output),
+    certain either way: the kernel names the pid."""
+    live, _, _ = _run_and_diagnose(tmp_path, "--segfault-rank=1", "--raise-after=2", "--segfault-unhandled=1")
+    assert live["killer"]["kind"] == "segfault" and live["killer"]["confidence"] == "certain", live["killer"]
+    pid = live["victim"]["pid"]
+    records = [e["detail"] for e in live["killer"]["evidence"] if f"[{pid}]: segfault at" in e["detail"]]
+    assert records, live["killer"]  # the kernel's record, read from /dev/kmsg, is the evidence
+    kernel = subprocess.run(["dmesg"], capture_output=True, text=True, check=True).stdout
+    mine = [line for line in kernel.splitlines() if f"[{pid}]: segfault at" in line]
+    assert mine, "the kernel logged no segfault record for the rank"
+    log = tmp_path / "job.log"
+    offline = subprocess.run(
+        [sys.executable, "-m", "sidecar", "diagnose", "--format", "json", str(log), "-"],
+        input=mine[-1] + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    doc = json.loads(offline.stdout)
+    assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("segfault", "certain"), doc["killer"]
+    assert "the kernel's own record names the pid" in doc["killer"]["summary"]

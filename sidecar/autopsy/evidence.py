@@ -221,6 +221,10 @@ class Evidence:
     flight_enabled: bool | None = None
     shm: tuple[int, int] | None = None  # the ranks' /dev/shm: (size, used) bytes, in their mount namespace
     xids: tuple[tuple[int, XidRecord], ...] = ()  # (monotonic ns, record) of NVRM Xid kernel records
+    # the kernel's own records of a process's end that the emitter catalog names and that
+    # name the pid ("python[4242]: segfault at 0 ip ..."): (monotonic ns, pid, catalog id,
+    # the record's text)
+    kernel_said: tuple[tuple[int, int, str, str], ...] = ()
     # GPUs NVML reports lost (NVML_ERROR_GPU_IS_LOST: off the bus): (monotonic ns first seen
     # lost, index, name)
     lost_gpus: tuple[tuple[int, int, str | None], ...] = ()

@@ -37,8 +37,9 @@ from sidecar.autopsy.evidence import (
     rank_name,
     signal_name,
 )
-from sidecar.autopsy.said import WAITING, findings_of, from_output, gpu_fault
+from sidecar.autopsy.said import WAITING, findings_of, fits, from_output, gpu_fault
 from sidecar.autopsy.senders import slurm_detail, tool_of, words
+from sidecar.catalog import catalog
 from sidecar.model import Confidence, Fate, Kind
 
 __all__ = ["autopsy"]
@@ -54,6 +55,27 @@ def _oom_for(rank: RankState, kernel: tuple[KernelOom, ...]) -> KernelOom | None
     pids = {rank.pid, *rank.ns_pids}
     matches = [k for k in kernel if k.pid in pids and abs(k.at_ns - rank.died_ns) <= OOM_RECORD_WINDOW_NS]
     return min(matches, key=lambda k: abs(k.at_ns - (rank.died_ns or 0))) if matches else None
+
+
+def _kernel_record(victim: RankState, ev: Evidence) -> tuple[Kind, Confidence, str, EvidenceItem] | None:
+    """The kernel's own record of this pid's end that the catalog names (``python[4242]:
+    segfault at 0 ip ...``), when its kind can have ended the rank the way it ended: the
+    kernel wrote it as it delivered the signal, first-hand for that pid."""
+    pids = (victim.pid, *victim.ns_pids)
+    for at_ns, pid, ident, text in ev.kernel_said:
+        message = catalog().by_id.get(ident)
+        if pid not in pids or message is None or not fits(message.kind, victim.signal, victim.status):
+            continue
+        who = rank_name(victim.label, victim.pid, ev.from_logs)
+        confidence = message.confidence if message.first_hand else Confidence.LIKELY
+        fields = next((h.fields for h in catalog().scan(text) if h.message.id == ident), ())
+        return (
+            message.kind or Kind.UNKNOWN,
+            confidence,
+            f"{who}: {message.said(fields)}; the kernel's own record names the pid.",
+            EvidenceItem("kmsg", at_ns if not ev.from_logs else None, text),
+        )
+    return None
 
 
 def _timeout_elsewhere(victim: RankState, ev: Evidence) -> tuple[str | None, str] | None:
@@ -402,6 +424,11 @@ def _victim_verdict(
     if told is not None:
         facts.update(told_facts)
         return told
+    recorded = _kernel_record(victim, ev)
+    if recorded is not None:
+        kind, confidence, summary, item = recorded
+        items.append(item)
+        return kind, confidence, summary
     sig = victim.signal
     sure = Confidence.CERTAIN if fault else Confidence.LIKELY
     if sig == _signal.SIGSEGV:

@@ -19,7 +19,6 @@ What a copy adds and what it breaks, undone here:
 
 from __future__ import annotations
 
-import itertools
 import re
 
 from sidecar.catalog import Catalog, catalog
@@ -123,18 +122,88 @@ def _unwrap_fixed(lines: list[str]) -> list[str]:
     return out
 
 
+class _Edges:
+    """Which breaks a catalog message's literal words could cross: for every literal run
+    of every pattern, each way to cut it in two (head, tail), the whole run with an empty
+    tail among them. A break is a candidate when the text before it ends with a head and
+    the text after it starts with that head's tail; only then is the catalog searched
+    across it. A message whose words all lie on
+    one side of a break cannot be the reason to join it."""
+
+    def __init__(self, cat: Catalog) -> None:
+        self.tails: dict[str, list[str]] = {}
+        for m in cat.messages:
+            for run in _literal_runs(m.pattern):
+                for i in range(1, len(run) + 1):  # a whole run before the break: the message may go on
+                    self.tails.setdefault(run[:i], []).append(run[i:])
+        self.longest = max((len(head) for head in self.tails), default=0)
+
+    def crossed(self, before: str, after: str) -> bool:
+        for i in range(1, min(self.longest, len(before)) + 1):
+            tails = self.tails.get(before[-i:])
+            if tails is not None and any(after.startswith(t) for t in tails):
+                return True
+        return False
+
+
+def _literal_runs(pattern: re.Pattern[str]) -> list[str]:
+    """The runs of literal characters (4 or more) anywhere in a pattern, case as written."""
+    try:
+        from re import _parser as parser  # type: ignore[attr-defined]
+    except ImportError:  # pragma: no cover - before 3.11
+        import sre_parse as parser
+    try:
+        tree = parser.parse(pattern.pattern, pattern.flags)
+    except Exception:  # a parser detail changed: no run known
+        return []
+    runs: list[str] = []
+
+    def walk(items: object) -> None:
+        run: list[str] = []
+        for op, arg in items:  # type: ignore[attr-defined]
+            if op is parser.LITERAL:
+                run.append(chr(arg))
+                continue
+            runs.append("".join(run))
+            run = []
+            if op is parser.SUBPATTERN:
+                walk(arg[3])
+            elif op is parser.BRANCH:
+                for alternative in arg[1]:
+                    walk(alternative)
+            elif op in (parser.MAX_REPEAT, parser.MIN_REPEAT):
+                walk(arg[2])
+        runs.append("".join(run))
+
+    walk(tree)
+    return [r for r in runs if len(r) >= 4]
+
+
+_EDGES: dict[int, _Edges] = {}
+
+
+def _edges(cat: Catalog) -> _Edges:
+    edges = _EDGES.get(id(cat))
+    if edges is None:
+        edges = _EDGES[id(cat)] = _Edges(cat)
+    return edges
+
+
 def _run(cat: Catalog, before: str, after: list[str]) -> tuple[int, str] | None:
     """How many of the lines ``after`` continue ``before`` (a message runs across the
     break after it when the first 1..RUN_MAX of them are joined to it), and the glue: ""
     when the break fell inside a word or kept its space, " " when the copy dropped it."""
-    if len(before) >= LINE_MAX:
+    if len(before) >= LINE_MAX or not after or not after[0]:
+        return None
+    spaced = before.endswith(" ") or after[0].startswith(" ")
+    glues = [g for g in (("",) if spaced else ("", " ")) if _edges(cat).crossed(before + g, after[0])]
+    if not glues:  # no message's words run across this break: the common case, cheap
         return None
     for count in range(1, len(after) + 1):
         parts = [before, *after[:count]]
         if not parts[-1] or len(parts[-1]) >= LINE_MAX:
             return None
-        spaced = any(p.endswith(" ") or q.startswith(" ") for p, q in itertools.pairwise(parts))
-        for glue in ("",) if spaced else ("", " "):
+        for glue in glues:
             if _crossing(cat, parts, glue):
                 return count, glue
     return None

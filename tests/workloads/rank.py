@@ -147,6 +147,9 @@ def main() -> int:
     )
     ap.add_argument("--segfault-rank", type=int, default=-1, help="this rank dereferences NULL")
     ap.add_argument(
+        "--segfault-unhandled", type=int, default=0, help="1: with no SIGSEGV handler (not faulthandler's)"
+    )
+    ap.add_argument(
         "--abort-rank", type=int, default=-1, help="this rank calls abort() once --abort-file exists"
     )
     ap.add_argument("--abort-file", default=None)
@@ -298,6 +301,12 @@ def main() -> int:
             libc.free(block)  # glibc: "free(): double free detected in tcache 2", then abort()
         if rank == args.segfault_rank and restart == 0 and elapsed > args.raise_after:
             import ctypes
+            import faulthandler
+            import signal
+
+            if args.segfault_unhandled:  # the kernel then logs its own "segfault at" record
+                faulthandler.disable()
+                signal.signal(signal.SIGSEGV, signal.SIG_DFL)
 
             ctypes.string_at(0)  # SIGSEGV
         if rank == args.loader_rank and restart == 0 and elapsed > args.raise_after:
