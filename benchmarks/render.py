@@ -276,7 +276,7 @@ def deaths() -> str:
     return "\n".join(out) + "\n"
 
 
-def _pct(right: int, of: int) -> str:
+def _share(right: int, of: int) -> str:
     return f"{100 * right / of:.0f} %" if of else "-"
 
 
@@ -302,14 +302,14 @@ def diagnose() -> str:
     for name, h in (("dev", dev), ("held_out", held)):
         out.append(
             f"| {name} | {h['cases']} | {h['right']} | {h['decisive']} |"
-            f" {h['decisive_right']} ({_pct(h['decisive_right'], h['decisive'])}) | {h['confident_wrong']} |"
+            f" {h['decisive_right']} ({_share(h['decisive_right'], h['decisive'])}) | {h['confident_wrong']} |"
         )
     unseen = r["halves"].get("held_out_unseen")
     if unseen:
         out.append(
-            f"| held_out, collected after the split (read by no one writing rules) | {unseen['cases']} |"
+            f"| held_out, collected after the split (no case text read while writing rules) | {unseen['cases']} |"
             f" {unseen['right']} | {unseen['decisive']} | {unseen['decisive_right']}"
-            f" ({_pct(unseen['decisive_right'], unseen['decisive'])}) | {unseen['confident_wrong']} |"
+            f" ({_share(unseen['decisive_right'], unseen['decisive'])}) | {unseen['confident_wrong']} |"
         )
     out += [
         "",
