@@ -111,7 +111,8 @@ def _rank_sample(
         restart=tracked.restart,
         key=tracked.key,
         rss_bytes=read.rss_bytes,
-        peak_rss_bytes=read.peak_rss_bytes,
+        # VmHWM is the detailed round's, RSS may be a later statm: the mark is at least it
+        peak_rss_bytes=None if read.peak_rss_bytes is None else max(read.peak_rss_bytes, read.rss_bytes),
         cpu_seconds=read.cpu_seconds,
         threads=read.threads,
         tree_rss_bytes=read.tree_rss_bytes,

@@ -272,7 +272,7 @@ def logs_rules(
             f"the victim{tail}.",
             items,
         )
-    told = _catalog_says(v, g, death) if weak else None
+    told = _catalog_says(v, g, k, death) if weak else None
     if told is not None:
         hit, confidence = told
         m = hit.message
@@ -368,7 +368,9 @@ def logs_rules(
 _RANKED = {Confidence.CERTAIN: 0, Confidence.LIKELY: 1, Confidence.POSSIBLE: 2}
 
 
-def _catalog_says(v: Verdict, g: LogRecords, death: float | None) -> tuple[Hit, Confidence] | None:
+def _catalog_says(
+    v: Verdict, g: LogRecords, k: KernelRecords, death: float | None
+) -> tuple[Hit, Confidence] | None:
     """The message of a launcher, the kernel, a shell or a scheduler that decides how the
     victim died: one whose kind can have ended it the way it ended, that is not about
     another pid, and not far in time from the death. A mechanism before a symptom before a
@@ -384,6 +386,10 @@ def _catalog_says(v: Verdict, g: LogRecords, death: float | None) -> tuple[Hit, 
         if not m.decides or not fits(m.kind, victim.signal, victim.status) or _far(at, death):
             continue
         if pid is not None and pid.isdigit() and victim.pid and int(pid) != victim.pid:
+            continue
+        if m.channel == "kernel" and pid is None and k.ooms:
+            # a kernel record that names no process (an OOM report's call trace) belongs to
+            # one of the kills the log names, and none of them is this rank's
             continue
         named = pid is not None and pid.isdigit() and victim.pid == int(pid)
         ceiling = (
