@@ -3,7 +3,10 @@ logs can say and cannot. A SIGKILL nothing explains is ``unknown`` unless a kern
 given (then ``external_signal``, ``possible``); a scheduler's own record (Slurm's oom-kill
 event, Kubernetes' OOMKilled or eviction, Ray's memory monitor, a time limit) explains a
 SIGKILL at ``likely``; a torchrun agent that says it was signalled is ``external_signal``;
-a record ties to the death only when both have a wall-clock time and they are close. When
+a record ties to the death only when both have a wall-clock time and they are close; a
+message of the emitter catalog from a launcher's, a shell's, a scheduler's or the kernel's
+lines decides what is still weak (``_catalog_says``: likely at most unless it names the pid,
+possible for a report of what happened elsewhere). When
 the logs cannot decide, the rules say what to collect next time. Also the types the
 offline path fills from the logs' text (``LogRank``, ``LogRecords``, ``KernelRecords``).
 """

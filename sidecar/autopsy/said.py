@@ -1,7 +1,10 @@
 """What the dead rank's own words and the GPU say: its watchdog's or its backend's timeout,
 a CUDA OOM, a shared-memory bus error, an exception (from its output and error file, so
-first-hand), and NVRM Xid records or a GPU NVML reports lost near the death. The rules
-(``rules.py``) ask these before they fall back on signals and counters.
+first-hand), any message of the emitter catalog that names how it ended (a mechanism before
+a symptom, a report of what happened elsewhere last and only as possible; none whose kind
+cannot have ended it the way it ended: ``fits``), and NVRM Xid records or a GPU NVML
+reports lost near the death. The rules (``rules.py``) ask these before they fall back on
+signals and counters.
 """
 
 from __future__ import annotations
