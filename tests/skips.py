@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import platform
 import shutil
 import sys
 from pathlib import Path
@@ -99,6 +100,10 @@ REQUIREMENTS = {
     "other-user": (
         lambda: os.geteuid() == 0 and shutil.which("setpriv") is not None and _nobody_python() is not None,
         lambda: "needs root, setpriv and a python3 of this version that user nobody may run with torch",
+    ),
+    "glibc": (
+        lambda: platform.libc_ver()[0] == "glibc",
+        lambda: "needs the GNU C library (its malloc names a double free before it aborts)",
     ),
     "exception-trace": (
         lambda: (

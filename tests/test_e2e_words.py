@@ -65,11 +65,12 @@ def test_a_segfault_is_named_live_and_from_its_logs(tmp_path):
     _both(live, offline, "segfault", 1)
 
 
+@requires("glibc")  # another C library detects a double free in its own words, or not at all
 def test_an_abort_by_the_c_library_is_named_live_and_from_its_logs(tmp_path):
     """glibc finds a block freed twice, says so on the rank's stderr and calls abort()."""
     live, offline, output = _run_and_diagnose(tmp_path, "--double-free-rank=1", "--raise-after=2")
-    assert "double free" in output, output[-3000:]
     _both(live, offline, "abort", 1)
+    assert "double free" in output, output[-3000:]
     for doc in (live, offline):  # the C library's own words are the evidence
         assert any("double free" in e["detail"] for e in doc["killer"]["evidence"]), doc["killer"]
 
