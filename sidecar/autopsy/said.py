@@ -353,7 +353,9 @@ def _from_catalog(
 ) -> tuple[Kind, Confidence, str]:
     """A catalog message's verdict: its kind, at the lower of its ceiling and what the line's
     attribution to the rank allows (never certain when it is not first-hand)."""
-    message = catalog().by_id[f.get("id") or ""]
+    message = catalog().by_id.get(f.get("id") or "")
+    if message is None:  # a finding from a catalog this process no longer holds
+        return Kind.UNKNOWN, Confidence.POSSIBLE, f"{who}: {f.line}"
     ceiling = Confidence(f.get("ceiling") or "possible")
     if not message.first_hand and ceiling == Confidence.CERTAIN:
         ceiling = Confidence.LIKELY

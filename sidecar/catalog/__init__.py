@@ -32,7 +32,17 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - 3.10
     import tomli as tomllib  # type: ignore[no-redef, import-not-found, unused-ignore]
 
-__all__ = ["CHANNELS", "LAYERS", "Catalog", "CatalogError", "Hit", "Message", "catalog", "load"]
+__all__ = [
+    "CHANNELS",
+    "LAYERS",
+    "Catalog",
+    "CatalogError",
+    "Hit",
+    "Message",
+    "catalog",
+    "literal_runs",
+    "load",
+]
 
 log = logging.getLogger(__name__)
 
@@ -158,18 +168,54 @@ def _hit(m: Message, line: str, found: re.Match[str]) -> Hit:
     return Hit(m, line, tuple((k, v) for k, v in found.groupdict().items() if v is not None))
 
 
-def _anchors(pattern: re.Pattern[str]) -> tuple[str, ...]:
-    """Literal words one of which every match of ``pattern`` contains: the longest run of
-    literal characters of its top level (or of a plain group in it), or, for alternatives,
-    one such run from each alternative. () when the pattern has none (it is then searched
-    in every line). Lower-case when the pattern ignores case."""
+def _parse(pattern: re.Pattern[str]) -> Any:
+    """The parsed form of a compiled pattern (the re module's own parser), None when that
+    parser's details differ from what is read here."""
     try:
         from re import _parser as parser  # type: ignore[attr-defined]
     except ImportError:  # pragma: no cover - before 3.11
         import sre_parse as parser
     try:
-        tree = parser.parse(pattern.pattern, pattern.flags)
-    except Exception:  # a parser detail changed: scan without an anchor
+        return parser, parser.parse(pattern.pattern, pattern.flags)
+    except Exception:  # a parser detail changed: no literal words known
+        return parser, None
+
+
+def literal_runs(pattern: re.Pattern[str], shortest: int = 4) -> list[str]:
+    """Every run of literal characters (``shortest`` or longer) anywhere in a pattern, in
+    optional parts and alternatives too, case as written."""
+    parser, tree = _parse(pattern)
+    runs: list[str] = []
+
+    def walk(items: Any) -> None:
+        run: list[str] = []
+        for op, arg in items:
+            if op is parser.LITERAL:
+                run.append(chr(arg))
+                continue
+            runs.append("".join(run))
+            run = []
+            if op is parser.SUBPATTERN:
+                walk(arg[3])
+            elif op is parser.BRANCH:
+                for alternative in arg[1]:
+                    walk(alternative)
+            elif op in (parser.MAX_REPEAT, parser.MIN_REPEAT):
+                walk(arg[2])
+        runs.append("".join(run))
+
+    if tree is not None:
+        walk(tree)
+    return [r for r in runs if len(r) >= shortest]
+
+
+def _anchors(pattern: re.Pattern[str]) -> tuple[str, ...]:
+    """Literal words one of which every match of ``pattern`` contains: the longest run of
+    literal characters of its top level (or of a plain group in it), or, for alternatives,
+    one such run from each alternative. () when the pattern has none (it is then searched
+    in every line). Lower-case when the pattern ignores case."""
+    parser, tree = _parse(pattern)
+    if tree is None:
         return ()
 
     def best(candidates: list[tuple[str, ...]]) -> tuple[str, ...]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from sidecar.catalog import Catalog, catalog
+from sidecar.catalog import Catalog, catalog, literal_runs
 
 __all__ = ["plain"]
 
@@ -133,7 +133,7 @@ class _Edges:
     def __init__(self, cat: Catalog) -> None:
         self.tails: dict[str, list[str]] = {}
         for m in cat.messages:
-            for run in _literal_runs(m.pattern):
+            for run in literal_runs(m.pattern):
                 for i in range(1, len(run) + 1):  # a whole run before the break: the message may go on
                     self.tails.setdefault(run[:i], []).append(run[i:])
         self.longest = max((len(head) for head in self.tails), default=0)
@@ -144,39 +144,6 @@ class _Edges:
             if tails is not None and any(after.startswith(t) for t in tails):
                 return True
         return False
-
-
-def _literal_runs(pattern: re.Pattern[str]) -> list[str]:
-    """The runs of literal characters (4 or more) anywhere in a pattern, case as written."""
-    try:
-        from re import _parser as parser  # type: ignore[attr-defined]
-    except ImportError:  # pragma: no cover - before 3.11
-        import sre_parse as parser
-    try:
-        tree = parser.parse(pattern.pattern, pattern.flags)
-    except Exception:  # a parser detail changed: no run known
-        return []
-    runs: list[str] = []
-
-    def walk(items: object) -> None:
-        run: list[str] = []
-        for op, arg in items:  # type: ignore[attr-defined]
-            if op is parser.LITERAL:
-                run.append(chr(arg))
-                continue
-            runs.append("".join(run))
-            run = []
-            if op is parser.SUBPATTERN:
-                walk(arg[3])
-            elif op is parser.BRANCH:
-                for alternative in arg[1]:
-                    walk(alternative)
-            elif op in (parser.MAX_REPEAT, parser.MIN_REPEAT):
-                walk(arg[2])
-        runs.append("".join(run))
-
-    walk(tree)
-    return [r for r in runs if len(r) >= 4]
 
 
 _EDGES: dict[int, _Edges] = {}
