@@ -281,7 +281,7 @@ def logs_rules(
         m = hit.message
         items.append(EvidenceItem(m.emitter, None, hit.line))
         items.append(EvidenceItem("catalog", None, f"{m.id}: {m.mechanism}"))
-        return _with(v, m.kind or Kind.UNKNOWN, confidence, f"{who}: {m.said(hit.fields)}.", items)
+        return _with(v, m.kind or Kind.UNKNOWN, confidence, m.told(who, hit.fields), items)
     if v.kind == Kind.BUS_ERROR and v.facts.shm_exhausted:
         # the DataLoader's message guesses /dev/shm; only the daemon can measure it
         collect.append(

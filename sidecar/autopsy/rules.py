@@ -72,7 +72,7 @@ def _kernel_record(victim: RankState, ev: Evidence) -> tuple[Kind, Confidence, s
         return (
             message.kind or Kind.UNKNOWN,
             confidence,
-            f"{who}: {message.said(fields)}; the kernel's own record names the pid.",
+            message.told(who, fields)[:-1] + "; the kernel's own record names the pid.",
             EvidenceItem("kmsg", at_ns if not ev.from_logs else None, text),
         )
     return None

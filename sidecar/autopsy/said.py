@@ -362,4 +362,4 @@ def _from_catalog(
     sure = max(ceiling, confidence, key=lambda c: _ORDER[c.value])
     items.append(_cited(f))
     items.append(EvidenceItem("catalog", None, f"{message.id}: {message.mechanism}"))
-    return message.kind or Kind.UNKNOWN, sure, f"{who}: {message.said(f.fields)}."
+    return message.kind or Kind.UNKNOWN, sure, message.told(who, f.fields)

@@ -95,6 +95,14 @@ class Message:
         text = re.sub(r"\(\s*\)|\[\s*\]", "", text)
         return re.sub(r" {2,}", " ", text).strip().rstrip(":,").strip()
 
+    def told(self, who: str, fields: tuple[tuple[str, str], ...] | dict[str, str]) -> str:
+        """The verdict's sentence: ``who`` (a rank, a pid) and what the message says of it;
+        a ``says`` about "the process" is said of ``who`` itself."""
+        said = self.said(fields)
+        if said.startswith("the process "):
+            return f"{who} {said[len('the process ') :]}."
+        return f"{who}: {said}."
+
     @property
     def decides(self) -> bool:
         """It names a killer: a mechanism or a symptom with a kind, or a report of what
