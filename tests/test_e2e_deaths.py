@@ -121,9 +121,16 @@ def test_cgroup_oom_is_named_with_certainty(tmp_path):
             )
             assert doc["memory"]["cgroup"]["limit_bytes"] == int(1.5 * GIB)
             assert doc["memory"]["cgroup"]["oom_kills"] == 1
-            # what filled the limit: the growing rank's heap, anonymous memory
+            # what filled the limit: the growing rank's heap, anonymous memory. The split is the
+            # last round's: it dominates the charge, and was read on the approach to the limit
+            # (over half of the usage at the kill; a round late by a starved sampler on this
+            # 2-core machine has been 0.65 of it at 640 MiB/s, so no tighter bound is a fact)
             charge = doc["memory"]["cgroup"]["charge"]
-            assert charge["anon_bytes"] > 0.8 * doc["memory"]["cgroup"]["usage_bytes_at_death"], charge
+            parts = (
+                charge["anon_bytes"] + charge["file_bytes"] + charge["shmem_bytes"] + charge["kernel_bytes"]
+            )
+            assert charge["anon_bytes"] > 0.8 * parts, charge
+            assert charge["anon_bytes"] > 0.5 * doc["memory"]["cgroup"]["usage_bytes_at_death"], charge
             assert charge["shmem_bytes"] < 64 << 20, charge
             assert doc["timeline"], "the memory curve before death"
             assert any("limit" in a for a in doc["advice"])
