@@ -5,7 +5,6 @@ real public logs, which never come from a held-out thread of the corpus."""
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -149,10 +148,36 @@ def test_the_share_of_entries_with_a_real_public_log_does_not_fall():
     assert sum(1 for m in certain if m.real) >= 0.6 * len(certain), [m.id for m in certain if not m.real]
 
 
-def test_a_scan_is_bounded_on_hostile_lines():
-    """Patterns are bounded: a long line of the characters they repeat on, or a line that
-    nearly matches everything, is scanned in well under a second (a catastrophic pattern
-    takes minutes)."""
+def _unbounded(items: object) -> list[str]:
+    """The repeats of a parsed pattern with no upper bound (``*``, ``+``, ``{n,}``)."""
+    from re import _parser as parser  # type: ignore[attr-defined]
+
+    found = []
+    for op, arg in items:  # type: ignore[attr-defined]
+        if op in (parser.MAX_REPEAT, parser.MIN_REPEAT):
+            if arg[1] == parser.MAXREPEAT:
+                found.append(str(op))
+            found += _unbounded(arg[2])
+        elif op is parser.SUBPATTERN:
+            found += _unbounded(arg[3])
+        elif op is parser.BRANCH:
+            for alternative in arg[1]:
+                found += _unbounded(alternative)
+    return found
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=IDS)
+def test_a_pattern_repeats_nothing_without_bound(message: Message):
+    """Logs are hostile input: every repeat in a pattern has an upper bound (README), so no
+    line can make a scan backtrack without end."""
+    from re import _parser as parser  # type: ignore[attr-defined]
+
+    assert not _unbounded(parser.parse(message.pattern.pattern, message.pattern.flags)), message.id
+
+
+def test_hostile_lines_are_scanned():
+    """Long lines of the characters patterns repeat on, and a line holding every message's
+    words, are scanned to an answer (bounded patterns: the test above)."""
     cat = catalog()
     hostile = [
         "a" * 100_000,
@@ -163,10 +188,8 @@ def test_a_scan_is_bounded_on_hostile_lines():
         "Killed process " + "9" * 10_000,
         "".join(m.anchors[0] for m in cat.messages)[:4096],
     ]
-    start = time.process_time()
     for line in hostile:
-        cat.scan(line)
-    assert time.process_time() - start < 5
+        assert isinstance(cat.scan(line), list)
 
 
 def test_a_bad_catalog_file_is_one_clear_error():

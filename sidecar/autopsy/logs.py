@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.autopsy.evidence import EvidenceItem, KernelOom, UserspaceKill, Verdict, rank_name, signal_name
-from sidecar.autopsy.said import fits
+from sidecar.autopsy.said import fits, precedence, weaker
 from sidecar.catalog import Hit
 from sidecar.model import Confidence, Fate, Kind
 from sidecar.parse.jobs import JobRecord
@@ -368,21 +368,17 @@ def logs_rules(
     return v
 
 
-_RANKED = {Confidence.CERTAIN: 0, Confidence.LIKELY: 1, Confidence.POSSIBLE: 2}
-
-
 def _catalog_says(
     v: Verdict, g: LogRecords, k: KernelRecords, death: float | None
 ) -> tuple[Hit, Confidence] | None:
     """The message of a launcher, the kernel, a shell or a scheduler that decides how the
     victim died: one whose kind can have ended it the way it ended, that is not about
     another pid, and not far in time from the death. A mechanism before a symptom before a
-    report (possible at most), a first-hand word before another's, any kind before an
-    abort, then the higher ceiling. Its confidence is its
+    report (possible at most), then ``said.precedence``. Its confidence is its
     ceiling when it names the victim's pid, else at most likely (it names a container, a
     step or nobody)."""
     victim = v.victim
-    found: list[tuple[int, bool, int, int, int, Hit, Confidence]] = []
+    found: list[tuple[int, tuple[bool, bool, bool, int], int, Hit, Confidence]] = []
     for hit, at in g.said:
         m = hit.message
         pid = hit.get("pid")
@@ -395,19 +391,13 @@ def _catalog_says(
             # one of the kills the log names, and none of them is this rank's
             continue
         named = pid is not None and pid.isdigit() and victim.pid == int(pid)
-        ceiling = (
-            m.confidence
-            if (named and m.first_hand)
-            else max(m.confidence, Confidence.LIKELY, key=lambda c: _RANKED[c])
-        )
+        ceiling = m.confidence if (named and m.first_hand) else weaker(m.confidence, Confidence.LIKELY)
         if m.layer == "report":  # what happened elsewhere decides last, and only as possible
             ceiling = Confidence.POSSIBLE
         found.append(
             (
                 ("mechanism", "symptom", "report").index(m.layer),
-                not m.first_hand,
-                2 * m.generic + (m.kind == Kind.ABORT),
-                _RANKED[ceiling],
+                precedence(m, ceiling),
                 len(found),
                 hit,
                 ceiling,
@@ -415,8 +405,8 @@ def _catalog_says(
         )
     if not found:
         return None
-    best = min(found, key=lambda t: t[:5])
-    return best[5], best[6]
+    best = min(found, key=lambda t: t[:3])
+    return best[3], best[4]
 
 
 def _death_time(v: Verdict, g: LogRecords) -> float | None:

@@ -13,12 +13,12 @@ import signal as _signal
 from typing import Any
 
 from sidecar.autopsy.evidence import Evidence, EvidenceItem, RankState, rank_label, rank_name
-from sidecar.catalog import catalog
+from sidecar.catalog import Message, catalog
 from sidecar.model import Confidence, Kind
 from sidecar.parse.kernel import GPU_FAULT_XIDS
 from sidecar.parse.ranks import Finding
 
-__all__ = ["WAITING", "findings_of", "fits", "from_output", "gpu_fault", "strongest"]
+__all__ = ["WAITING", "findings_of", "fits", "from_output", "gpu_fault", "precedence", "strongest", "weaker"]
 
 
 WAITING = ("nccl_timeout", "gloo_timeout", "peer_closed", "nccl_aborted")
@@ -279,7 +279,22 @@ def from_output(
     return None
 
 
-_ORDER = {Confidence.CERTAIN.value: 0, Confidence.LIKELY.value: 1, Confidence.POSSIBLE.value: 2}
+_ORDER = {Confidence.CERTAIN: 0, Confidence.LIKELY: 1, Confidence.POSSIBLE: 2}
+
+
+def weaker(a: Confidence, b: Confidence) -> Confidence:
+    return max(a, b, key=_ORDER.__getitem__)
+
+
+def precedence(message: Message, ceiling: Confidence) -> tuple[bool, bool, bool, int]:
+    """How a catalog message ranks among others of its layer about one death (lower first):
+    a first-hand one before another's word, a specific message before a generic one (any
+    exception's last line, any terminate: the catalog's ``generic``), any kind before an
+    abort (SIGABRT is how a process ends when something it found fatal calls abort()), then
+    the higher confidence it may carry. Both paths (the rank's output here, other lines in
+    ``logs.py``) rank by it."""
+    return (not message.first_hand, message.generic, message.kind == Kind.ABORT, _ORDER[ceiling])
+
 
 # How each killer ends a process: the signals (or an exit status, 0 here) it can leave. A
 # message whose kind cannot end the process the way it ended is about something else (an
@@ -329,23 +344,16 @@ def fits(kind: Kind | None, signal: int | None, status: int | None) -> bool:
 
 
 def strongest(said: list[Finding], layer: str) -> Finding | None:
-    """Of the catalog's messages found, the one of ``layer`` that decides: a first-hand one
-    before another's word, a specific message before a generic one (any exception's last
-    line, any terminate: the catalog's ``generic``), any kind before an abort (SIGABRT is
-    how a process ends when something it found fatal calls abort()), then the higher
-    confidence it may carry alone, then the first said."""
-    found = [f for f in said if f.get("layer") == layer and f.get("said_kind")]
+    """Of the catalog's messages found, the one of ``layer`` that decides (``precedence``;
+    the first said among equals)."""
+    found = [
+        (f, m)
+        for f in said
+        if f.get("layer") == layer and f.get("said_kind") and (m := catalog().by_id.get(f.get("id") or ""))
+    ]
     if not found:
         return None
-    return min(
-        found,
-        key=lambda f: (
-            not f.get("first_hand"),
-            bool(f.get("generic")),  # any exception, any terminate: a specific message is better
-            f.get("said_kind") == Kind.ABORT.value,  # SIGABRT is how something found fatal ends
-            _ORDER.get(f.get("ceiling") or "", 3),
-        ),
-    )
+    return min(found, key=lambda fm: precedence(fm[1], Confidence(fm[0].get("ceiling") or "possible")))[0]
 
 
 def _from_catalog(
@@ -359,7 +367,7 @@ def _from_catalog(
     ceiling = Confidence(f.get("ceiling") or "possible")
     if not message.first_hand and ceiling == Confidence.CERTAIN:
         ceiling = Confidence.LIKELY
-    sure = max(ceiling, confidence, key=lambda c: _ORDER[c.value])
+    sure = weaker(ceiling, confidence)
     items.append(_cited(f))
     items.append(EvidenceItem("catalog", None, f"{message.id}: {message.mechanism}"))
     return message.kind or Kind.UNKNOWN, sure, message.told(who, f.fields)

@@ -303,7 +303,5 @@ def said_fields(hit: Hit) -> tuple[tuple[str, str], ...]:
         ("said_kind", m.kind.value if m.kind else ""),
         ("layer", m.layer),
         ("ceiling", m.confidence.value),
-        ("first_hand", "1" if m.first_hand else ""),
-        ("generic", "1" if m.generic else ""),
         *hit.fields,
     )
