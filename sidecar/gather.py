@@ -354,10 +354,12 @@ class Gatherer:
         on = any(buffer > 0 for buffer, _ in known)
         return (summarise(dumps, tuple(sorted(world))) if dumps else None), on
 
-    def _shm(self, inc: Incident) -> tuple[int, int] | None:
+    def _shm(self, inc: Incident) -> tuple[int, int, float | None] | None:
         """/dev/shm as the job sees it (its own mount namespace: a container's, or a
-        private tmpfs), through a live process of the job: (size, used) bytes, read once
-        (the later rewrites of the postmortem find the job gone)."""
+        private tmpfs): (size, used) bytes and how long before the first death it was read
+        (None: read now, through a live process of the job). Read once (the later rewrites
+        of the postmortem find the job gone). A job torn down before this round is read as
+        the sampler last saw it."""
         if inc.shm is not None:
             return inc.shm
         for pid in [*inc.ranks, inc.gen.agent_pid]:
@@ -365,9 +367,15 @@ class Gatherer:
                 st = saferead.statvfs_in_root(self.proc_root, pid, "/dev/shm")
             except (OSError, saferead.Refused):
                 continue
-            inc.shm = st.f_blocks * st.f_frsize, (st.f_blocks - st.f_bfree) * st.f_frsize
+            inc.shm = st.f_blocks * st.f_frsize, (st.f_blocks - st.f_bfree) * st.f_frsize, None
             return inc.shm
-        return None
+        before = inc.snapshot_before
+        sampled = next((j.shm for j in before.jobs if j.key == inc.gen.job), None) if before else None
+        if sampled is not None:
+            size, used, at = sampled
+            first = min((ns for _, ns, _ in inc.deaths.values()), default=None)
+            inc.shm = size, used, None if first is None else max(0.0, first / 1e9 - at)
+        return inc.shm
 
     def _agent_log(
         self, inc: Incident, texts: list[tuple[str | None, str]]

@@ -80,7 +80,9 @@ class Incident:
     host_oom_before: int | None = None
     cgroup_oom_before: dict[str, int] = field(default_factory=dict)
     snapshot_before: Snapshot | None = None
-    shm: tuple[int, int] | None = None  # the job's /dev/shm, read while a process of it lived
+    # the job's /dev/shm, read while a process of it lived: (size, used, seconds before the
+    # first death it was read, None when read at the autopsy)
+    shm: tuple[int, int, float | None] | None = None
     stall: dict[str, Any] | None = None  # the snapshot taken when the job stalled (stalls.py)
     # judged after a restart of the daemon: (when the state was last saved, when it came back), wall
     reconstructed: tuple[float, float] | None = None
@@ -141,7 +143,7 @@ class Reads:
     oomd: list[UserspaceKill]
     flight: FlightVerdict | None
     flight_on: bool | None
-    shm: tuple[int, int] | None
+    shm: tuple[int, int, float | None] | None
     skipped: tuple[str, ...] = ()  # job-named files not read, each with why
 
     @classmethod

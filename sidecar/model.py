@@ -357,6 +357,9 @@ class JobSample:
     # ranks the stalled ones are judged to wait for (labels)
     stalled_seconds: float = 0.0
     suspected_missing: tuple[str, ...] = ()
+    # /dev/shm as the job sees it (its mount namespace): (size, used) bytes and the
+    # monotonic time of the detailed round that read it; None where it could not be read
+    shm: tuple[int, int, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple, TypeVar
 
+from sidecar import saferead
 from sidecar.discovery import Discovery, TrackedJob, TrackedRank
 from sidecar.errors import NoSuchProcess, ProbeError
 from sidecar.model import (
@@ -201,6 +202,7 @@ class Sampler:
         self._statuses: dict[ProcKey, ProcStatus] = {}  # the last detailed round's
         self._stats: dict[ProcKey, ProcStat] = {}  # likewise (CPU time, threads)
         self._cgroup_samples: dict[str, CgroupSample] = {}  # path -> the last detailed sample
+        self._shm: dict[str, tuple[int, int, float]] = {}  # job key -> its /dev/shm, last detailed round
         self._host: HostSample | None = None
         # The last snapshot as published (with foresight's and the stall tracker's word),
         # set by the daemon: what a round between two detailed ones carries.
@@ -223,6 +225,25 @@ class Sampler:
             self._once.clear(probe)
         elif message:
             self._once.problem(probe, message, logging.INFO if probe == "gpu" else logging.WARNING)
+
+    def _read_shm(self, jobs: list[TrackedJob]) -> None:
+        """Each job's /dev/shm in its own mount namespace (a container's, a private tmpfs),
+        through its agent or a rank: kept so a death whose job is gone before the autopsy
+        reads it still knows the size (a bus error's first question)."""
+        keep: dict[str, tuple[int, int, float]] = {}
+        for job in jobs:
+            for pid in [job.agent.pid, *sorted(job.ranks)]:
+                try:
+                    st = saferead.statvfs_in_root(self.settings.proc_root, pid, "/dev/shm")
+                except (OSError, saferead.Refused):
+                    continue
+                keep[job.key or ""] = (
+                    st.f_blocks * st.f_frsize,
+                    (st.f_blocks - st.f_bfree) * st.f_frsize,
+                    self.clock(),
+                )
+                break
+        self._shm = keep
 
     def sample(self) -> Snapshot:
         started = self.clock()
@@ -316,6 +337,8 @@ class Sampler:
                     c if c.path not in forecast else evolve(c, exhaustion_seconds=forecast[c.path])
                     for c in cgroup_samples
                 )
+        if detail:
+            self._read_shm([job for job, _ in rank_rows])
         job_samples: list[JobSample] = []
         for job, rows in rank_rows:
             ranks = []
@@ -346,6 +369,7 @@ class Sampler:
                     agent_alive=job.agent_alive,
                     stalled_seconds=0.0 if was is None else was.stalled_seconds,
                     suspected_missing=() if was is None else was.suspected_missing,
+                    shm=self._shm.get(job.key or ""),
                 )
             )
         self.samples_total += 1

@@ -118,7 +118,7 @@ def test_shm_full_is_named_and_a_self_raised_fault_is_certain():
         "No space left on device (28)"
     )
     (found,) = [f for f in parse_rank_output(line) if f.kind == "shm_full"]
-    v = autopsy(Evidence((_rank("1", 11, 1 << 8, S),), output=(("1", found),), shm=(1 << 20, 1 << 20)))
+    v = autopsy(Evidence((_rank("1", 11, 1 << 8, S),), output=(("1", found),), shm=(1 << 20, 1 << 20, None)))
     assert (
         v is not None
         and v.kind == "python_exception"

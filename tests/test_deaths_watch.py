@@ -315,3 +315,50 @@ def test_an_agent_s_outputs_outlive_its_last_round_for_a_while(tmp_path):
     clock[0] += 31 * 10**9
     watch.observe(_snapshot(3, ()))
     assert 9 not in watch._agent_outputs
+
+
+def test_a_job_gone_before_the_autopsy_keeps_the_dev_shm_the_sampler_last_read(tmp_path):
+    """A bus error tears the job down in milliseconds; the autopsy then finds no process
+    to read /dev/shm through. It uses the sampler's last read of the job's own /dev/shm and
+    says how long before the death that was."""
+    from dataclasses import replace
+
+    from sidecar.gather import Gatherer
+    from sidecar.incidents import Generation, Incident
+    from tests.test_daemon_loop import _job, _snapshot
+
+    job = replace(_job("a", 100), shm=(1 << 20, 3 << 18, 40.0))
+    gen = Generation("a", 999_999_999, None, 1, 0, "t.py")
+    inc = Incident(gen, {}, snapshot_before=_snapshot(40, (job,)))
+    inc.deaths[10] = (7, int(41.5e9), "connector")
+    gather = Gatherer(
+        proc_root=str(tmp_path / "no-proc"),
+        read_outputs=False,
+        job_output=None,
+        read_host_oom_kills=lambda: None,
+        read_cgroup_oom_kills=lambda p, v: None,
+        read_oomd_marks=lambda p, v: {},
+    )
+    assert gather._shm(inc) == (1 << 20, 3 << 18, 1.5)
+    inc.shm = None
+    assert Gatherer._shm(gather, Incident(gen, {})) is None  # nothing sampled, nothing read: unknown
+
+
+def test_the_sampler_reads_each_job_s_dev_shm_in_its_own_namespace():
+    """Read through the job's process (here, this one) as the job sees it."""
+    import os
+
+    from sidecar.model import ProcKey
+    from sidecar.sampler import Sampler
+    from sidecar.settings import Settings
+
+    class _Job:
+        key = "me"
+        agent = ProcKey(os.getpid(), 1)
+        ranks: dict[int, object] = {}
+
+    sampler = Sampler(Settings(proc_root="/proc", self_protection=False, oom_score_adj=None))
+    sampler._read_shm([_Job()])  # type: ignore[list-item]
+    size, used, _at = sampler._shm["me"]
+    st = os.statvfs("/dev/shm")
+    assert size == st.f_blocks * st.f_frsize and 0 <= used <= size

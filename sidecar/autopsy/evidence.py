@@ -219,7 +219,9 @@ class Evidence:
     world_size: int | None = None
     flight: FlightVerdict | None = None  # the flight recorder's dumps, summarised
     flight_enabled: bool | None = None
-    shm: tuple[int, int] | None = None  # the ranks' /dev/shm: (size, used) bytes, in their mount namespace
+    # the ranks' /dev/shm in their mount namespace: (size, used) bytes, and how many seconds
+    # before the first death it was read (None: at the autopsy)
+    shm: tuple[int, int, float | None] | None = None
     xids: tuple[tuple[int, XidRecord], ...] = ()  # (monotonic ns, record) of NVRM Xid kernel records
     # the kernel's own records of a process's end that the emitter catalog names and that
     # name the pid ("python[4242]: segfault at 0 ip ..."): (monotonic ns, pid, catalog id,

@@ -239,7 +239,9 @@ def from_output(
     ]
     size = ""
     if ev.shm is not None:
-        size = f" ({ev.shm[1] / 2**20:.1f} MiB used of {ev.shm[0] / 2**20:.1f} MiB)"
+        total, used, before_s = ev.shm
+        when = "" if before_s is None else f", {before_s:.1f} s before the death"
+        size = f" ({used / 2**20:.1f} MiB used of {total / 2**20:.1f} MiB{when})"
     if shm:
         facts["shm_exhausted"] = True
         return (
