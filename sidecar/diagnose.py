@@ -163,8 +163,9 @@ def _gather(inputs: list[LogInput]) -> LogRecords:
                 g.host = next((k.host for k in klines if k.host), None)
         sources: set[str] = set()
         others = catalog().part("agent", "kernel", "shell", "scheduler")
-        for line in text.splitlines():
-            for hit in others.scan(line):
+        lines = text.splitlines()
+        for line, hits in zip(lines, others.scan_lines(lines), strict=True):
+            for hit in hits:
                 if hit.message.decides:
                     g.said.append((hit, line_time(line)))
                 elif hit.message.channel != "kernel" and exit_of(hit) is not None:

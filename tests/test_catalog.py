@@ -223,3 +223,23 @@ def test_a_bad_catalog_file_is_one_clear_error():
             load({"x.toml": head + bad})
     with pytest.raises(CatalogError, match="second message"):
         load({"x.toml": head + good + "[[message]]\n" + good})
+
+
+_REAL_LINES = [line for m in MESSAGES for _, text in m.real for line in text.splitlines()]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    picks=st.lists(st.sampled_from(_REAL_LINES), max_size=30),
+    noise=st.lists(st.text(max_size=120).filter(lambda t: "\n" not in t and "\r" not in t), max_size=30),
+    seed=st.randoms(use_true_random=False),
+)
+def test_scanning_a_whole_text_finds_what_scanning_each_line_finds(picks, noise, seed):
+    """``scan_lines`` (every anchor looked for once in the text) gives each line the hits
+    ``scan`` gives it, in the same order: real messages mixed with arbitrary lines, lines
+    past LINE_MAX, empty lines, a message glued after a long prefix."""
+    lines = picks + noise + ["", "x" * 5000 + (picks[0] if picks else "")]
+    seed.shuffle(lines)
+    for part in (catalog(), catalog().part("output", deciding=True), catalog().part("agent", "shell", "scheduler")):
+        got = [[(h.message.id, h.fields) for h in hits] for hits in part.scan_lines(lines)]
+        assert got == [[(h.message.id, h.fields) for h in part.scan(line)] for line in lines]

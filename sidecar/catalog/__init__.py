@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from bisect import bisect_right
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -133,6 +134,14 @@ class Catalog:
         self._plain = [m for m in messages if not m.fold]
         self._folded = [m for m in messages if m.fold]
         self._parts: dict[tuple[str, ...], Catalog] = {}
+        # for scan_lines: each anchor's messages (by catalog order), folded anchors apart
+        order = {m.id: i for i, m in enumerate(messages)}
+        self._order = order
+        self._by_anchor: dict[tuple[str, bool], list[Message]] = {}
+        self._anchorless = [m for m in messages if not m.anchors]
+        for m in messages:
+            for a in m.anchors:
+                self._by_anchor.setdefault((a, m.fold), []).append(m)
 
     def __len__(self) -> int:
         return len(self.messages)
@@ -155,6 +164,39 @@ class Catalog:
                     if found is not None:
                         hits.append(_hit(m, line, found))
         return hits
+
+    def scan_lines(self, lines: list[str]) -> list[list[Hit]]:
+        """``scan`` of every line, the same hits, found faster on long texts: each anchor
+        is looked for once in the whole text (``str.find``), and only the lines an anchor
+        is in are searched with the patterns of its messages. A rank's output of
+        megabytes is read at every death."""
+        cut = [line[:LINE_MAX] for line in lines]
+        joined = "\n".join(cut)
+        starts = [0]
+        for line in cut[:-1]:
+            starts.append(starts[-1] + len(line) + 1)
+        lowered = joined.lower() if any(fold for _, fold in self._by_anchor) else joined
+        candidates: dict[int, set[str]] = {}
+        for (anchor, fold), messages in self._by_anchor.items():
+            text = lowered if fold else joined
+            at = text.find(anchor)
+            while at >= 0:
+                index = bisect_right(starts, at) - 1
+                candidates.setdefault(index, set()).update(m.id for m in messages)
+                nxt = starts[index + 1] if index + 1 < len(starts) else len(text)
+                at = text.find(anchor, nxt)
+        out: list[list[Hit]] = [[] for _ in cut]
+        for index in range(len(cut)) if self._anchorless else sorted(candidates):
+            ids = candidates.get(index, set())
+            line = cut[index]
+            todo = sorted(
+                [self.by_id[i] for i in ids] + self._anchorless, key=lambda m: (m.fold, self._order[m.id])
+            )
+            for m in todo:
+                found = m.pattern.search(line)
+                if found is not None:
+                    out[index].append(_hit(m, line, found))
+        return out
 
     def part(self, *channels: str, deciding: bool = False) -> Catalog:
         """The messages written on ``channels`` (those that decide alone, with

@@ -190,8 +190,9 @@ def parse_rank_output(text: str) -> list[Finding]:
 def _parse(text: str) -> list[Finding]:
     out: list[Finding] = []
     in_traceback: dict[tuple[int | None, int | None], str | None] = {}  # prefix -> collective
-    for raw in text.splitlines():
-        rank, local, line = _split_prefix(raw.rstrip())
+    split = [_split_prefix(raw.rstrip()) for raw in text.splitlines()]
+    hits = catalog().part("output", deciding=True).scan_lines([line.strip() for _, _, line in split])
+    for (rank, local, line), said in zip(split, hits, strict=True):
         body = line.strip()
         key = (rank, local)
         if body == "Traceback (most recent call last):":
@@ -213,7 +214,6 @@ def _parse(text: str) -> list[Finding]:
                 elif not body.startswith(("During handling", "The above exception")):
                     in_traceback.pop(key, None)
         _structured(body, rank, local, out)
-        said = catalog().part("output", deciding=True).scan(body)
         if said and any(h.message.layer == "symptom" for h in said) and _reported(body):
             # a launcher's or framework's report of another process's death (spawn's
             # ProcessExitedException, Ray's ActorDiedError) is not this process's own end
