@@ -306,17 +306,24 @@ class DeathWatch:
         self._schedule(inc, at_ns + int(wait * 1e9))
 
     def on_signal(self, event: SignalEvent) -> None:
-        """Tracepoint thread: keep the signals sent to ranks (the rest is not evidence)."""
-        if event.target_pid not in self._known or event.signal not in ENDING_SIGNALS:
+        """Tracepoint thread: keep the signals sent to ranks and to their agents (an agent
+        signalled from outside tears its ranks down); the rest is not evidence."""
+        if event.signal not in ENDING_SIGNALS:
             return  # the tracepoint's filter passes only these; a caller may not have one
+        if event.target_pid not in self._known and event.target_pid not in self._agents():
+            return
         sender = None
         if not event.from_kernel and event.sender_pid != event.target_pid:
             # read now, outside the lock: a `kill` is gone within milliseconds
             sender = describe_sender(self.gather.proc_root, event.sender_pid, event.sender_comm)
         with self._cv:
-            if event.target_pid not in self._known:
+            if event.target_pid not in self._known and event.target_pid not in self._agents():
                 return
             self._records.signal(event, sender)
+
+    def _agents(self) -> set[int]:
+        """The agents of the ranks known (a copy: read from the tracepoint's thread too)."""
+        return {k.gen.agent_pid for k in list(self._known.values())}
 
     def on_kmsg(self, record: KmsgRecord) -> None:
         """Kernel-log thread: keep the OOM records (merged per pid), the NVRM Xids, and the

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from sidecar import saferead
 from sidecar.autopsy import USERSPACE_OOM_DAEMONS, UserspaceKill
+from sidecar.catalog import catalog
 from sidecar.errors import ProbeError, read_bytes
 from sidecar.incidents import Incident, Plan, Reads
 from sidecar.model import ProcKey, wait_status_from_returncode
@@ -41,6 +42,26 @@ ERROR_FILE_BYTES = 1 << 20
 # deadline): with the quarter-second wait before it, a postmortem is out within ~1 s
 # whatever the job put in its way.
 READ_BUDGET_S = 0.6
+
+# the channels of the job's logs that are not a rank's own words (the kernel's are read
+# from the kernel log itself, records.py)
+_JOB_LOG_CHANNELS = ("agent", "shell", "scheduler")
+
+
+def job_log_said(texts: list[tuple[str | None, str]]) -> tuple[tuple[str, str], ...]:
+    """The catalog's launcher, shell and scheduler messages that decide a death, in the
+    job's output as read (the agent's stream and each rank's): (message id, line), the
+    same part of the catalog diagnose reads these lines with. Each distinct line once."""
+    part = catalog().part(*_JOB_LOG_CHANNELS, deciding=True)
+    seen: set[str] = set()
+    found: list[tuple[str, str]] = []
+    for _, text in texts:
+        for hits in part.scan_lines(text.splitlines()):
+            for hit in hits:
+                if hit.line not in seen:
+                    found.append((hit.message.id, hit.line))
+            seen.update(hit.line for hit in hits)
+    return tuple(found)
 
 
 class Gatherer:
@@ -200,6 +221,8 @@ class Gatherer:
         codes, teardown = self._agent_log(inc, texts)
         findings = tuple(self._findings(inc, [(o, t, None) for o, t in texts] + errors))
         took("parse")
+        job_said = job_log_said(texts)
+        took("job logs")
         after_cg: dict[str, int] = {}
         # The cgroups the ranks were in may hold no live rank any more (so no snapshot
         # samples them): read their counters now.
@@ -231,6 +254,7 @@ class Gatherer:
             flight_on,
             shm,
             tuple(skipped),
+            job_said,
         )
 
     def _texts(self, inc: Incident, plan: Plan) -> list[tuple[str | None, str]]:

@@ -145,6 +145,7 @@ class Reads:
     flight_on: bool | None
     shm: tuple[int, int, float | None] | None
     skipped: tuple[str, ...] = ()  # job-named files not read, each with why
+    job_said: tuple[tuple[str, str], ...] = ()  # gather.job_log_said
 
     @classmethod
     def nothing(cls) -> Reads:
@@ -229,6 +230,7 @@ def join_evidence(
         kernel_losses=tuple(records.kmsg_losses),
         xids=tuple(records.xids),
         kernel_said=tuple(records.said),
+        job_said=reads.job_said,
         lost_gpus=tuple((ns, index, name) for index, (ns, name) in sorted(records.lost_gpus.items())),
     )
 

@@ -230,3 +230,54 @@ def test_the_node_daemon_and_trainwatch_run_give_one_verdict(tmp_path):
               f"{doc['killer']['summary']} fates {_fates(doc)}")  # fmt: skip
     assert _fates(node) == _fates(mine) == {0: "root_cause", 1: "terminated_by_agent"}
     assert not any("trainwatch run" in a for a in node["advice"]), node["advice"]
+
+
+@pytest.mark.parametrize("traced", [True, False], ids=["tracepoint", "agent-log-only"])
+def test_an_agent_signalled_from_outside_is_the_job_s_killer_not_its_teardown(tmp_path, traced):
+    """SIGTERM sent to the torchrun agent (as a scheduler or a person does): it tears its
+    ranks down. The ranks were ended by the agent, but the job's killer is the signal to
+    the agent: seen by the tracepoint (certain, its sender named: this test), or, without
+    it, read from the agent's own log through the catalog ("Received 15 death signal")."""
+    from tests.e2e import descendants
+
+    cmd = [
+        sys.executable, "-m", "sidecar", "run", "--postmortem-dir", str(tmp_path / "pm"), "--interval", "0.5",
+        *([] if traced else ["--disable", "tracepoint"]),
+        "--", TORCHRUN, "--standalone", "--nproc-per-node=2", "--monitor-interval=0.1", str(WORKLOAD),
+        "--hold-mb=30", "--workers=0", "--duration=120", f"--ready-dir={tmp_path}",
+    ]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    job = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+
+        def agent() -> int | None:
+            for pid in descendants(job.pid):
+                try:
+                    if b"torchrun" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                        return pid
+                except OSError:
+                    continue
+            return None
+
+        agent_pid = wait_for(agent, 60, "the torchrun agent")
+        wait_for(lambda: len(list(tmp_path.glob("rank*.r0"))) == 2, 60, "both ranks in their loop")
+        os.kill(agent_pid, signal.SIGTERM)
+        _out, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    doc = _postmortem(tmp_path)
+    killer = doc["killer"]
+    assert killer["kind"] == "external_signal", killer
+    assert f"agent (pid {agent_pid})" in killer["summary"], killer
+    if traced:
+        assert killer["confidence"] == "certain", killer
+        assert f"by pid {os.getpid()}" in killer["summary"], killer
+        assert killer["sender"]["pid"] == os.getpid(), killer["sender"]
+    else:
+        assert killer["confidence"] == "likely", killer
+        assert any("death signal" in e["detail"] or "SignalException" in e["detail"] for e in killer["evidence"])
+    assert "terminated_by_agent" in _fates(doc).values(), doc["ranks"]
+    assert "external_signal" in err
+

@@ -227,6 +227,9 @@ class Evidence:
     # name the pid ("python[4242]: segfault at 0 ip ..."): (monotonic ns, pid, catalog id,
     # the record's text)
     kernel_said: tuple[tuple[int, int, str, str], ...] = ()
+    # the job's logs read live (the agent's stream, launcher, shell and scheduler lines among the
+    # ranks' output) that the catalog names: (message id, line)
+    job_said: tuple[tuple[str, str], ...] = ()
     # GPUs NVML reports lost (NVML_ERROR_GPU_IS_LOST: off the bus): (monotonic ns first seen
     # lost, index, name)
     lost_gpus: tuple[tuple[int, int, str | None], ...] = ()

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.autopsy.evidence import EvidenceItem, KernelOom, UserspaceKill, Verdict, rank_name, signal_name
-from sidecar.autopsy.said import fits, precedence, weaker
+from sidecar.autopsy.said import told_of
 from sidecar.catalog import Hit
 from sidecar.model import Confidence, Fate, Kind
 from sidecar.parse.jobs import JobRecord
@@ -372,41 +372,15 @@ def _catalog_says(
     v: Verdict, g: LogRecords, k: KernelRecords, death: float | None
 ) -> tuple[Hit, Confidence] | None:
     """The message of a launcher, the kernel, a shell or a scheduler that decides how the
-    victim died: one whose kind can have ended it the way it ended, that is not about
-    another pid, and not far in time from the death. A mechanism before a symptom before a
-    report (possible at most), then ``said.precedence``. Its confidence is its
-    ceiling when it names the victim's pid, else at most likely (it names a container, a
-    step or nobody)."""
-    victim = v.victim
-    found: list[tuple[int, tuple[bool, bool, bool, int], int, Hit, Confidence]] = []
-    for hit, at in g.said:
-        m = hit.message
-        pid = hit.get("pid")
-        if not m.decides or not fits(m.kind, victim.signal, victim.status) or _far(at, death):
-            continue
-        if pid is not None and pid.isdigit() and victim.pid and int(pid) != victim.pid:
-            continue
-        if m.channel == "kernel" and pid is None and k.ooms:
-            # a kernel record that names no process (an OOM report's call trace) belongs to
-            # one of the kills the log names, and none of them is this rank's
-            continue
-        named = pid is not None and pid.isdigit() and victim.pid == int(pid)
-        ceiling = m.confidence if (named and m.first_hand) else weaker(m.confidence, Confidence.LIKELY)
-        if m.layer == "report":  # what happened elsewhere decides last, and only as possible
-            ceiling = Confidence.POSSIBLE
-        found.append(
-            (
-                ("mechanism", "symptom", "report").index(m.layer),
-                precedence(m, ceiling),
-                len(found),
-                hit,
-                ceiling,
-            )
-        )
-    if not found:
-        return None
-    best = min(found, key=lambda t: t[:3])
-    return best[3], best[4]
+    victim died (``said.told_of``), among those not far in time from the death. A kernel
+    record that names no process (an OOM report's call trace) belongs to one of the kills
+    the log names, and none of them is this rank's."""
+    near = [
+        hit
+        for hit, at in g.said
+        if not _far(at, death) and not (hit.message.channel == "kernel" and hit.get("pid") is None and k.ooms)
+    ]
+    return told_of(near, v.victim.pid, v.victim.signal, v.victim.status)
 
 
 def _death_time(v: Verdict, g: LogRecords) -> float | None:

@@ -37,9 +37,9 @@ from sidecar.autopsy.evidence import (
     rank_name,
     signal_name,
 )
-from sidecar.autopsy.said import WAITING, findings_of, fits, from_output, gpu_fault
+from sidecar.autopsy.said import WAITING, findings_of, fits, from_output, gpu_fault, told_of, weaker
 from sidecar.autopsy.senders import slurm_detail, tool_of, words
-from sidecar.catalog import catalog
+from sidecar.catalog import Hit, catalog
 from sidecar.model import Confidence, Fate, Kind
 
 __all__ = ["autopsy"]
@@ -76,6 +76,91 @@ def _kernel_record(victim: RankState, ev: Evidence) -> tuple[Kind, Confidence, s
             EvidenceItem("kmsg", at_ns if not ev.from_logs else None, text),
         )
     return None
+
+
+def _job_log(
+    victim: RankState, ev: Evidence, at_most: Confidence | None = None
+) -> tuple[Kind, Confidence, str, EvidenceItem] | None:
+    """What the job's own logs (the agent's stream, a launcher's, a shell's or a scheduler's
+    lines among the ranks' output: Slurm's CANCELLED banner, a launcher's report of a child's
+    signal) say of this rank's death, ranked as diagnose ranks them (``said.told_of``). Only
+    when it is at least as sure as ``at_most``, the verdict it would replace."""
+    hits = [h for ident, line in ev.job_said for h in catalog().scan(line) if h.message.id == ident]
+    told = told_of(hits, victim.pid, victim.signal, victim.status)
+    if told is None:
+        return None
+    hit, confidence = told
+    if at_most is not None and weaker(confidence, at_most) != at_most:
+        return None
+    m = hit.message
+    who = rank_name(victim.label, victim.pid, ev.from_logs)
+    return (
+        m.kind or Kind.UNKNOWN,
+        confidence,
+        m.told(who, hit.fields),
+        EvidenceItem(m.emitter, None, hit.line),
+    )
+
+
+# how the agent ends its workers (SIGTERM, then SIGKILL after a grace period) and the
+# signals a terminal or a scheduler sends to a process group: a rank ended by one of these,
+# first of the job, after its agent was signalled from outside, was ended by that
+_TEARDOWN_SIGNALS = frozenset({_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP})
+
+
+def _agent_signalled(
+    victim: RankState, ev: Evidence
+) -> tuple[Confidence, str, EvidenceItem, Sender | None] | None:
+    """The agent that tore the ranks down was itself sent an ending signal from outside: the
+    tracepoint saw it (certain, with its sender), or the agent's own log says it received
+    one (the catalog's agent messages of kind external_signal: torchelastic's "Received 15
+    death signal", its SignalException naming its own pid: certain when that pid is the
+    agent's, else likely)."""
+    agent = ev.agent_pid
+    if agent is None:
+        return None
+    until = (victim.died_ns or 0) + 10**8
+    traced = [
+        s
+        for s in ev.signals
+        if s.target_pid == agent and s.sender_pid != agent and (victim.died_ns is None or s.at_ns <= until)
+    ]
+    if traced:
+        s = max(traced, key=lambda s: s.at_ns)
+        return (
+            Confidence.CERTAIN,
+            f"was sent {signal_name(s.signal)} from outside by pid {s.sender_pid} ({s.sender_comm})",
+            EvidenceItem(
+                "tracepoint",
+                s.at_ns,
+                f"signal_generate: {s.sender_comm}-{s.sender_pid} sent {signal_name(s.signal)} to the agent "
+                f"(pid {agent}, si_code {s.code})",
+            ),
+            s.sender or Sender(s.sender_pid, s.sender_comm, None, None, None, ()),
+        )
+    best: tuple[Confidence, Hit] | None = None
+    for ident, line in ev.job_said:
+        m = catalog().by_id.get(ident)
+        if m is None or m.channel != "agent" or m.kind != Kind.EXTERNAL_SIGNAL or m.layer != "mechanism":
+            continue
+        for hit in (h for h in catalog().scan(line) if h.message.id == ident):
+            pid = hit.get("pid")
+            if pid is not None and pid.isdigit() and int(pid) != agent:
+                continue  # another agent's (an earlier run's) line
+            sure = Confidence.CERTAIN if pid is not None and m.first_hand else Confidence.LIKELY
+            if best is None or (sure == Confidence.CERTAIN and best[0] != Confidence.CERTAIN):
+                best = sure, hit
+    if best is None:
+        return None
+    sure, hit = best
+    number = hit.get("signal")
+    sig = signal_name(int(number)) if number and number.isdigit() else (number or "a signal that ends it")
+    return (
+        sure,
+        f"received {sig} from outside (its own log says so)",
+        EvidenceItem(hit.message.emitter, None, hit.line),
+        None,
+    )
 
 
 def _timeout_elsewhere(victim: RankState, ev: Evidence) -> tuple[str | None, str] | None:
@@ -309,6 +394,20 @@ def _victim_verdict(
                 f"which sent {name}.",
             )
         if ev.agent_pid is not None and sent.sender_pid == ev.agent_pid:
+            upstream = _agent_signalled(victim, ev)
+            if upstream is not None:
+                confidence, how, item, agent_sender = upstream
+                items.append(item)
+                if agent_sender is not None:
+                    facts["sender"] = replace(
+                        agent_sender, tool=tool_of(agent_sender, ev.agent_pid, victim.cgroup), detail=None
+                    )
+                return (
+                    Kind.EXTERNAL_SIGNAL,
+                    confidence,
+                    f"The torchrun agent (pid {ev.agent_pid}) {how} and shut the workers down: {who} was "
+                    f"sent {name} by it before any rank died of its own.",
+                )
             return (
                 Kind.AGENT_TEARDOWN,
                 Confidence.CERTAIN,
@@ -328,6 +427,24 @@ def _victim_verdict(
             f"{who} was killed from outside by {said}: pid {sent.sender_pid} ({sent.sender_comm}) "
             f"sent {name}" + (f" (started by {chain})." if chain else "."),
         )
+    torn = victim.pid in ev.agent_teardown
+    if sent is None and victim.signal is not None and (torn or victim.signal in _TEARDOWN_SIGNALS):
+        # no rank died of its own first (the victim is the first death), the sender of its
+        # signal is not traced, and the agent says it was itself signalled from outside
+        upstream = _agent_signalled(victim, ev)
+        if upstream is not None:
+            confidence, how, item, _ = upstream
+            items.append(item)
+            ended = (
+                f"its log says it sent {who} {signal_name(victim.signal)}"
+                if torn
+                else f"{who} ended by {signal_name(victim.signal)} as the job was shut down"
+            )
+            return (
+                Kind.EXTERNAL_SIGNAL,
+                weaker(confidence, Confidence.LIKELY),  # that the agent's signal ended it is inferred
+                f"The torchrun agent (pid {ev.agent_pid}) {how} and shut the workers down; {ended}.",
+            )
     found = _userspace_for(victim, ev)
     if found is not None:
         rec, how = found
@@ -406,11 +523,18 @@ def _victim_verdict(
         if ev.oom_daemons:
             names = ", ".join(f"{c} (pid {p})" for c, p in ev.oom_daemons)
             why += f"; {names} runs here and may have sent it"
-        return (
-            Kind.EXTERNAL_SIGNAL,
+        sure = (
             Confidence.LIKELY
             if ev.kernel_log_readable and not ev.oom_daemons and not lost
-            else Confidence.POSSIBLE,
+            else Confidence.POSSIBLE
+        )
+        logged = _job_log(victim, ev, sure)
+        if logged is not None:
+            items.append(logged[3])
+            return logged[:3]
+        return (
+            Kind.EXTERNAL_SIGNAL,
+            sure,
             f"{who} was killed by a SIGKILL from outside: {why}. The sender is unknown.",
         )
     told_facts: dict[str, Any] = {}
@@ -431,6 +555,9 @@ def _victim_verdict(
         return kind, confidence, summary
     sig = victim.signal
     sure = Confidence.CERTAIN if fault else Confidence.LIKELY
+    # the job's logs decide what would otherwise be only possible (an abort, a signal from
+    # outside, an exit status): a scheduler's cancel banner, a launcher's report
+    logged = None if sig in (_signal.SIGSEGV, _signal.SIGBUS) else _job_log(victim, ev, Confidence.POSSIBLE)
     if sig == _signal.SIGSEGV:
         return Kind.SEGFAULT, sure, f"{who} crashed with a segmentation fault (SIGSEGV)."
     if sig == _signal.SIGBUS:
@@ -449,11 +576,17 @@ def _victim_verdict(
                 + (f"{rank_label(label, ev.from_logs)}" if label else "a rank")
                 + " reported the timeout; this rank's own output gave no other cause.",
             )
+        if logged is not None:
+            items.append(logged[3])
+            return logged[:3]
         return (
             Kind.ABORT,
             Confidence.POSSIBLE,
             f"{who} aborted (SIGABRT); no collective-timeout evidence was read.",
         )
+    if logged is not None:
+        items.append(logged[3])
+        return logged[:3]
     if sig is not None:
         return (
             Kind.EXTERNAL_SIGNAL,

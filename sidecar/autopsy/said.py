@@ -13,7 +13,7 @@ import signal as _signal
 from typing import Any
 
 from sidecar.autopsy.evidence import Evidence, EvidenceItem, RankState, rank_label, rank_name
-from sidecar.catalog import Message, catalog
+from sidecar.catalog import Hit, Message, catalog
 from sidecar.model import Confidence, Kind
 from sidecar.parse.kernel import GPU_FAULT_XIDS
 from sidecar.parse.ranks import Finding
@@ -296,6 +296,43 @@ def precedence(message: Message, ceiling: Confidence) -> tuple[bool, bool, bool,
     the higher confidence it may carry. Both paths (the rank's output here, other lines in
     ``logs.py``) rank by it."""
     return (not message.first_hand, message.generic, message.kind == Kind.ABORT, _ORDER[ceiling])
+
+
+def told_of(
+    hits: list[Hit], pid: int | None, signal: int | None, status: int | None
+) -> tuple[Hit, Confidence] | None:
+    """The message of a launcher, a shell, a scheduler or the kernel (a line that is not the
+    rank's own output) that decides how the process ``pid`` died: one whose kind can have
+    ended it the way it ended and that is not about another pid. A mechanism before a
+    symptom before a report, then ``precedence``. Its confidence is the message's ceiling
+    when it names this pid and is first-hand, else at most likely (it names a container, a
+    step or nobody); a report of what happened elsewhere is possible at most. Both paths
+    rank by it: ``logs.py`` for diagnose, ``rules.py`` for the job's logs read live."""
+    found: list[tuple[int, tuple[bool, bool, bool, int], int, Hit, Confidence]] = []
+    for hit in hits:
+        m = hit.message
+        named_pid = hit.get("pid")
+        if not m.decides or not fits(m.kind, signal, status):
+            continue
+        if named_pid is not None and named_pid.isdigit() and pid and int(named_pid) != pid:
+            continue
+        named = named_pid is not None and named_pid.isdigit() and pid == int(named_pid)
+        ceiling = m.confidence if (named and m.first_hand) else weaker(m.confidence, Confidence.LIKELY)
+        if m.layer == "report":
+            ceiling = Confidence.POSSIBLE
+        found.append(
+            (
+                ("mechanism", "symptom", "report").index(m.layer),
+                precedence(m, ceiling),
+                len(found),
+                hit,
+                ceiling,
+            )
+        )
+    if not found:
+        return None
+    best = min(found, key=lambda t: t[:3])
+    return best[3], best[4]
 
 
 # How each killer ends a process: the signals (or an exit status, 0 here) it can leave. A
