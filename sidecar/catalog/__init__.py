@@ -336,6 +336,11 @@ def _message(raw: dict[str, Any], emitter: str, channel: str, where: str) -> Mes
     if channel not in CHANNELS:
         raise CatalogError(f"{where}: {ident}: channel {channel!r} is not one of {', '.join(CHANNELS)}")
     anchors = _anchors(pattern)
+    if not real and confidence == Confidence.CERTAIN:
+        # a pattern written from the source but never matched against a real log may miss
+        # how a version or a wrapper prints it, or catch a neighbour's words: it decides
+        # at most `likely` until a real public log confirms it (README.md)
+        confidence = Confidence.LIKELY
     return Message(
         id=ident,
         emitter=emitter,
