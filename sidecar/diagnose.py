@@ -60,7 +60,7 @@ from sidecar.parse.kernel import (
 )
 from sidecar.parse.logs import KernelLine, kernel_lines, line_time, parse_task_row
 from sidecar.parse.oomd import parse_userspace_oom_line
-from sidecar.parse.pasted import plain
+from sidecar.parse.pasted import plain_all
 from sidecar.parse.ranks import line_stamp, parse_rank_output, stamp_to_epoch
 from sidecar.parse.torchrun import (
     ClosingSignal,
@@ -138,9 +138,8 @@ _GENERATION = (
 
 def _gather(inputs: list[LogInput]) -> LogRecords:
     g = LogRecords({}, [], [], [], [], [], False)
-    for inp in inputs:
+    for inp, text in zip(inputs, plain_all([inp.text for inp in inputs]), strict=True):
         kinds: list[str] = []
-        text = plain(inp.text)
         agent = parse_agent_text(text)
         if agent:
             gen = next((name for rx, name in _GENERATION if rx.search(text)), None)
@@ -296,6 +295,17 @@ def _ranks(g: LogRecords) -> tuple[list[LogRank], list[EvidenceItem]]:
                     f"(local rank {base[0]} is pid {base[1]})",
                 )
             )
+    # A launcher's report of its child's exit that names no rank (subprocess's
+    # CalledProcessError of `torchrun ...`, a launcher's "exits with return code") is the
+    # whole job's exit when the logs name ranks: it is never a rank of its own, nor the reason
+    named = [r for r in ranks if r.pid is not None or r.rank is not None or r.local_rank is not None]
+    if named:
+        for r in [r for r in ranks if r not in named]:
+            ranks.remove(r)
+            notes += [
+                EvidenceItem("launcher", None, f"the job's exit, as its launcher reported it: {line}")
+                for line in r.lines
+            ]
     if not any(r.returncode is not None for r in ranks):
         # no structured record gave an exit: a launcher's, a shell's or a runtime's report of
         # a process's exit status or signal is one (spawn's "process 1 terminated with signal

@@ -252,6 +252,10 @@ def test_scanning_a_whole_text_finds_what_scanning_each_line_finds(picks, noise,
     past LINE_MAX, empty lines, a message glued after a long prefix."""
     lines = picks + noise + ["", "x" * 5000 + (picks[0] if picks else "")]
     seed.shuffle(lines)
-    for part in (catalog(), catalog().part("output", deciding=True), catalog().part("agent", "shell", "scheduler")):
+    for part in (
+        catalog(),
+        catalog().part("output", deciding=True),
+        catalog().part("agent", "shell", "scheduler"),
+    ):
         got = [[(h.message.id, h.fields) for h in hits] for hits in part.scan_lines(lines)]
         assert got == [[(h.message.id, h.fields) for h in part.scan(line)] for line in lines]

@@ -347,6 +347,7 @@ def test_a_job_gone_before_the_autopsy_keeps_the_dev_shm_the_sampler_last_read(t
 def test_the_sampler_reads_each_job_s_dev_shm_in_its_own_namespace():
     """Read through the job's process (here, this one) as the job sees it."""
     import os
+    from typing import ClassVar
 
     from sidecar.model import ProcKey
     from sidecar.sampler import Sampler
@@ -355,7 +356,7 @@ def test_the_sampler_reads_each_job_s_dev_shm_in_its_own_namespace():
     class _Job:
         key = "me"
         agent = ProcKey(os.getpid(), 1)
-        ranks: dict[int, object] = {}
+        ranks: ClassVar[dict[int, object]] = {}
 
     sampler = Sampler(Settings(proc_root="/proc", self_protection=False, oom_score_adj=None))
     sampler._read_shm([_Job()])  # type: ignore[list-item]

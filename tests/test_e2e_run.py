@@ -277,7 +277,8 @@ def test_an_agent_signalled_from_outside_is_the_job_s_killer_not_its_teardown(tm
         assert killer["sender"]["pid"] == os.getpid(), killer["sender"]
     else:
         assert killer["confidence"] == "likely", killer
-        assert any("death signal" in e["detail"] or "SignalException" in e["detail"] for e in killer["evidence"])
+        assert any(
+            "death signal" in e["detail"] or "SignalException" in e["detail"] for e in killer["evidence"]
+        )
     assert "terminated_by_agent" in _fates(doc).values(), doc["ranks"]
     assert "external_signal" in err
-

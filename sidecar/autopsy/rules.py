@@ -41,6 +41,7 @@ from sidecar.autopsy.said import WAITING, findings_of, fits, from_output, gpu_fa
 from sidecar.autopsy.senders import slurm_detail, tool_of, words
 from sidecar.catalog import Hit, catalog
 from sidecar.model import Confidence, Fate, Kind
+from sidecar.parse.ranks import Finding
 
 __all__ = ["autopsy"]
 
@@ -186,13 +187,41 @@ def _describe_exit(rank: RankState) -> str:
     return f"exited with status {rank.status}"
 
 
+# what a rank's output says of another's failure, not of its own: a peer that closed the
+# connection, a communicator aborted because of an error elsewhere, the watchdog's progress
+# report ("failure detected ... last enqueued work")
+_REPORTING_FINDINGS = frozenset({"peer_closed", "nccl_aborted", "nccl_progress"})
+
+
+def _decides(f: Finding) -> bool:
+    if f.kind == "said":
+        return bool(f.get("said_kind")) and f.get("layer") in ("mechanism", "symptom")
+    return f.kind not in _REPORTING_FINDINGS
+
+
+def reporters(ev: Evidence) -> frozenset[str]:
+    """The ranks that only report the job's failure: their output holds findings, none of
+    which says why they ended (a watchdog's "failure detected", the flight recorder's
+    notes, a peer that closed the connection), while another rank's output says why. They
+    are never the job's reason, whoever ended first: the rank whose words name a cause is
+    (both paths; a job-level verdict)."""
+    said: dict[str, bool] = {}
+    for label, f in ev.output:
+        if label is not None:
+            said[label] = said.get(label, False) or _decides(f)
+    if not any(said.values()):
+        return frozenset()
+    return frozenset(label for label, decided in said.items() if not decided)
+
+
 def autopsy(ev: Evidence) -> Verdict | None:
     """The verdict for the first abnormal death in ``ev``, or None when no rank died."""
     dead = sorted((r for r in ev.ranks if r.abnormal), key=lambda r: (r.died_ns or 0, r.pid))
     if not dead:
         return None
-    own = [r for r in dead if r.pid not in ev.agent_teardown]
-    victim = own[0] if own else dead[0]
+    told = reporters(ev)
+    own = [r for r in dead if r.pid not in ev.agent_teardown and r.label not in told]
+    victim = own[0] if own else next((r for r in dead if r.pid not in ev.agent_teardown), dead[0])
     items: list[EvidenceItem] = [
         EvidenceItem(
             _EXIT_SOURCES.get(victim.exit_source or "", "exit" if ev.exits_first_hand else "proc"),
@@ -213,7 +242,7 @@ def autopsy(ev: Evidence) -> Verdict | None:
             fates[r.label] = Fate.RUNNING
         elif r.returncode == 0:
             fates[r.label] = Fate.EXITED_CLEANLY
-        elif _same_cause(r, kind, ev):
+        elif _same_cause(r, kind, ev) or (r.label in told and _died_of_its_own(r)):
             fates[r.label] = Fate.SAME_CAUSE
         elif r.pid in ev.agent_teardown or _ended_by_agent(r, victim):
             fates[r.label] = Fate.TERMINATED_BY_AGENT
@@ -256,8 +285,13 @@ def _same_cause(rank: RankState, kind: str, ev: Evidence) -> bool:
         return True
     # it died of its own timeout (an exception, the watchdog's abort); a rank the agent
     # signalled while it waited was ended by the agent
+    return _died_of_its_own(rank) and bool(findings_of(rank, ev, *WAITING))
+
+
+def _died_of_its_own(rank: RankState) -> bool:
+    """It failed (an exception, an abort), not by a signal the agent or a person sends."""
     by_agent = rank.signal in (_signal.SIGTERM, _signal.SIGKILL, _signal.SIGINT)
-    return rank.returncode != 0 and not by_agent and bool(findings_of(rank, ev, *WAITING))
+    return rank.returncode != 0 and not by_agent
 
 
 _EXIT_SOURCES = {"connector": "exit", "pidfd": "pidfd", "proc": "proc", "agent-log": "agent-log"}

@@ -19,17 +19,38 @@ What a copy adds and what it breaks, undone here:
 
 from __future__ import annotations
 
+import itertools
 import re
 
 from sidecar.catalog import Catalog, catalog, literal_runs
 
-__all__ = ["plain"]
+__all__ = ["launched_by_agent", "plain", "plain_all"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]{0,32}[ -/]{0,4}[@-~]|\x1b[@-_]")
 _SRUN = re.compile(r"^ {0,4}(\d{1,6}): ")
 _CRI = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d) (?:stdout|stderr) [FP] ")
 _DOCKER_JSONISH = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{1,9}Z ")  # docker logs -t
 _KUBECTL = re.compile(r"^\[pod/[\w.-]{1,253}/[\w.-]{1,253}\] ")
+# a log viewer's or a paste site's line numbers: "[1787] "
+_LINENO = re.compile(r"^\[(\d{1,9})\] ")
+# journalctl's short and short-iso formats: "Dec 02 11:53:34 host ident[pid]: "
+_JOURNAL = re.compile(
+    r"^(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d"
+    r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?) "
+    r"[\w.-]{1,253} (?P<ident>[\w.@/-]{1,128}?)(?:\[\d{1,10}\])?: "
+)
+# the journal's writers whose records are read with their stamp (the kernel's, the OOM
+# daemons', the schedulers' and container runtimes'): only a program's own output (a rank, the
+# agent, a shell) is made plain, so its tracebacks and rank prefixes start the line again
+_DAEMONS = re.compile(
+    r"^(?:kernel|systemd(?:-[\w-]{1,40})?|earlyoom|nohang|oomd|kubelet|containerd|dockerd|crio|"
+    r"slurmstepd|slurmd|slurmctld|nvidia-[\w-]{1,40}|nv-hostengine|talos[\w-]{0,40}|machined)$"
+)
+# a launcher's lines in the text: srun then started torchrun agents (one task a node), not ranks
+_AGENT = re.compile(
+    r"torch\.distributed\.elastic|torch/distributed/elastic|\btorchrun\b|torch\.distributed\.run"
+)
+_TORCH_RANK = re.compile(r"^\s{0,4}\[(?:rank|default)\d{1,6}\]:")
 LINE_MAX = 4096  # longer lines are not joined to anything
 JOIN_MAX_LINES = 200_000  # past this many lines, a paste is a file: it was not wrapped by hand
 
@@ -42,23 +63,66 @@ def _strip(line: str) -> str:
     m = _CRI.match(line) or _DOCKER_JSONISH.match(line) or _KUBECTL.match(line)
     if m:
         line = line[m.end() :]
+    m = _JOURNAL.match(line)
+    if m and not _DAEMONS.match(m["ident"]):
+        line = line[m.end() :]
     return line
 
 
-def _srun_tasks(lines: list[str]) -> bool:
-    """Most non-empty lines carry ``srun -l``'s ``N: `` task prefix (one line with it is
-    not a prefix family: ``0: `` may be anyone's text)."""
+def _family(lines: list[str], prefix: re.Pattern[str]) -> bool:
+    """Most non-empty lines carry ``prefix`` (one line with it is not a family: ``0: `` or
+    ``[12] `` may be anyone's text)."""
     filled = [line for line in lines[:2000] if line.strip()]
-    tagged = sum(1 for line in filled if _SRUN.match(line))
+    tagged = sum(1 for line in filled if prefix.match(line))
     return len(filled) >= 3 and tagged >= 0.6 * len(filled)
 
 
-def _crossing(cat: Catalog, parts: list[str], glue: str) -> bool:
-    """A catalog message runs across the first break of ``parts`` joined with ``glue``:
+def _all_carry(lines: list[str], prefix: re.Pattern[str]) -> bool:
+    """A short text (under three lines) every line of which carries ``prefix``: it is of a
+    family the longer texts pasted with it show."""
+    filled = [line for line in lines if line.strip()]
+    return 0 < len(filled) < 3 and all(prefix.match(line) for line in filled)
+
+
+def _numbered(lines: list[str]) -> bool:
+    """A line-number family: most lines carry ``[N] `` and the numbers mostly count up (a
+    text every line of which is numbered one after the other, however short, too)."""
+    numbers = [int(m[1]) for m in map(_LINENO.match, lines[:2000]) if m]
+    rising = sum(1 for a, b in itertools.pairwise(numbers) if b == a + 1)
+    if _all_carry(lines, _LINENO) and rising == len(numbers) - 1:
+        return True
+    return _family(lines, _LINENO) and rising >= 0.5 * (len(numbers) - 1)
+
+
+def _srun_tasks(lines: list[str]) -> bool:
+    """Most non-empty lines carry ``srun -l``'s ``N: `` task prefix."""
+    return _family(lines, _SRUN)
+
+
+def _untask(lines: list[str], nodes: bool) -> list[str]:
+    """``srun -l``'s task ids taken off. A task is a rank when srun started the ranks
+    itself: then a line torch has not prefixed with its own ``[rankN]:`` gets the task's.
+    When the text holds the elastic agent's lines, srun started one torchrun a node: a task
+    is a node, not a rank, and the ranks' own prefixes are all that says who wrote a line."""
+    out = []
+    for line in lines:
+        m = _SRUN.match(line)
+        if m is None:
+            out.append(line)
+            continue
+        rest = line[m.end() :]
+        out.append(rest if nodes or _TORCH_RANK.match(rest) else f"[rank{m[1]}]:{rest}")
+    return out
+
+
+def _crossing(cat: Catalog, parts: list[str], glues: tuple[str, ...]) -> bool:
+    """A catalog message runs across the first break of ``parts`` joined with ``glues``
+    (one a break):
     it starts before the break, ends after it, and the line before the break does not
     hold it from the same start (a pattern whose tail takes any text would otherwise run
-    on into whatever line follows)."""
-    joined = glue.join(parts)
+    on into whatever line follows), or holds it with fewer of its fields captured (an
+    optional tail, a number, that the next line carries)."""
+    joined = parts[0] + "".join(g + p for g, p in zip(glues, parts[1:], strict=True))
     before = parts[0]
     edge = len(before)
     for hit in cat.scan(joined):
@@ -68,19 +132,53 @@ def _crossing(cat: Catalog, parts: list[str], glue: str) -> bool:
                 own = rx.search(before, m.start())
                 if own is None or own.start() != m.start():
                     return True
+                # the line alone holds the message but leaves a field the next line fills
+                # (the watchdog's "ran for" + "600060 milliseconds ...")
+                filled = sum(g is not None for g in m.groups())
+                if filled > sum(g is not None for g in own.groups()) and own.end() <= edge:
+                    return True
+                # ... or a run of the message's own words (" milliseconds before timing out")
+                if not hit.message.generic and own.end() <= edge:
+                    tail = joined[edge : m.end()]
+                    if any(len(run.strip()) >= 10 and run.strip() in tail for run in literal_runs(rx)):
+                        return True
     return False
 
 
+def launched_by_agent(texts: list[str]) -> bool:
+    """The logs hold the torch elastic agent's lines: srun (or any launcher above it)
+    started torchrun, whose workers are the ranks."""
+    return any(_AGENT.search(text) for text in texts)
+
+
 def plain(text: str) -> str:
-    """``text`` with colours, carriage returns and line prefixes removed, ``srun -l`` task
-    ids turned into ``[rankN]:`` prefixes, and wrapped messages joined."""
-    lines = [_strip(line) for line in text.split("\n")]
-    if _srun_tasks(lines):
-        out = []
-        for line in lines:
-            m = _SRUN.match(line)
-            out.append(f"[rank{m[1]}]:{line[m.end() :]}" if m else line)
-        lines = out
+    """One text made plain (``plain_all`` of it alone)."""
+    return plain_all([text])[0]
+
+
+def plain_all(texts: list[str]) -> list[str]:
+    """Texts pasted together (the files of one incident), each with colours, carriage
+    returns and line prefixes removed, ``srun -l`` task ids turned into ``[rankN]:``
+    prefixes where srun started the ranks (no text holds the elastic agent's lines), and
+    wrapped messages joined. A prefix family one text shows (three lines or more) is also
+    taken off a shorter text all of whose lines carry it."""
+    split = [[_strip(line) for line in text.split("\n")] for text in texts]
+    agents = launched_by_agent(texts)
+    numbered = [_numbered(lines) for lines in split]
+    tasks = [_srun_tasks(lines) for lines in split]
+    out = []
+    for lines, num, task in zip(split, numbered, tasks, strict=True):
+        if num:
+            lines = [_strip(line[m.end() :]) if (m := _LINENO.match(line)) else line for line in lines]
+        if task or (any(tasks) and _all_carry(lines, _SRUN)):
+            lines = _untask(lines, agents)
+        out.append(_join(lines))
+    return out
+
+
+def _join(lines: list[str]) -> str:
+    """Wrapped lines joined: a terminal's fixed-width wrap, then a catalog message run
+    across a break."""
     if len(lines) > JOIN_MAX_LINES:
         return "\n".join(lines)
     lines = _unwrap_fixed(lines)
@@ -91,8 +189,7 @@ def plain(text: str) -> str:
         line = lines[i]
         span = _run(cat, joined[-1], lines[i : i + RUN_MAX]) if joined and joined[-1] and line else None
         if span is not None:
-            count, glue = span
-            joined[-1] = glue.join([joined[-1], *lines[i : i + count]])
+            count, joined[-1] = span
             i += count
             continue
         joined.append(line)
@@ -103,23 +200,57 @@ def plain(text: str) -> str:
 RUN_MAX = 4  # a message wrapped over more than five lines is not rebuilt here
 
 
+# how a record starts: a rank's or a launcher's prefix, a log level, a timestamp, a traceback's
+# lines. A line that starts so is never the continuation of a wrapped one.
+_RECORD_START = re.compile(
+    r"^(?:\[(?:rank|default)\d{1,6}\]:|\[[EWIF] |\[?[EWIF]\d{4} \d\d:|\[?\d{4}-\d\d-\d\d[ T]|"
+    r"\[\s{0,12}\d{1,12}\.\d{1,9}\]|"
+    r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun|Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) |"
+    r"Traceback \(|\s{2}File \"|(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)[:\s]|\d{1,6}: )"
+)
+
+
 def _unwrap_fixed(lines: list[str]) -> list[str]:
     """A terminal wraps at a fixed width: every piece of a long record but its last is
     exactly as long as the widest line. When several lines share that width (and it is a
-    terminal's, 40 columns or more), each of them continues on the next line."""
+    terminal's, 40 columns or more), each of them continues on the next line, unless that
+    line starts a record of its own (a log's lines of one length are not a wrap)."""
     width = max((len(line) for line in lines), default=0)
     full = sum(1 for line in lines if len(line) == width)
     if width < 40 or full < 3 or full * 20 < sum(1 for line in lines if len(line) >= 40):
         return lines
     out: list[str] = []
     carry = False
-    for line in lines:
-        if carry:
-            out[-1] += line
+    cat = catalog()
+    for i, line in enumerate(lines):
+        if carry and not _RECORD_START.match(line):
+            following = lines[i + 1] if i + 1 < len(lines) else ""
+            out[-1] = _glued(cat, out[-1], line, "" if _RECORD_START.match(following) else following)
         else:
             out.append(line)
         carry = len(line) == width
     return out
+
+
+def _glued(cat: Catalog, before: str, after: str, following: str = "") -> str:
+    """A terminal's wrap keeps every character (``before + after``); a copy that wrapped
+    at a space dropped it. A catalog message that reads only with the space back decides
+    (``Sending process 812914`` + ``closing signal SIGTERM``), read with the line after
+    too, joined either way, where the message runs on into it (``closing signal SI`` +
+    ``GTERM``)."""
+    tight = before + after
+    if before.endswith(" ") or after.startswith(" "):
+        return tight
+    spaced = before + " " + after
+
+    def found(text: str) -> set[str]:
+        ids = {h.message.id for h in cat.scan(text)}
+        if following:
+            for glue in ("", " "):
+                ids |= {h.message.id for h in cat.scan(text + glue + following)}
+        return ids
+
+    return spaced if found(spaced) - found(tight) else tight
 
 
 class _Edges:
@@ -158,19 +289,27 @@ def _edges(cat: Catalog) -> _Edges:
 
 def _run(cat: Catalog, before: str, after: list[str]) -> tuple[int, str] | None:
     """How many of the lines ``after`` continue ``before`` (a message runs across the
-    break after it when the first 1..RUN_MAX of them are joined to it), and the glue: ""
-    when the break fell inside a word or kept its space, " " when the copy dropped it."""
+    break after it when the first 1..RUN_MAX of them are joined to it), and the text they
+    make: each break glued with "" when it fell inside a word or kept its space, with " "
+    when the copy dropped it (each break its own: ``failed (exitcode: -6)`` + ``local_rank:
+    6 (pid`` + ``: 541332) of binary``)."""
     if len(before) >= LINE_MAX or not after or not after[0]:
         return None
-    spaced = before.endswith(" ") or after[0].startswith(" ")
-    glues = [g for g in (("",) if spaced else ("", " ")) if _edges(cat).crossed(before + g, after[0])]
-    if not glues:  # no message's words run across this break: the common case, cheap
+    first = [g for g in _glues(before, after[0]) if _edges(cat).crossed(before + g, after[0])]
+    if not first:  # no message's words run across this break: the common case, cheap
         return None
     for count in range(1, len(after) + 1):
         parts = [before, *after[:count]]
         if not parts[-1] or len(parts[-1]) >= LINE_MAX:
             return None
-        for glue in glues:
-            if _crossing(cat, parts, glue):
-                return count, glue
+        rest = [_glues(a, b) for a, b in itertools.pairwise(parts[1:])]
+        for glues in itertools.product(first, *rest):
+            if _crossing(cat, parts, glues):
+                return count, parts[0] + "".join(g + p for g, p in zip(glues, parts[1:], strict=True))
     return None
+
+
+def _glues(before: str, after: str) -> tuple[str, ...]:
+    """How a break may be undone: as it is when a space is still at it, else without a
+    space (a word cut) or with one (a space the copy dropped)."""
+    return ("",) if before.endswith(" ") or after.startswith(" ") else ("", " ")

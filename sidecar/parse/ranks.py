@@ -120,7 +120,8 @@ _PREFIX = re.compile(r"^(?:\[\d+\] )?(?:\[(?:rank(\d{1,20})|([a-z_]+?)(\d{1,20})
 _NCCL_TIMEOUT = re.compile(
     r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(\d{1,20}), OpType=(\w+)"
     r"(?:, NumelIn=(\d{1,20}), NumelOut=(\d{1,20}))?, Timeout\(ms\)=(\d{1,20})\)"
-    r" ran for (\d{1,20}) milliseconds"
+    # the tail is cut where a copy wrapped the line ("ran for" / "600060 milliseconds ...")
+    r"(?: ran for (\d{1,20}) milliseconds)?"
 )
 _NCCL_RANK = re.compile(r"\[(?:PG (?:ID )?\d+ (?:PG GUID \S+ )?)?Rank (\d{1,20})\]")
 _NCCL_PROGRESS = re.compile(
@@ -209,7 +210,11 @@ def _parse(text: str) -> list[Finding]:
                     fields = [("type", m[1]), ("message", (m[2] or "").strip())]
                     if collective:
                         fields.append(("collective", collective))
-                    out.append(Finding("exception", rank, local, body, tuple(fields)))
+                    if not _reported(body):
+                        # a launcher's exception about the process it ran (subprocess's
+                        # CalledProcessError of `torchrun ...`, spawn's ProcessExitedException)
+                        # reports another process's end: the job's, not this process's own
+                        out.append(Finding("exception", rank, local, body, tuple(fields)))
                     # the same line may also say what went wrong (a gloo timeout, a CUDA OOM)
                 elif not body.startswith(("During handling", "The above exception")):
                     in_traceback.pop(key, None)
@@ -235,7 +240,9 @@ def _structured(body: str, rank: int | None, local: int | None, out: list[Findin
     m = _NCCL_TIMEOUT.search(body)
     if m:
         r = _NCCL_RANK.search(body)
-        fields = [("seq", m[1]), ("op", m[2]), ("timeout_ms", m[5]), ("ran_ms", m[6])]
+        fields = [("seq", m[1]), ("op", m[2]), ("timeout_ms", m[5])]
+        if m[6] is not None:
+            fields.append(("ran_ms", m[6]))
         if m[3] is not None:
             fields += [("numel_in", m[3]), ("numel_out", m[4])]
         out.append(Finding("nccl_timeout", int(r[1]) if r else rank, local, body, tuple(fields)))
