@@ -479,7 +479,30 @@ def _decide(g: LogRecords, now: float) -> _Outcome:
     first_at = min((r.at for r in ranks if r.at is not None), default=None)
     base = int((first_at or now) * S)
     states: list[RankState] = []
-    for i, r in enumerate(sorted(ranks, key=lambda r: (not r.first, r.torn_down, r.pid or 0))):
+    # ranks no record times are ordered by the first stamped line they wrote, not by where
+    # their lines sit in the files (one file per rank, or one interleaved file); a glog
+    # stamp has no year, so the order is month, day and time of day
+    said_at: dict[tuple[int | None, int | None], tuple[int, ...]] = {}
+    for _, f in g.findings:
+        if f.stamp is not None:
+            key, at = (f.rank, f.local_rank), tuple(f.stamp[1:])
+            said_at[key] = min(at, said_at.get(key, at))
+    never = (99,)
+
+    def wrote(r: LogRank) -> tuple[int, ...]:
+        found = [
+            t
+            for (rank, local), t in said_at.items()
+            if (rank is not None and rank == r.rank)
+            or (rank is None and local is not None and local == r.local_rank)
+        ]
+        return min(found, default=never)
+
+    # ... then by pid (start order), then by rank: never by which file came first
+    def order(r: LogRank) -> tuple[Any, ...]:
+        return (not r.first, r.torn_down, wrote(r), r.pid or 0, r.rank if r.rank is not None else 1 << 30)
+
+    for i, r in enumerate(sorted(ranks, key=order)):
         died = int(r.at * S) if r.at is not None else base + (S if r.torn_down else 0) + i
         if r.at is not None:
             g.death_at[r.label] = r.at

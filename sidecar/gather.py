@@ -22,6 +22,7 @@ from sidecar.incidents import Incident, Plan, Reads
 from sidecar.model import ProcKey, wait_status_from_returncode
 from sidecar.parse.flight import MAX_DUMP_BYTES, FlightDump, FlightVerdict, parse_dump, summarise
 from sidecar.parse.oomd import parse_userspace_oom_line
+from sidecar.parse.pasted import plain_output
 from sidecar.parse.ranks import Finding, parse_rank_output, stamp_to_epoch
 from sidecar.parse.torchrun import (
     ClosingSignal,
@@ -56,7 +57,7 @@ def job_log_said(texts: list[tuple[str | None, str]]) -> tuple[tuple[str, str], 
     seen: set[str] = set()
     found: list[tuple[str, str]] = []
     for _, text in texts:
-        for hits in part.scan_lines(text.splitlines()):
+        for hits in part.scan_lines(plain_output(text).splitlines()):
             for hit in hits:
                 if hit.line not in seen:
                     found.append((hit.message.id, hit.line))
@@ -322,7 +323,9 @@ class Gatherer:
         seen: set[tuple[str | None, str, str]] = set()
         wall, mono = self.wall(), self.clock_ns()
         for owner, text, error_file in texts:
-            found_here = parse_rank_output(text)
+            # read as a paste is (colours, a progress bar's carriage returns, a runtime's or
+            # srun's prefixes), never rejoined: a file holds the lines the process wrote
+            found_here = parse_rank_output(text if error_file is not None else plain_output(text))
             if error_file is not None and not any(f.kind == "exception" for f in found_here):
                 kind, _, message = text.strip().partition(": ")  # a message without its traceback
                 found_here.append(

@@ -82,14 +82,21 @@ def _srun(evidence: Evidence) -> Evidence:
     the rank a line names (torch's ``[rankN]:``), else task 0."""
     nodes = any(_AGENT.search(text) for _, text in evidence)
 
-    def task(line: str) -> str:
-        m = None if nodes else _SAYS_RANK.search(line)
-        return f"{(m[1] or m[2]) if m else 0}: {line}"
+    def tasks(text: str) -> str:
+        lines = text.split("\n")
+        if nodes:
+            return "\n".join(f"0: {line}" for line in lines)
+        # a line that names no rank is its task's: the rank the lines before it named (the
+        # first one named, before any)
+        said = [(m[1] or m[2]) if (m := _SAYS_RANK.search(line)) else None for line in lines]
+        current = next((r for r in said if r is not None), "0")
+        out = []
+        for line, rank in zip(lines, said, strict=True):
+            current = rank or current
+            out.append(f"{current}: {line}")
+        return "\n".join(out)
 
-    return [
-        (kind, "\n".join(task(line) for line in text.split("\n"))) if kind in OUTPUT_KINDS else (kind, text)
-        for kind, text in evidence
-    ]
+    return [(kind, tasks(text)) if kind in OUTPUT_KINDS else (kind, text) for kind, text in evidence]
 
 
 def _terminal(width: int) -> Callable[[Evidence], Evidence]:

@@ -22,9 +22,9 @@ from __future__ import annotations
 import itertools
 import re
 
-from sidecar.catalog import Catalog, catalog, literal_runs
+from sidecar.catalog import Catalog, Hit, catalog, literal_runs
 
-__all__ = ["launched_by_agent", "plain", "plain_all"]
+__all__ = ["launched_by_agent", "plain", "plain_all", "plain_output"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]{0,32}[ -/]{0,4}[@-~]|\x1b[@-_]")
 _SRUN = re.compile(r"^ {0,4}(\d{1,6}): ")
@@ -48,9 +48,11 @@ _DAEMONS = re.compile(
 )
 # a launcher's lines in the text: srun then started torchrun agents (one task a node), not ranks
 _AGENT = re.compile(
-    r"torch\.distributed\.elastic|torch/distributed/elastic|\btorchrun\b|torch\.distributed\.run"
+    r"torch\.distributed\.elastic|torch/distributed/elastic|\btorchrun\b|torch\.distributed\.run|"
+    r"torch\.multiprocessing\.spawn|deepspeed/launcher|\[launch\.py:\d"
 )
 _TORCH_RANK = re.compile(r"^\s{0,4}\[(?:rank|default)\d{1,6}\]:")
+_NAMES_RANK = re.compile(r"^\s{0,4}\[rank(\d{1,6})\]:|\[Rank (\d{1,6})\]")
 LINE_MAX = 4096  # longer lines are not joined to anything
 JOIN_MAX_LINES = 200_000  # past this many lines, a paste is a file: it was not wrapped by hand
 
@@ -94,16 +96,39 @@ def _numbered(lines: list[str]) -> bool:
     return _family(lines, _LINENO) and rising >= 0.5 * (len(numbers) - 1)
 
 
+_SRUN_TORCH = re.compile(r"^ {0,4}\d{1,6}: \s{0,4}\[(?:rank|default)\d{1,6}\]:")
+
+
 def _srun_tasks(lines: list[str]) -> bool:
-    """Most non-empty lines carry ``srun -l``'s ``N: `` task prefix."""
-    return _family(lines, _SRUN)
+    """Most non-empty lines carry ``srun -l``'s ``N: `` task prefix, or every one of a few
+    does before torch's own ``[rankN]:`` (``7: [rank7]:...``) or a catalog message
+    (``0: RuntimeError: DataLoader worker ... is killed``)."""
+    filled = [line for line in lines if line.strip()]
+    if _family(lines, _SRUN):
+        return True
+
+    def tagged(line: str) -> bool:  # a task id before torch's prefix or a known message
+        m = _SRUN.match(line)
+        return m is not None and (
+            _SRUN_TORCH.match(line) is not None or bool(catalog().scan(line[m.end() :]))
+        )
+
+    return 0 < len(filled) < 3 and all(tagged(line) for line in filled)
 
 
 def _untask(lines: list[str], nodes: bool) -> list[str]:
     """``srun -l``'s task ids taken off. A task is a rank when srun started the ranks
-    itself: then a line torch has not prefixed with its own ``[rankN]:`` gets the task's.
-    When the text holds the elastic agent's lines, srun started one torchrun a node: a task
-    is a node, not a rank, and the ranks' own prefixes are all that says who wrote a line."""
+    itself: several tasks, and no task's lines name a rank other than its own (torch's
+    ``[rankN]:``, the watchdog's ``[Rank N]``); then a line torch has not prefixed gets its
+    task's ``[rankN]:``. Otherwise a task is a node or a launcher that started several
+    ranks (the elastic agent's lines, ``mp.spawn``): the ranks' own words are all that
+    says who wrote a line."""
+    named: dict[str, set[str]] = {}
+    for line in lines:
+        m = _SRUN.match(line)
+        if m is not None:
+            named.setdefault(m[1], set()).update(r[1] or r[2] for r in _NAMES_RANK.finditer(line[m.end() :]))
+    ranks = not nodes and len(named) > 1 and all(said <= {task} for task, said in named.items())
     out = []
     for line in lines:
         m = _SRUN.match(line)
@@ -111,7 +136,7 @@ def _untask(lines: list[str], nodes: bool) -> list[str]:
             out.append(line)
             continue
         rest = line[m.end() :]
-        out.append(rest if nodes or _TORCH_RANK.match(rest) else f"[rank{m[1]}]:{rest}")
+        out.append(f"[rank{m[1]}]:{rest}" if ranks and not _TORCH_RANK.match(rest) else rest)
     return out
 
 
@@ -146,8 +171,8 @@ def _crossing(cat: Catalog, parts: list[str], glues: tuple[str, ...]) -> bool:
 
 
 def launched_by_agent(texts: list[str]) -> bool:
-    """The logs hold the torch elastic agent's lines: srun (or any launcher above it)
-    started torchrun, whose workers are the ranks."""
+    """The logs hold a launcher's lines that start the ranks (the torch elastic agent,
+    ``mp.spawn``, DeepSpeed's launcher): srun started that launcher, one task a node."""
     return any(_AGENT.search(text) for text in texts)
 
 
@@ -156,7 +181,14 @@ def plain(text: str) -> str:
     return plain_all([text])[0]
 
 
-def plain_all(texts: list[str]) -> list[str]:
+def plain_output(text: str) -> str:
+    """A process's output as the live daemon reads it from a file: colours, carriage
+    returns (a progress bar's redraws) and carried prefixes removed, as for a paste, but no
+    line joined (a program writes whole lines; only a copy wraps them)."""
+    return plain_all([text], unwrap=False)[0]
+
+
+def plain_all(texts: list[str], unwrap: bool = True) -> list[str]:
     """Texts pasted together (the files of one incident), each with colours, carriage
     returns and line prefixes removed, ``srun -l`` task ids turned into ``[rankN]:``
     prefixes where srun started the ranks (no text holds the elastic agent's lines), and
@@ -172,7 +204,7 @@ def plain_all(texts: list[str]) -> list[str]:
             lines = [_strip(line[m.end() :]) if (m := _LINENO.match(line)) else line for line in lines]
         if task or (any(tasks) and _all_carry(lines, _SRUN)):
             lines = _untask(lines, agents)
-        out.append(_join(lines))
+        out.append(_join(lines) if unwrap else "\n".join(lines))
     return out
 
 
@@ -181,13 +213,18 @@ def _join(lines: list[str]) -> str:
     across a break."""
     if len(lines) > JOIN_MAX_LINES:
         return "\n".join(lines)
-    lines = _unwrap_fixed(lines)
+    lines = _unwrap_web(_unwrap_fixed(lines))
     cat = catalog()
+    found = cat.scan_lines(lines)  # each line's own messages, found once
     joined: list[str] = []
     i = 0
     while i < len(lines):
         line = lines[i]
-        span = _run(cat, joined[-1], lines[i : i + RUN_MAX]) if joined and joined[-1] and line else None
+        span = (
+            _run(cat, joined[-1], lines[i : i + RUN_MAX], found[i])
+            if joined and joined[-1] and line
+            else None
+        )
         if span is not None:
             count, joined[-1] = span
             i += count
@@ -232,6 +269,48 @@ def _unwrap_fixed(lines: list[str]) -> list[str]:
     return out
 
 
+def _unwrap_web(lines: list[str]) -> list[str]:
+    """A web page (or an editor) wraps at the last space before its width and drops that
+    space: the line before such a break is long (most of the width), the next one does not
+    start with a space nor a record of its own, and its first word would not have fitted
+    on the line before. When a text has several such breaks, each is undone with the space
+    put back. A log that was never wrapped has few: its long lines are followed by a new
+    record, an indented line, or a word that would have fitted."""
+    width = max((len(line) for line in lines), default=0)
+    if width < 40:
+        return lines
+
+    def broken(before: str, after: str) -> bool:
+        if (
+            not before
+            or not after
+            or before[-1].isspace()
+            or after[0].isspace()
+            or _RECORD_START.match(after)
+        ):
+            return False
+        word = after.split(" ", 1)[0]
+        return len(before) >= 0.6 * width and len(before) + 1 + len(word) > width
+
+    breaks = sum(1 for a, b in itertools.pairwise(lines) if broken(a, b))
+    long = sum(1 for line in lines if len(line) >= 0.6 * width)
+    if breaks < 3 or breaks < 0.2 * long:
+        return lines
+    out: list[str] = []
+    cat = catalog()
+    for line in lines:
+        if out and broken(out[-1][-width:], line) and len(out[-1]) < LINE_MAX:
+            # the space back, unless the words read only without it (a word the copy cut:
+            # ``closing signal SI`` + ``GTERM``)
+            spaced, tight = out[-1] + " " + line, out[-1] + line
+            wide = {h.message.id for h in cat.scan(spaced)}
+            narrow = {h.message.id for h in cat.scan(tight)}
+            out[-1] = tight if wide < narrow else spaced
+        else:
+            out.append(line)
+    return out
+
+
 def _glued(cat: Catalog, before: str, after: str, following: str = "") -> str:
     """A terminal's wrap keeps every character (``before + after``); a copy that wrapped
     at a space dropped it. A catalog message that reads only with the space back decides
@@ -250,7 +329,8 @@ def _glued(cat: Catalog, before: str, after: str, following: str = "") -> str:
                 ids |= {h.message.id for h in cat.scan(text + glue + following)}
         return ids
 
-    return spaced if found(spaced) - found(tight) else tight
+    wide, narrow = found(spaced), found(tight)
+    return spaced if narrow < wide else tight  # the space reads more, and loses nothing
 
 
 class _Edges:
@@ -268,11 +348,29 @@ class _Edges:
                 for i in range(1, len(run) + 1):  # a whole run before the break: the message may go on
                     self.tails.setdefault(run[:i], []).append(run[i:])
         self.longest = max((len(head) for head in self.tails), default=0)
+        # the lengths of the heads that end in each character: a break is tried only at them
+        self.lengths: dict[str, tuple[int, ...]] = {}
+        ends: dict[str, set[int]] = {}
+        for head in self.tails:
+            ends.setdefault(head[-1], set()).add(len(head))
+        self.lengths = {c: tuple(sorted(n)) for c, n in ends.items()}
+        # each head's tails as a set, with their distinct lengths: a lookup per length
+        self.sets = {h: (frozenset(t), tuple(sorted({len(x) for x in t}))) for h, t in self.tails.items()}
 
     def crossed(self, before: str, after: str) -> bool:
-        for i in range(1, min(self.longest, len(before)) + 1):
-            tails = self.tails.get(before[-i:])
-            if tails is not None and any(after.startswith(t) for t in tails):
+        trimmed = before.rstrip(" ")
+        if trimmed != before and self._crossed(trimmed, after.lstrip(" ")):
+            return True  # the spaces at the break are a pattern's own repeat (`` {1,3}``)
+        return self._crossed(before, after)
+
+    def _crossed(self, before: str, after: str) -> bool:
+        if not before:
+            return False
+        for i in self.lengths.get(before[-1], ()):
+            if i > len(before):
+                break
+            found = self.sets.get(before[-i:])
+            if found is not None and any(after[:n] in found[0] for n in found[1]):
                 return True
         return False
 
@@ -287,7 +385,9 @@ def _edges(cat: Catalog) -> _Edges:
     return edges
 
 
-def _run(cat: Catalog, before: str, after: list[str]) -> tuple[int, str] | None:
+def _run(
+    cat: Catalog, before: str, after: list[str], hits: list[Hit] | None = None
+) -> tuple[int, str] | None:
     """How many of the lines ``after`` continue ``before`` (a message runs across the
     break after it when the first 1..RUN_MAX of them are joined to it), and the text they
     make: each break glued with "" when it fell inside a word or kept its space, with " "
@@ -297,7 +397,7 @@ def _run(cat: Catalog, before: str, after: list[str]) -> tuple[int, str] | None:
         return None
     first = [g for g in _glues(before, after[0]) if _edges(cat).crossed(before + g, after[0])]
     if not first:  # no message's words run across this break: the common case, cheap
-        return None
+        return _reached_back(before, after[0], cat.scan(after[0]) if hits is None else hits)
     for count in range(1, len(after) + 1):
         parts = [before, *after[:count]]
         if not parts[-1] or len(parts[-1]) >= LINE_MAX:
@@ -306,6 +406,29 @@ def _run(cat: Catalog, before: str, after: list[str]) -> tuple[int, str] | None:
         for glues in itertools.product(first, *rest):
             if _crossing(cat, parts, glues):
                 return count, parts[0] + "".join(g + p for g, p in zip(glues, parts[1:], strict=True))
+    return None
+
+
+def _reached_back(before: str, after: str, hits: list[Hit]) -> tuple[int, str] | None:
+    """A message found on the line after the break whose optional head (free text, no
+    literal words at the break) is on the line before: joined, its match starts before the
+    break and captures more fields (DeepSpeed's ``sigkill_handler] ['/usr/bin/python', ...``
+    + ``'--local_rank=0', ...] exits with return code = -7``)."""
+    if not hits:
+        return None
+    for glue in _glues(before, after):
+        joined = before + glue + after
+        edge = len(before) + len(glue)
+        for hit in hits:
+            rx = hit.message.pattern
+            alone = rx.search(after)
+            m = rx.search(joined)
+            if alone is None or m is None or m.start() >= len(before):
+                continue
+            if m.end() > edge and sum(g is not None for g in m.groups()) > sum(
+                g is not None for g in alone.groups()
+            ):
+                return 1, joined
     return None
 
 

@@ -72,7 +72,8 @@ Stamp = tuple[int | None, int, int, int, int, int, int]
 
 # glog (torch's C++ and, since 2.4, its Python logs): "E1202 18:15:56.797176003 ...", also
 # "[E1202 ...]"; Python logging and the 2.1-2.3 agent: "2026-12-02 18:24:01,331"
-_GLOG_STAMP = re.compile(r"^\[?[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,20}))? ")
+# (c10's own logger leaves the month unpadded: "[E626 05:14:36.393067540 ...]" is June 26)
+_GLOG_STAMP = re.compile(r"^\[?[IWEF](\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,20}))? ")
 _ISO_STAMP = re.compile(r"^\[?(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[,.](\d{1,20}))?")
 
 
@@ -129,7 +130,9 @@ _NCCL_PROGRESS = re.compile(
 )
 _NCCL_ABORTED = re.compile(r"NCCL communicator was aborted|communicator was aborted on rank")
 _HEARTBEAT = re.compile(r"[Hh]eartbeat monitor timed out|watchdog (?:thread )?got stuck")
-_GLOO_TIMEOUT = re.compile(r"gloo/\S+\] Timed out waiting (\d{1,20})ms for (\w+) operation to complete")
+# gloo's own words; the "[.../gloo/transport/tcp/unbound_buffer.cc:136] " before them is where
+# it threw, and a copy may have wrapped it onto the line before
+_GLOO_TIMEOUT = re.compile(r"(?:gloo/\S+\] )?Timed out waiting (\d{1,20})ms for (\w+) operation to complete")
 _PEER_CLOSED = re.compile(r"gloo/\S+\] Connection closed by peer \[?([\w.:]+?)\]?:(\d{1,20})")
 _CUDA_OOM = re.compile(
     r"CUDA out of memory\. Tried to allocate (\d{1,15}(?:\.\d{1,6})?) (B|KiB|MiB|GiB|TiB)"
@@ -210,7 +213,7 @@ def _parse(text: str) -> list[Finding]:
                     fields = [("type", m[1]), ("message", (m[2] or "").strip())]
                     if collective:
                         fields.append(("collective", collective))
-                    if not _reported(body):
+                    if not _reported(body) and m[1].rsplit(".", 1)[-1] not in _REPORTING_EXCEPTIONS:
                         # a launcher's exception about the process it ran (subprocess's
                         # CalledProcessError of `torchrun ...`, spawn's ProcessExitedException)
                         # reports another process's end: the job's, not this process's own
@@ -226,6 +229,19 @@ def _parse(text: str) -> list[Finding]:
         for hit in said:
             out.append(Finding("said", rank, local, body, said_fields(hit)))
     return out
+
+
+# exceptions a launcher raises about a process it ran, whatever their message says (Python's
+# subprocess, torch elastic's and torch.multiprocessing.spawn's, Ray's): another process's end
+_REPORTING_EXCEPTIONS = frozenset(
+    {
+        "CalledProcessError",
+        "ChildFailedError",
+        "ProcessRaisedException",
+        "ProcessExitedException",
+        "ActorDiedError",
+    }
+)
 
 
 def _reported(line: str) -> bool:
