@@ -349,6 +349,38 @@ def diagnose() -> str:
     return "\n".join(out) + "\n"
 
 
+def pastes() -> str:
+    doc = _load("pastes")
+    if doc is None:
+        return _missing("pastes", "run `python benchmarks/paste_robustness.py`")
+    r = doc["results"]
+    per = r["per_perturbation"]
+    out = [
+        f"The same {next(iter(per.values()))['cases']} cases, each pasted {len(per)} ways"
+        " (`python benchmarks/paste_robustness.py`, the perturbations in `tests/pastes.py`,"
+        f" {doc['date'][:10]}, commit `{doc['commit']}`): a case changes when its kind or confidence"
+        " differs from the case as collected, or its victim's rank where it had one.",
+        "",
+        "| pasted as | cases changed | became wrong | became right | became wrong with `certain`/`likely` |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for name, p in per.items():
+        out.append(
+            f"| {name} | {p['changed']} | {p['became_wrong']} | {p['became_right']} | "
+            f"{p['became_confident_wrong']} |"
+        )
+    halves = sorted({row["half"] for p in per.values() for row in p["rows"]})
+    out += [
+        "",
+        f"In all, {r['changed_total']} of {len(per) * next(iter(per.values()))['cases']} pasted cases changed"
+        f" (halves: {', '.join(halves) or 'none'}), {r['confident_wrong_total']} of them to a confident wrong"
+        " answer; `tests/test_parse_pasted.py` holds every dev-half case to no change at all and the"
+        " held-out half to no new confident-wrong answer.",
+        "",
+    ]
+    return "\n".join(out)
+
+
 def gpu() -> str:
     doc = _load("gpu")
     if doc is None:
@@ -611,6 +643,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "overhead_ab": overhead_ab,
     "deaths": deaths,
     "diagnose": diagnose,
+    "pastes": pastes,
     "gpu": gpu,
     "steps": steps,
     "loaded": loaded,

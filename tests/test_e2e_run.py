@@ -91,6 +91,19 @@ def test_a_python_exception_is_named_by_its_own_line(tmp_path):
     assert _fates(doc)[0] in ("same_cause", "terminated_by_agent"), doc["ranks"]
 
 
+def test_a_coloured_traceback_behind_a_progress_bar_is_still_the_rank_s_own_words(tmp_path):
+    """Rank 1 draws a progress bar with carriage returns and prints its traceback in ANSI
+    colours, as a pretty terminal library does: the daemon reads its output through the
+    paste reader, so the exception line is found as if it were plain."""
+    code, _out, err = _run(tmp_path, "--raise-rank=1", "--raise-after=2", "--colour")
+    assert code == 1, err[-3000:]
+    assert "\x1b[1;31m" in err and "training 3/4" in err  # it really printed colours and a bar
+    killer = _postmortem(tmp_path)["killer"]
+    assert killer["kind"] == "python_exception" and killer["confidence"] == "certain", killer
+    assert "ValueError: rank 1: a bad batch on purpose (shape mismatch)" in killer["summary"], killer
+    assert "\x1b" not in killer["summary"], killer
+
+
 @pytest.mark.root
 @requires("memcg")
 def test_an_oom_stays_the_root_cause_when_its_peer_then_fails(tmp_path):

@@ -151,6 +151,8 @@ def _crossing(cat: Catalog, parts: list[str], glues: tuple[str, ...]) -> bool:
     before = parts[0]
     edge = len(before)
     for hit in cat.scan(joined):
+        if hit.message.generic:  # any exception's last line takes any text: not a shape to join by
+            continue
         rx = hit.message.pattern
         for m in rx.finditer(joined):
             if m.start() < edge < m.end():
@@ -163,7 +165,7 @@ def _crossing(cat: Catalog, parts: list[str], glues: tuple[str, ...]) -> bool:
                 if filled > sum(g is not None for g in own.groups()) and own.end() <= edge:
                     return True
                 # ... or a run of the message's own words (" milliseconds before timing out")
-                if not hit.message.generic and own.end() <= edge:
+                if own.end() <= edge:
                     tail = joined[edge : m.end()]
                     if any(len(run.strip()) >= 10 and run.strip() in tail for run in literal_runs(rx)):
                         return True
@@ -420,6 +422,8 @@ def _reached_back(before: str, after: str, hits: list[Hit]) -> tuple[int, str] |
         joined = before + glue + after
         edge = len(before) + len(glue)
         for hit in hits:
+            if hit.message.generic:
+                continue
             rx = hit.message.pattern
             alone = rx.search(after)
             m = rx.search(joined)

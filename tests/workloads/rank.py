@@ -84,6 +84,31 @@ def stray(spin: int) -> None:
         n += 1
 
 
+def _colour_terminal() -> None:
+    """A progress bar redrawn in place, then every later traceback in red, line by line (as
+    rich and friends print them)."""
+    for i in range(4):
+        sys.stderr.write(f"\r\x1b[32mtraining {i}/4 |{'#' * i}{' ' * (4 - i)}|\x1b[0m")
+        sys.stderr.flush()
+    sys.stderr.write("\n")
+
+    import io
+
+    before = sys.excepthook  # torch's own, which prefixes the lines with [rankN]:
+
+    def hook(kind: type[BaseException], value: BaseException, tb: object) -> None:
+        real, sys.stderr = sys.stderr, io.StringIO()
+        try:
+            before(kind, value, tb)  # type: ignore[arg-type]
+            text = sys.stderr.getvalue()
+        finally:
+            sys.stderr = real
+        sys.stderr.write("".join(f"\x1b[1;31m{line}\x1b[0m\n" for line in text.splitlines()))
+        sys.stderr.flush()
+
+    sys.excepthook = hook
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hold-mb", type=int, default=64)
@@ -139,6 +164,12 @@ def main() -> int:
     ap.add_argument("--pg-timeout", type=float, default=1800.0, help="init_process_group timeout, s")
     ap.add_argument("--raise-rank", type=int, default=-1, help="this rank raises an exception")
     ap.add_argument("--raise-after", type=float, default=2.0)
+    ap.add_argument(
+        "--colour",
+        action="store_true",
+        help="print as a pretty terminal does: a progress bar redrawn with carriage returns, "
+        "the traceback in ANSI colours",
+    )
     ap.add_argument(
         "--record",
         type=int,
@@ -312,6 +343,8 @@ def main() -> int:
         if rank == args.loader_rank and restart == 0 and elapsed > args.raise_after:
             load_batches(args.loader_mb)  # through /dev/shm: a small one ends in SIGBUS
         if rank == args.raise_rank and restart == 0 and elapsed > args.raise_after:
+            if args.colour:
+                _colour_terminal()
             if args.print_secrets:  # careless code puts a credential in its exception
                 raise ValueError("login failed for HF_TOKEN=hf_QwErTyUiOpAsDfGhJkLzXcVbNm987654")
             raise ValueError(f"rank {rank}: a bad batch on purpose (shape mismatch)")
