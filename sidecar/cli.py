@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from sidecar.errors import ConfigError
 from sidecar.options import StrictParser, build_parser, parse_args
@@ -97,7 +98,6 @@ Exit status 0 when it ran (also when the answer is "unknown"), 2 when an input c
 
 def diagnose_command(argv: Sequence[str]) -> int:
     """``trainwatch diagnose [FILE|-]... [--format text|json|html]``."""
-    import json
 
     from sidecar.diagnose import DiagnoseError, diagnose, read_inputs
     from sidecar.postmortem import render_text
@@ -117,13 +117,97 @@ def diagnose_command(argv: Sequence[str]) -> int:
         inputs = read_inputs(ns.files)
     except DiagnoseError as exc:
         raise ConfigError(str(exc)) from None
-    doc = diagnose(inputs)
-    if ns.format == "json":
+    _write(diagnose(inputs), ns.format, render_text, render_html)
+    return 0
+
+
+def _write(doc: dict[str, Any], fmt: str, text: Callable[[Any], str], page: Callable[[Any], str]) -> None:
+    """A document on standard output as JSON, text or HTML."""
+    import json
+
+    if fmt == "json":
         sys.stdout.write(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
-    elif ns.format == "html":
-        sys.stdout.write(render_html(doc))
     else:
-        sys.stdout.write(render_text(doc))
+        sys.stdout.write(page(doc) if fmt == "html" else text(doc))
+
+
+STORY_HELP = """\
+Tell one job's death across nodes: which rank on which node died first and of what, what
+every other rank on every node did after it, in order, and what could not be seen.
+
+Every node's daemon exports its deaths (trainwatch_rank_death_timestamp_seconds, with the
+instance Prometheus scrapes it at); the story asks Prometheus which nodes saw the job die,
+reads each node's postmortems from its daemon, bounds each node's clock against
+Prometheus's from the scrapes, and joins them (schema trainwatch.story/v1). A daemon
+started with --prometheus URL serves the same at GET /story?job=RUN_ID.
+
+  trainwatch story --prometheus http://prometheus:9090
+  trainwatch story --prometheus http://prometheus:9090 --job 4711 --format html > story.html
+
+Exit status 0 with a story, 2 with a one-line error (Prometheus cannot be asked, no death
+of the job in the window, a bad option).
+"""
+
+
+def story_command(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> int:
+    """``trainwatch story --prometheus URL [--job RUN_ID] [--format json|text|html]``."""
+
+    from sidecar.options import check_prometheus_url
+    from sidecar.story import (
+        NoDeath,
+        PromError,
+        load_peer_config,
+        parse_window,
+        render_html,
+        render_text,
+        tell,
+    )
+
+    env = os.environ if environ is None else environ
+    p = StrictParser(
+        prog="trainwatch story", description=STORY_HELP, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--prometheus", metavar="URL", help="the Prometheus that scrapes the nodes' daemons "
+                   "(TRAINWATCH_PROMETHEUS)")  # fmt: skip
+    p.add_argument(
+        "--job",
+        metavar="RUN_ID",
+        help="the job's run id, its job label (default: the newest job with a death)",
+    )
+    p.add_argument("--format", choices=("text", "json", "html"), default="text")
+    p.add_argument(
+        "--window", metavar="DURATION", default="1d", help="how far back to look: 30m, 6h, 7d (default 1d)"
+    )
+    p.add_argument(
+        "--peer-config", metavar="FILE", help="credentials for the nodes' daemons and Prometheus "
+        "(basic_auth, tls_config as in a Prometheus scrape config; TRAINWATCH_PEER_CONFIG)",
+    )  # fmt: skip
+    p.add_argument("--timeout", metavar="SECONDS", default="3", help="per request to a node (default 3)")
+    ns = p.parse_args(list(argv))
+    raw = ns.prometheus or env.get("TRAINWATCH_PROMETHEUS")
+    if not raw:
+        raise ConfigError("--prometheus URL is needed (or TRAINWATCH_PROMETHEUS)")
+    url = check_prometheus_url(raw, "--prometheus" if ns.prometheus else "TRAINWATCH_PROMETHEUS")
+    try:
+        window = parse_window(ns.window)
+    except ValueError:
+        raise ConfigError(
+            f"--window: expected a duration from 1m to 400d (30m, 6h, 7d), got {ns.window!r}"
+        ) from None
+    try:
+        timeout = float(ns.timeout)
+    except ValueError:
+        timeout = -1.0
+    if not 0.1 <= timeout <= 60:
+        raise ConfigError(f"--timeout: expected 0.1 to 60 seconds, got {ns.timeout!r}")
+    peers = load_peer_config(ns.peer_config or env.get("TRAINWATCH_PEER_CONFIG") or None)
+    if ns.job is not None and not ns.job:
+        raise ConfigError("--job: empty run id")
+    try:
+        doc = tell(url, ns.job, window=window, peers=peers, timeout=timeout)
+    except (NoDeath, PromError) as exc:
+        raise ConfigError(str(exc)) from None
+    _write(doc, ns.format, render_text, render_html)
     return 0
 
 
@@ -137,6 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return postmortem_command(args[1:])
         if args[0] == "diagnose":
             return diagnose_command(args[1:])
+        if args[0] == "story":
+            return story_command(args[1:])
         if args[0] == "run":
             from sidecar.run import run_command
 

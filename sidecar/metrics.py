@@ -205,6 +205,12 @@ METRICS: dict[str, Spec] = {
     "trainwatch_last_sample_timestamp_seconds": Spec(
         "gauge", (), "Unix time of the last finished sampling round in seconds"
     ),
+    "trainwatch_time_seconds": Spec(
+        "gauge",
+        (),
+        "The daemon's clock when it answered this scrape (Unix seconds): against Prometheus's scrape "
+        "timestamp it bounds this node's clock offset (trainwatch story orders deaths across nodes by it)",
+    ),
     "trainwatch_sample_duration_seconds": Spec("gauge", (), "Duration of the last sampling round in seconds"),
     "trainwatch_samples_total": Spec("counter", (), "Sampling rounds run"),
     "trainwatch_smaps_cpu_seconds_total": Spec(
@@ -276,6 +282,17 @@ class _Lines:
     def body(self) -> bytes:
         text = "".join(line for lines in self.families.values() for line in lines)
         return (text + "# EOF\n" if self.openmetrics else text).encode()
+
+
+def with_clock(body: bytes, openmetrics: bool, now: float) -> bytes:
+    """``body`` with ``trainwatch_time_seconds`` at ``now`` appended (before OpenMetrics'
+    ``# EOF``): written per scrape, outside the cache of rendered bodies."""
+    lines = _Lines(openmetrics)
+    lines.add("trainwatch_time_seconds", now)
+    clock = "".join(lines.families["trainwatch_time_seconds"]).encode()
+    if openmetrics and body.endswith(b"# EOF\n"):
+        return body[: -len(b"# EOF\n")] + clock + b"# EOF\n"
+    return body + clock
 
 
 class TrainwatchCollector(Collector):

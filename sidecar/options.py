@@ -38,6 +38,8 @@ passes through and is kept as evidence; the exit status is torchrun's);
 trainwatch postmortem [ID|PATH|URL] prints a postmortem in the terminal;
 trainwatch diagnose [FILE|-]... names the killer from logs after the fact (torchrun output,
 dmesg, Slurm/Kubernetes/Docker/Ray messages: --help for more);
+trainwatch story --prometheus URL [--job RUN_ID] tells one job's death across nodes, joined
+from every node's daemon through the Prometheus that scrapes them;
 trainwatch doctor says which evidence sources work here and how to get the missing ones;
 trainwatch demo runs a small real torchrun job in which a rank exceeds a memory limit.
 
@@ -45,7 +47,8 @@ Every option can also be set by an environment variable: TRAINWATCH_ATTACH_TORCH
 TRAINWATCH_PID (comma-separated), TRAINWATCH_INTERVAL, TRAINWATCH_HOST, TRAINWATCH_PORT,
 TRAINWATCH_POSTMORTEM_DIR, TRAINWATCH_HISTORY, TRAINWATCH_LOG_LEVEL, TRAINWATCH_STALL_AFTER,
 TRAINWATCH_PY_SPY=1|0, TRAINWATCH_DISABLE (comma-separated), TRAINWATCH_WEB_CONFIG,
-TRAINWATCH_OOM_SCORE_ADJ, TRAINWATCH_SELF_PROTECTION=0. Options win over variables.
+TRAINWATCH_OOM_SCORE_ADJ, TRAINWATCH_SELF_PROTECTION=0, TRAINWATCH_PROMETHEUS,
+TRAINWATCH_PEER_CONFIG. Options win over variables.
 TRAINWATCH_CONNECTOR_BUFFER (bytes, default 8 MiB) sizes the process connector's receive
 buffer: on a node with many thousands of exits a second, a larger one overruns less.
 
@@ -158,6 +161,20 @@ def build_parser() -> argparse.ArgumentParser:
         "(tls_server_config, basic_auth_users); needs trainwatch[web]",
     )
     p.add_argument(
+        "--prometheus",
+        metavar="URL",
+        default=None,
+        help="the Prometheus that scrapes every node's daemon: serves GET /story?job=RUN_ID, one "
+        "story of a job across nodes (trainwatch story --help)",
+    )
+    p.add_argument(
+        "--peer-config",
+        metavar="FILE",
+        default=None,
+        help="credentials for reading the other nodes' daemons (and --prometheus) for /story: "
+        "basic_auth and tls_config as in a Prometheus scrape config; needs trainwatch[web]",
+    )
+    p.add_argument(
         "--oom-score-adj",
         metavar="N",
         default=None,
@@ -198,6 +215,20 @@ def _truthy(raw: str, name: str) -> bool:
     if raw.lower() in ("0", "false", "no", "off"):
         return False
     raise ConfigError(f"{name}: expected 1/0, true/false, yes/no, got {raw!r}")
+
+
+def check_prometheus_url(raw: str, name: str) -> str:
+    """An http(s) URL with a host, or a ConfigError naming the option."""
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(raw.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{name}: expected an http(s) URL of Prometheus, got {raw!r}")
+    try:
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError:
+        raise ConfigError(f"{name}: bad port in {raw!r}") from None
+    return raw.strip()
 
 
 def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Settings:
@@ -277,6 +308,13 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
     raw, name = _pick(ns.web_config, env, "TRAINWATCH_WEB_CONFIG", "--web-config")
     web_config = None if raw is None else os.path.abspath(os.path.expanduser(raw))
 
+    raw, name = _pick(ns.prometheus, env, "TRAINWATCH_PROMETHEUS", "--prometheus")
+    prometheus = None if raw is None else check_prometheus_url(raw, name)
+    raw, name = _pick(ns.peer_config, env, "TRAINWATCH_PEER_CONFIG", "--peer-config")
+    peer_config = None if raw is None else os.path.abspath(os.path.expanduser(raw))
+    if peer_config is not None and not os.path.isfile(peer_config):
+        raise ConfigError(f"{name}: {peer_config}: no such file")
+
     raw = env.get("TRAINWATCH_CONNECTOR_BUFFER")
     connector_buffer = 8 << 20
     if raw is not None:
@@ -303,6 +341,8 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
         py_spy=py_spy,
         oom_score_adj=oom_score_adj,
         web_config=web_config,
+        prometheus=prometheus,
+        peer_config=peer_config,
         self_protection=protect,
         connector_buffer_bytes=connector_buffer,
         pids=tuple(pids),

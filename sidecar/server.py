@@ -8,6 +8,8 @@ view as JSON), ``/healthz`` (200 while the sampler is alive and not stalled, els
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,19 +20,22 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from sidecar import __version__
 from sidecar.daemon import Daemon
 from sidecar.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
-from sidecar.metrics import TrainwatchCollector
+from sidecar.metrics import TrainwatchCollector, with_clock
 from sidecar.model import CgroupSample, Snapshot
 from sidecar.postmortem import render_text
 from sidecar.postmortem.html import render_html
 from sidecar.redact import redact_doc
+from sidecar.story.fetch import PeerConfig
+from sidecar.story.render import render_html as render_story_html
+from sidecar.story.render import render_text as render_story_text
 
 __all__ = ["create_app", "ranks_view"]
 
 
-def create_app(daemon: Daemon, *, manage_daemon: bool = True) -> FastAPI:
+def create_app(daemon: Daemon, *, manage_daemon: bool = True, peers: PeerConfig | None = None) -> FastAPI:
     """The app. With ``manage_daemon`` the lifespan starts the sampler and stops it
     (finishing the round in flight) on shutdown; tests that drive the daemon themselves
-    pass False."""
+    pass False. ``peers``: the credentials ``/story`` reads other nodes with."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -78,7 +83,8 @@ def create_app(daemon: Daemon, *, manage_daemon: bool = True) -> FastAPI:
             body = collector.exposition(openmetrics)
             rendered[:] = [(snap, made_of, body)]
         return Response(
-            content=body, media_type=CONTENT_TYPE_OPENMETRICS if openmetrics else CONTENT_TYPE_TEXT
+            content=with_clock(body, openmetrics, time.time()),
+            media_type=CONTENT_TYPE_OPENMETRICS if openmetrics else CONTENT_TYPE_TEXT,
         )
 
     @app.get("/ranks")
@@ -87,12 +93,18 @@ def create_app(daemon: Daemon, *, manage_daemon: bool = True) -> FastAPI:
             ranks_view(daemon.snapshot, daemon.settings.stall_after_seconds, daemon.stalls.stall)
         )
 
-    def present(doc: dict[str, Any], request: Request) -> Response:
+    def present(
+        doc: dict[str, Any],
+        request: Request,
+        text: Callable[[dict[str, Any]], str] = render_text,
+        page: Callable[[dict[str, Any]], str] = render_html,
+    ) -> Response:
+        """``?format=text|html|json``; without it, HTML for a client that prefers it."""
         wanted = request.query_params.get("format")
         if wanted == "text":
-            return PlainTextResponse(render_text(doc))
+            return PlainTextResponse(text(doc))
         if wanted == "html" or (wanted is None and _prefers_html(request.headers.get("accept", ""))):
-            return HTMLResponse(render_html(doc))
+            return HTMLResponse(page(doc))
         return JSONResponse(doc)
 
     @app.get("/postmortem")
@@ -103,8 +115,9 @@ def create_app(daemon: Daemon, *, manage_daemon: bool = True) -> FastAPI:
         return present(doc, request)
 
     @app.get("/postmortems")
-    def postmortems() -> JSONResponse:
-        return JSONResponse(daemon.store.listing())
+    def postmortems(request: Request) -> JSONResponse:
+        # ?job=KEY: one job's postmortems (what ``trainwatch story`` asks each node for)
+        return JSONResponse(daemon.store.listing(request.query_params.get("job")))
 
     @app.get("/postmortems/{ident}")
     def postmortem_by_id(ident: str, request: Request) -> Response:
@@ -112,6 +125,16 @@ def create_app(daemon: Daemon, *, manage_daemon: bool = True) -> FastAPI:
         if doc is None:
             return JSONResponse({"detail": f"no postmortem with id {ident!r}"}, status_code=404)
         return present(doc, request)
+
+    story = StoryRoute(daemon.settings.prometheus, peers)
+
+    @app.get("/story")
+    def story_route(request: Request) -> Response:
+        job = request.query_params.get("job")
+        status, doc = story.answer(job)
+        if status != 200:
+            return JSONResponse(doc, status_code=status)
+        return present(doc, request, render_story_text, render_story_html)
 
     @app.get("/healthz")
     def healthz() -> JSONResponse:
@@ -121,6 +144,42 @@ def create_app(daemon: Daemon, *, manage_daemon: bool = True) -> FastAPI:
         )
 
     return app
+
+
+class StoryRoute:
+    """``GET /story``: one story at a time (each asks Prometheus and every node), and the
+    last answer per job reused for a few seconds, so a dashboard's clicks or a hostile
+    client's loop cannot turn this daemon into a load on every node of the cluster."""
+
+    FRESH_S = 5.0
+
+    def __init__(self, prometheus: str | None, peers: PeerConfig | None) -> None:
+        self.prometheus = prometheus
+        self.peers = peers
+        self._lock = threading.Lock()
+        self._cache: dict[str | None, tuple[float, int, dict[str, Any]]] = {}
+
+    def answer(self, job: str | None) -> tuple[int, dict[str, Any]]:
+        if self.prometheus is None:
+            return 404, {"detail": "this daemon was not started with --prometheus URL: no story"}
+        if job is not None and (not job or len(job) > 256):
+            return 400, {"detail": "job: expected the job's run id (1 to 256 characters)"}
+        with self._lock:  # the next asker waits, then finds this one's answer
+            hit = self._cache.get(job)
+            if hit is not None and time.monotonic() - hit[0] < self.FRESH_S:
+                return hit[1], hit[2]
+            from sidecar.story import NoDeath, PromError, tell
+
+            try:
+                status, doc = 200, tell(self.prometheus, job, peers=self.peers)
+            except NoDeath as exc:
+                status, doc = 404, {"detail": str(exc)}
+            except PromError as exc:
+                status, doc = 503, {"detail": str(exc)}
+            if len(self._cache) > 32:
+                self._cache.clear()
+            self._cache[job] = (time.monotonic(), status, doc)
+            return status, doc
 
 
 def _prefers_html(accept: str) -> bool:

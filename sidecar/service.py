@@ -154,13 +154,18 @@ class Service:
             from sidecar import webconfig
 
             web = webconfig.load(settings.web_config)
+        peers = None
+        if settings.prometheus is not None:
+            from sidecar.story import load_peer_config
+
+            peers = load_peer_config(settings.peer_config)  # a bad file stops the start, naming its key
         self._sock = _listen(settings)
         host, port = self._sock.getsockname()[:2]
         _prepare_postmortem_dir(settings.postmortem_dir)
         # the daemon subscribes to the connector itself and logs how that went
         log.info("%s", summary_line(checks(settings, connector=False)))
         self.daemon = Daemon(settings, job_output=self.job_output)
-        app: Any = create_app(self.daemon)
+        app: Any = create_app(self.daemon, peers=peers)
         if web is not None and web.users:
             from sidecar.webconfig import BasicAuth
 

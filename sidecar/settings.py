@@ -61,6 +61,8 @@ class Settings:
     oom_score_adj: int | None = -1000  # set at start; None leaves it as inherited
     self_protection: bool = True  # lock memory, raise the death path's priority
     web_config: str | None = None  # exporter-toolkit web config: TLS and basic auth
+    prometheus: str | None = None  # the Prometheus scraping every node: GET /story
+    peer_config: str | None = None  # credentials for the other nodes' daemons (story)
     connector_buffer_bytes: int = 8 << 20  # the process connector socket's receive buffer
 
     @property

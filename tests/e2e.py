@@ -72,6 +72,7 @@ class DaemonProc:
     ) -> None:
         """``cwd``: the tree whose ``sidecar`` runs (default this repository; a benchmark
         compares another commit's checkout side by side)."""
+        tmp.mkdir(parents=True, exist_ok=True)
         self.log_path = tmp / f"daemon-{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "w")  # noqa: SIM115
         cmd = [
@@ -231,13 +232,18 @@ class TorchrunJob:
         launcher: str = "torchrun",
         launcher_args: tuple[str, ...] = (),
         rdzv_id: str | None = None,
+        nnodes: int = 1,
+        rdzv_endpoint: str | None = None,
+        rdzv_host: bool = False,
         mode: int | None = None,
         env: dict[str, str] | None = None,
         python: str | None = None,
         **workload: Any,
     ) -> None:
-        """``rdzv_id``: a c10d rendezvous of one node with this run id instead of
-        ``--standalone`` (whose run id is random): jobs that share it are one job's nodes."""
+        """``rdzv_id``: a c10d rendezvous with this run id instead of ``--standalone``
+        (whose run id is random): jobs that share it are one job's nodes; with ``nnodes``
+        over 1 and one ``rdzv_endpoint``, one job's agents ("nodes") on this machine, the
+        first of them hosting the rendezvous store."""
         self.dir = tmp / name
         self.dir.mkdir(parents=True)
         if mode is not None:  # a job run as another user writes its ready files here
@@ -251,11 +257,13 @@ class TorchrunJob:
             rendezvous = ["--standalone"]
         else:
             rendezvous = [
-                "--nnodes=1",
+                f"--nnodes={nnodes}",
                 "--rdzv-backend=c10d",
-                f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+                f"--rdzv-endpoint={rdzv_endpoint or f'127.0.0.1:{free_port()}'}",
                 f"--rdzv-id={rdzv_id}",
             ]
+            if nnodes > 1:  # agents of one machine: one hosts the store, every one binds loopback
+                rendezvous += [f"--rdzv-conf=is_host={int(rdzv_host)}", "--local-addr=127.0.0.1"]
         launch = list(self.LAUNCHERS[launcher])
         if python is not None:  # another interpreter (one another user may run): python -m ...
             launch = (
@@ -285,12 +293,13 @@ class TorchrunJob:
         """rank -> [rank pid, worker pids...] once every rank of that attempt is set up."""
 
         def read() -> dict[int, list[int]] | None:
-            files = [self.dir / f"rank{r}.r{restart}" for r in range(self.nproc)]
+            # this node's ranks (0..nproc-1 on one node; any global ranks on one of several)
+            files = sorted(self.dir.glob(f"rank*.r{restart}"))
             if self.proc.poll() is not None and restart == 0:
                 raise AssertionError(f"torchrun exited early:\n{(self.dir / 'torchrun.log').read_text()}")
-            if not all(f.exists() for f in files):
+            if len(files) < self.nproc:
                 return None
-            return {r: [int(p) for p in f.read_text().split()] for r, f in enumerate(files)}
+            return {int(f.name[4:].split(".")[0]): [int(p) for p in f.read_text().split()] for f in files}
 
         return wait_for(read, timeout, f"job {self.dir.name} attempt {restart} to be ready", 0.2)
 

@@ -245,11 +245,20 @@ def test_scrapes_between_rounds_reuse_the_body_and_a_new_round_or_death_renews_i
         "exposition",
         lambda self, openmetrics=False: calls.append(1) or real(self, openmetrics),
     )
+
+    def unclocked(body: str) -> str:
+        return "".join(line for line in body.splitlines(True) if "trainwatch_time_seconds" not in line)
+
     with TestClient(create_app(daemon, manage_daemon=False)) as client:
         first = client.get("/metrics").text
-        assert client.get("/metrics").text == first and len(calls) == 1  # the same round: not rendered again
+        second = client.get("/metrics").text
+        assert unclocked(second) == unclocked(first) and len(calls) == 1  # the same round: not rendered again
+        # but every answer carries the daemon's clock at that scrape (story bounds node clocks by it)
+        clock = [samples(b)[("trainwatch_time_seconds", ())] for b in (first, second)]
+        assert clock[0] <= clock[1] and abs(clock[1] - time.time()) < 60
         om = client.get("/metrics", headers={"Accept": "application/openmetrics-text"}).text
         assert om.endswith("# EOF\n") and len(calls) == 2  # another format is another body
+        assert "trainwatch_time_seconds" in om.split("# EOF")[0]
         daemon.deaths.deaths_total[("8d6de2d1", "kernel_oom")] = 1  # a death between rounds
         m = samples(client.get("/metrics").text)
         assert m[("trainwatch_rank_deaths_total", (("job", "8d6de2d1"), ("killer", "kernel_oom")))] == 1

@@ -199,19 +199,43 @@ def _decides(f: Finding) -> bool:
     return f.kind not in _REPORTING_FINDINGS
 
 
+def _says_why(findings: list[Finding]) -> bool:
+    """Whether these findings (one rank's output) say why it ended: a finding that decides,
+    on a line that is not itself a report of another's failure (the gloo line "Connection
+    closed by peer" is also an exception's last line; as such it reports, not decides)."""
+    reporting = {f.line for f in findings if f.kind in _REPORTING_FINDINGS}
+    return any(_decides(f) and f.line not in reporting for f in findings)
+
+
 def reporters(ev: Evidence) -> frozenset[str]:
     """The ranks that only report the job's failure: their output holds findings, none of
     which says why they ended (a watchdog's "failure detected", the flight recorder's
     notes, a peer that closed the connection), while another rank's output says why. They
     are never the job's reason, whoever ended first: the rank whose words name a cause is
     (both paths; a job-level verdict)."""
-    said: dict[str, bool] = {}
+    mine: dict[str, list[Finding]] = {}
     for label, f in ev.output:
         if label is not None:
-            said[label] = said.get(label, False) or _decides(f)
+            mine.setdefault(label, []).append(f)
+    said = {label: _says_why(fs) for label, fs in mine.items()}
     if not any(said.values()):
         return frozenset()
     return frozenset(label for label, decided in said.items() if not decided)
+
+
+# what a rank can die of when its cause is elsewhere: an exception, an abort, a timeout
+_PEER_KINDS = frozenset({Kind.PYTHON_EXCEPTION, Kind.ABORT, Kind.COLLECTIVE_TIMEOUT, Kind.UNKNOWN})
+
+
+def only_reports(ev: Evidence, label: str | None, kind: Kind) -> bool:
+    """True when this rank's output holds findings and every one of them reports a failure
+    elsewhere (a peer that closed the connection, a communicator aborted by another rank's
+    error), and it died of what such a report leads to: its cause is on another rank,
+    perhaps on another node. ``trainwatch story`` joins nodes on it (``killer.peer_failure``)."""
+    if label is None or kind not in _PEER_KINDS:
+        return False
+    mine = [f for lab, f in ev.output if lab == label]
+    return bool(mine) and not _says_why(mine)
 
 
 def autopsy(ev: Evidence) -> Verdict | None:
@@ -233,6 +257,7 @@ def autopsy(ev: Evidence) -> Verdict | None:
     oom = _oom_for(victim, ev.kernel)
     facts: dict[str, Any] = {}
     kind, confidence, summary = _victim_verdict(victim, oom, ev, items, facts)
+    facts["peer_failure"] = only_reports(ev, victim.label, kind)
 
     fates: dict[str, Fate] = {}
     for r in ev.ranks:

@@ -215,6 +215,8 @@ def build(p: Parts) -> dict[str, Any]:
         killer = {"kind": v.kind, "confidence": v.confidence}
     killer["summary"] = p.summary if p.summary is not None else (v.summary if v else NO_DEATH)
     killer["evidence"] = [{"source": e.source, "at": iso(e.at), "detail": e.detail} for e in p.evidence]
+    if v is not None and v.facts.peer_failure:  # its cause is on another rank: story joins nodes on it
+        killer["peer_failure"] = True
     sender = v.facts.sender if v is not None else None
     if sender is not None:  # CONTRACTS' killer.sender: who sent the signal, and the tool it was
         killer["sender"] = {

@@ -132,15 +132,26 @@ class PostmortemStore:
         with self._lock:
             return next(reversed(self._docs.values()), None) if self._docs else None
 
-    def listing(self) -> list[dict[str, Any]]:
+    def listing(self, job: str | None = None) -> list[dict[str, Any]]:
+        """Newest first: what a list shows of each, and what ``trainwatch story`` needs to
+        join nodes (the job key, the victim's rank, pid, restart and time of death).
+        ``job``: only the postmortems of that job key (the metrics' ``job`` label)."""
         with self._lock:
             docs = list(self._docs.values())
+        if job is not None:
+            docs = [d for d in docs if (d.get("job") or {}).get("key") == job]
         docs.sort(key=lambda d: d.get("created_at") or "", reverse=True)
         return [
             {
                 "id": d["id"],
                 "created_at": d.get("created_at"),
-                "victim": {"rank": (d.get("victim") or {}).get("rank")},
+                "job": (d.get("job") or {}).get("key"),
+                "restart": (d.get("job") or {}).get("restart_count"),
+                "victim": {
+                    "rank": (d.get("victim") or {}).get("rank"),
+                    "pid": (d.get("victim") or {}).get("pid"),
+                    "died_at": (d.get("victim") or {}).get("died_at"),
+                },
                 "killer": {
                     "kind": (d.get("killer") or {}).get("kind"),
                     "summary": (d.get("killer") or {}).get("summary"),

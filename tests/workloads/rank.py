@@ -221,6 +221,8 @@ def main() -> int:
     import torch.distributed as dist
 
     rank = int(os.environ["RANK"])
+    if os.environ.get("TW_GROW_LOCAL_RANK") == os.environ.get("LOCAL_RANK"):
+        args.grow_rank = rank  # a multi-node test names the grower by its node (its agent's env)
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if rank == args.ignore_sigterm_rank:
         import signal
