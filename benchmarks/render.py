@@ -579,6 +579,26 @@ def pss_cost() -> str:
     )
 
 
+def story() -> str:
+    doc = _load("story")
+    if doc is None:
+        return _missing("story", "run `python benchmarks/story_scale.py`")
+    r = doc["results"]
+    cli, http = r["cli_seconds"], r["http_seconds"]
+    return (
+        f"`benchmarks/story_scale.py` ({_provenance(doc)}): {r['nodes']} nodes, {r['ranks']} ranks, every"
+        " node's daemon a real HTTP server serving the recorded real two-node run's postmortems, the"
+        " Prometheus API answering with every node's deaths, ranks and clock samples, all on this"
+        f" machine's {doc['machine']['cores']} cores beside the story; {r['repeat']} stories each way, a new"
+        " job each (no cache):\n\n"
+        "| how | median | slowest | goal |\n| --- | ---: | ---: | ---: |\n"
+        f"| `trainwatch story` (the whole process, Python's start included) | {cli['median']:.2f} s |"
+        f" {cli['max']:.2f} s | {r['goal_seconds']:g} s |\n"
+        f"| `GET /story` on a daemon started with `--prometheus` | {http['median']:.2f} s | {http['max']:.2f} s"
+        f" | {r['goal_seconds']:g} s |\n"
+    )
+
+
 def gpu_stall() -> str:
     doc = _load("gpu-stall-h200")
     if doc is None:
@@ -651,6 +671,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "pss": pss_cost,
     "fuzz": fuzzing,
     "gpu_stall": gpu_stall,
+    "story": story,
 }
 BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated: \2 -->)", re.S)
 

@@ -124,6 +124,8 @@ def create_app(daemon: Daemon, *, manage_daemon: bool = True, peers: PeerConfig 
         doc = daemon.store.get(ident)
         if doc is None:
             return JSONResponse({"detail": f"no postmortem with id {ident!r}"}, status_code=404)
+        if request.query_params.get("view") == "summary":  # what story reads: all but the memory curve
+            return JSONResponse({k: v for k, v in doc.items() if k != "timeline"})
         return present(doc, request)
 
     story = StoryRoute(daemon.settings.prometheus, peers)

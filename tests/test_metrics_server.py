@@ -267,3 +267,31 @@ def test_scrapes_between_rounds_reuse_the_body_and_a_new_round_or_death_renews_i
         daemon.sample_now()  # a new round
         after = samples(client.get("/metrics").text)[("trainwatch_samples_total", ())]
         assert after == before + 1 and len(calls) == 4
+
+
+def test_listing_of_one_job_and_the_summary_view(daemon):
+    """What ``trainwatch story`` asks each node: one job's postmortems (with the victim's
+    pid, time of death and restart), and each without its memory curve."""
+    from sidecar.postmortem import make_id
+    from tests.test_postmortem_store import _doc
+
+    for n, job in enumerate(("4711", "other", "4711")):
+        doc = _doc(make_id(1796212414.0 + n, 4356 + n, "1", "node-17"))
+        doc.update(job={"key": job, "restart_count": n}, timeline=[{"at": "x"}])
+        doc["created_at"] = f"2026-12-02T11:40:2{n}.000+00:00"
+        doc["victim"].update(pid=100 + n, died_at=f"2026-12-02T11:40:1{n}.000+00:00")
+        daemon.store.put(doc, first=True)
+    with TestClient(create_app(daemon, manage_daemon=False)) as client:
+        listing = client.get("/postmortems", params={"job": "4711"}).json()
+        assert [(e["job"], e["restart"], e["victim"]["pid"]) for e in listing] == [
+            ("4711", 2, 102),
+            ("4711", 0, 100),
+        ]
+        assert len(client.get("/postmortems").json()) == 3
+        assert client.get("/postmortems", params={"job": "nope"}).json() == []
+        ident = listing[0]["id"]
+        summary = client.get(f"/postmortems/{ident}", params={"view": "summary"}).json()
+        assert "timeline" not in summary and summary["victim"]["pid"] == 102
+        assert client.get(f"/postmortems/{ident}").json()["timeline"] == [{"at": "x"}]
+        status = client.get("/story", params={"job": "4711"})
+        assert status.status_code == 404 and "--prometheus" in status.json()["detail"]

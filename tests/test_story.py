@@ -13,11 +13,8 @@ import json
 import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +29,9 @@ from sidecar.story.gather import MetricDeath, NodeSeen, RankSeen, Seen
 from sidecar.story.join import join
 from sidecar.story.prom import PromError, Prometheus, go_duration, quote
 from tests.e2e import REPO
+from tests.storyfakes import PromAnswers, recorded, reply, server
 
 FIXTURES = Path(__file__).parent / "fixtures" / "story"
-
-
-def recorded(name: str) -> Seen:
-    return Seen.from_dict(json.loads((FIXTURES / name).read_text()))
 
 
 # -- the clock ---------------------------------------------------------------------------
@@ -298,36 +292,6 @@ def test_hostile_postmortem_fields_are_ignored_and_escaped() -> None:
 # -- hostile servers -----------------------------------------------------------------------
 
 
-@contextmanager
-def server(handle: Callable[[BaseHTTPRequestHandler], None]) -> Iterator[str]:
-    class H(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            handle(self)
-
-        def log_message(self, *a: Any) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    httpd.daemon_threads = True
-    t = threading.Thread(target=httpd.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-
-
-def reply(body: bytes, status: int = 200) -> Callable[[BaseHTTPRequestHandler], None]:
-    def handle(h: BaseHTTPRequestHandler) -> None:
-        h.send_response(status)
-        h.send_header("Content-Length", str(len(body)))
-        h.end_headers()
-        h.wfile.write(body)
-
-    return handle
-
-
 def hang(h: BaseHTTPRequestHandler) -> None:
     time.sleep(30)
 
@@ -426,12 +390,12 @@ def test_a_bad_node_is_a_gap_never_a_hang(kind: str) -> None:
         return BAD[kind](h)
 
     with server(good) as a_url, server(bad) as b_url:
-        prom = RecordedPrometheus(seen, {good_a: a_url, bad_b: b_url})
+        prom = PromAnswers.from_seen(seen, {good_a: a_url, bad_b: b_url})
         with server(prom.handle) as p_url:
             t0 = time.monotonic()
             doc = tell(p_url, seen.job, timeout=1.0)
             took = time.monotonic() - t0
-    b_inst = prom.instances[bad_b]
+    b_inst = b_url.removeprefix("http://")
     nodes = {n["instance"]: n for n in doc["nodes"]}
     gaps = " ".join(doc["gaps"])
     assert b_inst in gaps, gaps
@@ -441,77 +405,6 @@ def test_a_bad_node_is_a_gap_never_a_hang(kind: str) -> None:
         assert not nodes[b_inst]["reachable"] and "could not be read" in gaps
     assert doc["first_death"]["instance"] == b_inst  # Prometheus's series still name it
     assert took < 20, f"{kind}: {took:.1f} s"  # a hang guard: a node has 2 s in all here
-
-
-class RecordedPrometheus:
-    """A Prometheus API answering ``story``'s queries from a recorded run, with each
-    recorded node moved to a new address (``where``: old instance -> base URL)."""
-
-    def __init__(self, seen: Seen, where: dict[str, str]) -> None:
-        self.seen = seen
-        self.instances = {old: url.removeprefix("http://") for old, url in where.items()}
-
-    def _vector(self, rows: list[tuple[dict[str, str], float]]) -> bytes:
-        result = [{"metric": m, "value": [self.seen.asked_at, repr(v)]} for m, v in rows]
-        return json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
-
-    def handle(self, h: BaseHTTPRequestHandler) -> None:
-        from urllib.parse import parse_qs, urlsplit
-
-        parts = urlsplit(h.path)
-        q = parse_qs(parts.query).get("query", [""])[0]
-        inst = self.instances
-        if parts.path.endswith("/targets"):
-            targets = [
-                {
-                    "labels": {"instance": new},
-                    "scrapeUrl": f"http://{new}/metrics",
-                    "health": "up",
-                    "lastError": "",
-                    "lastScrape": None,
-                }
-                for new in inst.values()
-            ]
-            body = json.dumps({"status": "success", "data": {"activeTargets": targets}}).encode()
-        elif parts.path.endswith("/status/flags"):
-            body = json.dumps({"status": "success", "data": {"scrape.timestamp-tolerance": "2ms"}}).encode()
-        elif "trainwatch_rank_death_timestamp_seconds" in q:
-            body = self._vector(
-                [
-                    (
-                        {
-                            "instance": inst[d.instance],
-                            "rank": d.rank,
-                            "restart": str(d.restart),
-                            "killer": d.killer,
-                            "job": self.seen.job,
-                        },
-                        d.at,
-                    )
-                    for d in self.seen.deaths
-                ]
-            )
-        elif "trainwatch_rank_info" in q:
-            body = self._vector(
-                [
-                    (
-                        {
-                            "instance": inst[r.instance],
-                            "rank": r.rank,
-                            "local_rank": r.local_rank,
-                            "pid": r.pid,
-                            "restart": str(r.restart),
-                        },
-                        1.0,
-                    )
-                    for r in self.seen.ranks
-                ]
-            )
-        elif q.startswith("last_over_time(trainwatch_last_sample_timestamp_seconds"):
-            body = self._vector([({"instance": inst[i]}, self.seen.asked_at) for i in self.seen.nodes])
-        else:  # the clocks' raw samples: none (the story says the clocks are not bounded)
-            body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": []}}).encode()
-        reply(body)(h)
 
 
 # -- credentials ---------------------------------------------------------------------------

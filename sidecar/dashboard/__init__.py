@@ -91,6 +91,8 @@ def _panel_json(p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
         defaults["color"] = {"mode": "thresholds"}
     if "noValue" in p.extra:
         defaults["noValue"] = p.extra["noValue"]
+    if "links" in p.extra:
+        defaults["links"] = p.extra["links"]
     options: dict[str, Any] = {}
     transformations: list[dict[str, Any]] = []
     if p.kind == "timeseries":
@@ -158,6 +160,13 @@ def _panel_json(p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
                 "properties": [{"id": "unit", "value": "dateTimeAsIso"}],
             }
         )
+    if p.extra.get("job_link"):
+        body["fieldConfig"]["overrides"].append(
+            {
+                "matcher": {"id": "byName", "options": "job"},
+                "properties": [{"id": "links", "value": [p.extra["job_link"]]}],
+            }
+        )
     if p.description:
         body["description"] = p.description
     if transformations:
@@ -217,6 +226,18 @@ def build() -> dict[str, Any]:
         _variable("instance", VARIABLES["instance"], "Node"),
         _variable("job", VARIABLES["job"], "Job"),
         _variable("rank", VARIABLES["rank"], "Rank"),
+        {
+            # where the dashboard's story links go: a daemon started with --prometheus URL
+            "name": "story_url",
+            "label": "Stories from",
+            "type": "textbox",
+            "query": "http://localhost:9864",
+            "current": {"text": "http://localhost:9864", "value": "http://localhost:9864"},
+            "description": "A trainwatch daemon started with --prometheus (GET /story): the first-death "
+            "panel and the deaths table link each job to its story across nodes there.",
+            "hide": 0,
+            "options": [],
+        },
     ]
     return {
         "title": "trainwatch",

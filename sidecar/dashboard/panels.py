@@ -38,6 +38,13 @@ class Panel:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def story_link(job: str) -> dict[str, Any]:
+    """A data link to the job's story across nodes (GET /story on the daemon the
+    ``story_url`` variable names: one started with --prometheus URL)."""
+    return {"title": "Story of this job across nodes", "url": f"${{story_url}}/story?job={job}&format=html",
+            "targetBlank": True}  # fmt: skip
+
+
 def _row(title: str) -> Panel:
     return Panel(title, "row", w=24, h=1)
 
@@ -101,7 +108,12 @@ def panels() -> list[Panel]:
             unit="dateTimeAsIso",
             w=6,
             h=5,
-            description="The earliest rank death of the job over every node's daemon: where to look first.",
+            description="The earliest rank death of the job over every node's daemon: where to look "
+            "first. "
+            "Click it for the job's story across nodes (which node's rank died first, of what, and what "
+            "every other rank did after it), served by the daemon named in the story_url variable (one "
+            "started with --prometheus).",
+            extra={"links": [story_link("${__field.labels.job}")]},
         ),
         Panel(
             "Predicted time until the memory limit",
@@ -316,8 +328,9 @@ def panels() -> list[Panel]:
             w=16,
             description="Every rank death in the range, oldest first over all nodes: the first row is the "
             "job's first death. agent_teardown: stopped by the torchrun agent after another rank failed. "
-            "The postmortem is at GET /postmortems on the node (instance).",
-            extra={"table_time": True},
+            "The postmortem is at GET /postmortems on the node (instance); click the job for its story "
+            "across nodes.",
+            extra={"table_time": True, "job_link": story_link("${__data.fields.job}")},
         ),
         Panel(
             "Deaths by killer",

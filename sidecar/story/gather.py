@@ -255,7 +255,7 @@ def _read_node(node: NodeSeen, job: str, config: ClientConfig | None, timeout: f
                 continue
             ids.append(ident)
         for ident in ids[:DOCUMENTS_PER_NODE]:
-            doc = get(f"/postmortems/{ident}", DOCUMENT_LIMIT)
+            doc = get(f"/postmortems/{ident}?view=summary", DOCUMENT_LIMIT)  # without its timeline
             if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
                 node.dropped.append(f"{ident}: not a {SCHEMA} document")
             elif not isinstance(doc.get("job"), dict) or doc["job"].get("key") != job:
