@@ -90,7 +90,7 @@ class PromAnswers:
         """A recorded run's answers, each node moved to its new base URL (``where``: old
         instance -> URL); no clock samples (the story then says the clocks are not bounded)."""
         prom = cls()
-        moved = {old: url.removeprefix("http://") for old, url in where.items()}
+        moved = {old: url.split("://", 1)[1] for old, url in where.items()}
         prom.now = seen.asked_at
         prom.urls = {moved[old]: url + "/metrics" for old, url in where.items()}
         prom.deaths = [(moved[d.instance], d.rank, d.restart, d.killer, d.at) for d in seen.deaths]

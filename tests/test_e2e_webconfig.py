@@ -130,3 +130,75 @@ def test_tls_with_client_certificates_and_basic_auth_scraped_by_the_real_prometh
             built = prom.api("query", query="trainwatch_build_info")["result"]
             assert [r["metric"]["job"] for r in built] == ["good"], built
         assert daemon.stop() == 0
+
+
+def test_story_reads_a_node_behind_tls_client_certificates_and_basic_auth(tmp_path: Path) -> None:
+    """``trainwatch story`` reaches a real daemon locked as its web config says (TLS, a
+    client certificate, basic auth) with ``--peer-config``, Prometheus's scrape fields
+    copied; without it the node is a gap that says why, and the story still comes."""
+    import json
+    import shutil
+    import sys
+
+    import bcrypt
+
+    from tests.e2e import REPO
+    from tests.storyfakes import FIXTURES, PromAnswers, recorded, server
+
+    pki = _pki(tmp_path)
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=10)).decode()
+    web = tmp_path / "web.yml"
+    web.write_text(
+        "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+        "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n"
+        f"basic_auth_users:\n  prometheus: '{hashed}'\n"
+    )
+    seen = recorded("two-nodes-seen.json")
+    first = next(i for i, n in seen.nodes.items() if n.docs[0]["killer"]["kind"] == "cgroup_oom")
+    (doc,) = seen.nodes[first].docs
+    pm_dir = tmp_path / "postmortems"  # the daemon finds the recorded node's postmortem at start
+    pm_dir.mkdir()
+    (pm_dir / f"{doc['id']}.json").write_text(json.dumps(doc))
+    assert (FIXTURES / "README.md").exists()
+    idle = subprocess.Popen(["sleep", "300"])
+    try:
+        with DaemonProc(tmp_path, "--pid", str(idle.pid), "--web-config", str(web)) as daemon:
+            other = next(i for i in seen.nodes if i != first)
+            with server(lambda h: h.send_error(404)) as gone:
+                prom = PromAnswers.from_seen(seen, {first: daemon.base, other: gone})
+                with server(prom.handle) as prom_url:
+                    peers = tmp_path / "peers.yml"
+                    peers.write_text(
+                        f"basic_auth: {{username: prometheus, password: {PASSWORD}}}\n"
+                        f"tls_config: {{ca_file: {pki['ca.crt']}, cert_file: {pki['client.crt']}, "
+                        f"key_file: {pki['client.key']}}}\n"
+                    )
+
+                    def story(*extra: str) -> dict:
+                        out = subprocess.run(
+                            [sys.executable, "-m", "sidecar", "story", "--prometheus", prom_url, "--job",
+                             seen.job, "--format", "json", *extra],
+                            capture_output=True, text=True, timeout=60, cwd=REPO,
+                        )  # fmt: skip
+                        assert out.returncode == 0, out.stderr
+                        return dict(json.loads(out.stdout))
+
+                    inst = daemon.base.removeprefix("https://")
+                    with_creds = story("--peer-config", str(peers))
+                    nodes = {n["instance"]: n for n in with_creds["nodes"]}
+                    assert nodes[inst]["reachable"] and nodes[inst]["postmortems"] == [doc["id"]]
+                    assert with_creds["first_death"]["killer"] == doc["killer"]
+                    without = story()
+                    nodes = {n["instance"]: n for n in without["nodes"]}
+                    assert not nodes[inst]["reachable"] and "TLS" in nodes[inst]["error"], nodes[inst]
+                    assert without["first_death"]["killer"]["confidence"] is None  # Prometheus's label only
+                    # a certificate but no password: refused by basic auth, and said so
+                    (tmp_path / "cert-only.yml").write_text(peers.read_text().split("\n", 1)[1])
+                    cert_only = story("--peer-config", str(tmp_path / "cert-only.yml"))
+                    assert (
+                        "credentials refused" in {n["instance"]: n for n in cert_only["nodes"]}[inst]["error"]
+                    )
+    finally:
+        idle.kill()
+        idle.wait()
+        shutil.rmtree(pm_dir, ignore_errors=True)
