@@ -6,9 +6,12 @@ the variables must offer this job, and the rank-killed alert must fire."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -17,7 +20,7 @@ import pytest
 
 from sidecar.dashboard import VARIABLES, all_queries
 from sidecar.demo import join_cgroup, memory_cgroup
-from tests.e2e import DaemonProc, TorchrunJob, job_postmortem, wait_for
+from tests.e2e import REPO, DaemonProc, TorchrunJob, job_postmortem, wait_for
 from tests.prom import PrometheusServer
 from tests.skips import left_out, requires
 
@@ -139,6 +142,21 @@ def test_every_panel_returns_series_and_the_killed_rank_alerts(tmp_path: Path) -
             assert float(died[0]["value"][1]) >= start and pids[1][0] == doc["victim"]["pid"]
             first = prom.query(f'trainwatch:job_first_death_timestamp_seconds{{job="{key}"}}', end)
             assert first and float(first[0]["value"][1]) == float(died[0]["value"][1])
+
+            # the single-node case of `trainwatch story` is the same document with one node
+            out = subprocess.run(
+                [sys.executable, "-m", "sidecar", "story", "--prometheus", prom.base, "--format", "json"],
+                capture_output=True, text=True, timeout=60, cwd=REPO,
+            )  # fmt: skip
+            assert out.returncode == 0, out.stderr
+            story = json.loads(out.stdout)
+            assert story["job"] == key and [n["instance"] for n in story["nodes"]] == [instance]
+            assert story["first_death"]["killer"]["kind"] == "cgroup_oom"
+            assert (story["first_death"]["rank"], story["first_death"]["pid"]) == (1, doc["victim"]["pid"])
+            assert {r["rank"]: r["fate"] for r in story["ranks"]} == {
+                r["rank"]: r["fate"]
+                for r in job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)["ranks"]
+            }
 
 
 def test_one_job_on_two_nodes_meets_in_prometheus(tmp_path: Path) -> None:

@@ -470,3 +470,29 @@ def test_prometheus_answers_are_parsed_strictly() -> None:
     weird["data"]["result"][0]["values"] = [[1.0, True]]
     with server(reply(json.dumps(weird).encode())) as url, pytest.raises(PromError, match="not a number"):
         Prometheus(url).query("x[1m]")
+
+
+def test_story_route_answers_503_when_prometheus_cannot_be_asked_and_reuses_answers() -> None:
+    from sidecar.server import StoryRoute
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there
+    route = StoryRoute(f"http://127.0.0.1:{port}", None)
+    status, doc = route.answer("4711")
+    assert status == 503 and "cannot be asked" in doc["detail"]
+    assert route.answer("x" * 300)[0] == 400
+    assert StoryRoute(None, None).answer("4711")[0] == 404
+    seen = recorded("two-nodes-seen.json")
+    calls: list[str] = []
+    prom = PromAnswers.from_seen(seen, {i: "http://127.0.0.1:9" for i in seen.nodes})
+
+    def counted(h: Any) -> None:
+        calls.append(h.path)
+        prom.handle(h)
+
+    with server(counted) as url:
+        route = StoryRoute(url, None)
+        first = route.answer(seen.job)
+        asked = len(calls)
+        assert first[0] == 200 and route.answer(seen.job) == first and len(calls) == asked  # reused
