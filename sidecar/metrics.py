@@ -205,6 +205,22 @@ METRICS: dict[str, Spec] = {
     "trainwatch_last_sample_timestamp_seconds": Spec(
         "gauge", (), "Unix time of the last finished sampling round in seconds"
     ),
+    "trainwatch_http_auth_failures_total": Spec(
+        "counter",
+        (),
+        "HTTP requests refused by basic authentication (--web-config): no, malformed or wrong credentials",
+    ),
+    "trainwatch_http_rate_limited_total": Spec(
+        "counter", (), "HTTP requests refused by the --web-config rate_limit (429)"
+    ),
+    "trainwatch_http_tls_refused_total": Spec(
+        "counter", (), "TLS connections ended because the client certificate has none of client_allowed_sans"
+    ),
+    "trainwatch_web_config_last_reload_successful": Spec(
+        "gauge",
+        (),
+        "1 when the --web-config file in force is the file on disk; 0 when a changed file could not be used",
+    ),
     "trainwatch_time_seconds": Spec(
         "gauge",
         (),
@@ -306,7 +322,9 @@ class TrainwatchCollector(Collector):
         death_times: Callable[[], dict[tuple[str, str, int], tuple[str, float]]] = dict,
         protection: Callable[[], list[tuple[str, bool]]] = list,
         lost: Callable[[], dict[str, int]] = dict,
+        web: Callable[[], tuple[int, int, int, bool] | None] = lambda: None,
     ) -> None:
+        self._web = web
         self._protection = protection
         self._lost = lost
         self._snapshot = snapshot
@@ -333,6 +351,13 @@ class TrainwatchCollector(Collector):
         f.add("trainwatch_postmortems_written_total", self._postmortems())
         for kind, granted in self._protection():
             f.add("trainwatch_self_protection", 1 if granted else 0, kind)
+        web = self._web()
+        if web is not None:  # --web-config in force
+            auth, limited, tls_refused, reload_ok = web
+            f.add("trainwatch_http_auth_failures_total", auth)
+            f.add("trainwatch_http_rate_limited_total", limited)
+            f.add("trainwatch_http_tls_refused_total", tls_refused)
+            f.add("trainwatch_web_config_last_reload_successful", 1 if reload_ok else 0)
         for source, count in sorted(self._lost().items()):
             f.add("trainwatch_lost_events_total", count, source)
         for (job, killer), count in sorted(self._deaths().items()):

@@ -28,11 +28,18 @@ from sidecar.redact import redact_doc
 from sidecar.story.fetch import PeerConfig
 from sidecar.story.render import render_html as render_story_html
 from sidecar.story.render import render_text as render_story_text
+from sidecar.webguard import WebStats
 
 __all__ = ["create_app", "ranks_view"]
 
 
-def create_app(daemon: Daemon, *, manage_daemon: bool = True, peers: PeerConfig | None = None) -> FastAPI:
+def create_app(
+    daemon: Daemon,
+    *,
+    manage_daemon: bool = True,
+    peers: PeerConfig | None = None,
+    web_stats: WebStats | None = None,
+) -> FastAPI:
     """The app. With ``manage_daemon`` the lifespan starts the sampler and stops it
     (finishing the round in flight) on shutdown; tests that drive the daemon themselves
     pass False. ``peers``: the credentials ``/story`` reads other nodes with."""
@@ -55,6 +62,7 @@ def create_app(daemon: Daemon, *, manage_daemon: bool = True, peers: PeerConfig 
         death_times=lambda: daemon.deaths.death_times,
         protection=lambda: [(g.kind, g.granted) for g in daemon.protection],
         lost=daemon.lost_events,
+        web=lambda: _web_figures(web_stats),
     )
     app.state.daemon = daemon
 
@@ -75,6 +83,7 @@ def create_app(daemon: Daemon, *, manage_daemon: bool = True, peers: PeerConfig 
             tuple(deaths.death_times.items()),
             tuple(daemon.lost_events().items()),
             tuple((g.kind, g.granted) for g in daemon.protection),
+            _web_figures(web_stats),
         )
         cached = rendered[0] if rendered else None
         if cached is not None and cached[0] is snap and cached[1] == made_of:
@@ -146,6 +155,12 @@ def create_app(daemon: Daemon, *, manage_daemon: bool = True, peers: PeerConfig 
         )
 
     return app
+
+
+def _web_figures(stats: WebStats | None) -> tuple[int, int, int, bool] | None:
+    if stats is None:
+        return None
+    return (stats.auth_failures, stats.rate_limited, stats.tls_refused, stats.reload_ok)
 
 
 class StoryRoute:

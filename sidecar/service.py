@@ -150,10 +150,14 @@ class Service:
             if not os.path.exists(f"{settings.proc_root}/{pid}"):
                 raise ConfigError(f"--pid {pid}: no such process (give the pid of a running torchrun agent)")
         web = None
+        web_stats = None
         if settings.web_config is not None:
             from sidecar import webconfig
+            from sidecar.webguard import Reloader, WebStats
 
-            web = webconfig.load(settings.web_config)
+            web_stats = WebStats()
+            reloader = Reloader(webconfig.load(settings.web_config), web_stats)
+            web = reloader.config
         peers = None
         if settings.prometheus is not None:
             from sidecar.story import load_peer_config
@@ -165,11 +169,11 @@ class Service:
         # the daemon subscribes to the connector itself and logs how that went
         log.info("%s", summary_line(checks(settings, connector=False)))
         self.daemon = Daemon(settings, job_output=self.job_output)
-        app: Any = create_app(self.daemon, peers=peers)
-        if web is not None and web.users:
-            from sidecar.webconfig import BasicAuth
+        app: Any = create_app(self.daemon, peers=peers, web_stats=web_stats)
+        if web is not None:
+            from sidecar.webguard import WebGuard
 
-            app = BasicAuth(app, web.users)
+            app = WebGuard(app, reloader)  # rate limit, headers, basic auth; the file read again on change
         app = fresh_date = _FreshDate(app)
         config = uvicorn.Config(
             app,
@@ -181,7 +185,7 @@ class Service:
         )
         if web is not None and web.tls:
             config.load()
-            config.ssl = web.ssl_context()  # uvicorn's own has no minimum version or client CA
+            config.ssl = reloader.server_context()  # each connection takes the config in force
         self.server = fresh_date.server = _quiet_server_class()(config)
         shown = host if ":" not in host else f"[{host}]"
         scheme = "https" if web is not None and web.tls else "http"
@@ -190,11 +194,16 @@ class Service:
             log.info(
                 "web config %s: %s, %s",
                 web.path,
-                f"TLS (min {web.min_version}, client certificates: {web.client_auth})"
+                f"TLS ({web.min_version} to {web.max_version}, client certificates: {web.client_auth}"
+                + (f", allowed SANs {sorted(web.allowed_sans)}" if web.allowed_sans is not None else "")
+                + ")"
                 if web.tls
                 else "no TLS",
                 f"basic auth for {len(web.users)} user(s), /healthz open" if web.users else "no basic auth",
             )
+            if web.headers or web.rate_interval:
+                limit = f"{web.rate_burst} per {web.rate_interval:g} s" if web.rate_interval else "none"
+                log.info("web config: headers %s, rate limit %s", sorted(web.headers) or "none", limit)
 
         def run_server() -> None:
             try:

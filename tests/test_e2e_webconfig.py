@@ -129,6 +129,18 @@ def test_tls_with_client_certificates_and_basic_auth_scraped_by_the_real_prometh
             assert up == {"good": 1.0, "wrong-password": 0.0, "no-client-cert": 0.0}, up
             built = prom.api("query", query="trainwatch_build_info")["result"]
             assert [r["metric"]["job"] for r in built] == ["good"], built
+            # the refused scrapes are counted, as Prometheus sees them through the good one
+            failures = wait_for(
+                lambda: [
+                    r for r in prom.api("query", query="trainwatch_http_auth_failures_total > 2")["result"]
+                ],
+                30,
+                "the wrong-password scrapes counted",
+                0.5,
+            )
+            assert [r["metric"]["job"] for r in failures] == ["good"], failures
+            reload_ok = prom.api("query", query="trainwatch_web_config_last_reload_successful")["result"]
+            assert [r["value"][1] for r in reload_ok] == ["1"], reload_ok
         assert daemon.stop() == 0
 
 
