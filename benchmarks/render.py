@@ -599,6 +599,27 @@ def story() -> str:
     )
 
 
+def webauth() -> str:
+    doc = _load("webauth-timing")
+    if doc is None:
+        return _missing("webauth-timing", "run `python benchmarks/webauth_timing.py --baseline REV`")
+    r = doc["results"]
+    rows = [("now", r)] + (
+        [(f"before (`{r['baseline']['commit']}`)", r["baseline"])] if "baseline" in r else []
+    )
+    body = "".join(
+        f"| {label} | {x['known_user_refused_ms']:.1f} ms | {x['unknown_user_refused_ms']:.1f} ms |"
+        f" {x['ratio_unknown_to_known']:.2f} | {x['good_pair_remembered_ms']:.2f} ms |\n"
+        for label, x in rows
+    )
+    return (
+        f"`benchmarks/webauth_timing.py` ({_provenance(doc)}): a real daemon with two basic-auth users"
+        f" (bcrypt cost {r['bcrypt_cost']}), {r['rounds']} refusals each way, sent in turns; medians:\n\n"
+        "| daemon | known user, wrong password | unknown user | unknown / known | a good pair it remembers |\n"
+        "| --- | ---: | ---: | ---: | ---: |\n" + body
+    )
+
+
 def gpu_stall() -> str:
     doc = _load("gpu-stall-h200")
     if doc is None:
@@ -672,6 +693,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "fuzz": fuzzing,
     "gpu_stall": gpu_stall,
     "story": story,
+    "webauth": webauth,
 }
 BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated: \2 -->)", re.S)
 

@@ -157,8 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--web-config",
         metavar="FILE",
         default=None,
-        help="TLS and basic auth for HTTP, in the Prometheus exporter-toolkit format "
-        "(tls_server_config, basic_auth_users); needs trainwatch[web]",
+        help="the Prometheus exporter-toolkit web config: TLS, client certificates and allowed SANs, "
+        "response headers, a rate limit, basic auth; every key honoured or refused by name, the file read "
+        "again when it changes; needs trainwatch[web]",
     )
     p.add_argument(
         "--prometheus",

@@ -87,7 +87,7 @@ def test_a_good_config_with_relative_paths(cert):
         load(str(cert / "missing.yml"))
 
 
-def _call(app: BasicAuth, path: str, auth: str | None) -> int:
+def _call(app: WebGuard, path: str, auth: str | None) -> int:
     sent: list[dict] = []
 
     async def receive() -> dict:
