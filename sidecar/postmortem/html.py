@@ -8,6 +8,7 @@ Policy forbids loading anything, so the page shows the same on an air-gapped nod
 from __future__ import annotations
 
 import html
+import math
 from typing import Any
 
 from sidecar.model import Fate
@@ -34,6 +35,45 @@ CHARGE_SERIES = (
 
 def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+_MIB, _GIB = 2**20, 2**30
+# round steps for the memory axis: MiB below a GiB, then quarters, halves and wholes of GiB
+_BYTE_STEPS = [m * _MIB for m in (1, 2, 5, 10, 20, 25, 50, 100)] + [
+    int(g * _GIB) for g in (0.25, 0.5, 1, 2, 2.5, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000)
+]
+_SECOND_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600)
+
+
+def byte_ticks(top: float, most: int = 5) -> list[int]:
+    """Round values from 0 up to (and past) ``top``: at most ``most`` steps of one of
+    ``_BYTE_STEPS`` (0, 512 MiB, 1 GiB, 1.5 GiB ... not 0, 415, 829 MiB)."""
+    step = next(
+        (s for s in _BYTE_STEPS if top / s <= most),
+        _BYTE_STEPS[-1] * (1 + int(top // (_BYTE_STEPS[-1] * most))),
+    )
+    n = max(1, math.ceil(top / step - 1e-9))
+    return [k * step for k in range(n + 1)]
+
+
+def tick_label(v: float) -> str:
+    """A round byte value as people say it: 768 MiB, 1 GiB, 1.25 GiB."""
+
+    def num(x: float) -> str:
+        return f"{x:.2f}".rstrip("0").rstrip(".")
+
+    if v >= _GIB:
+        return f"{num(v / _GIB)} GiB"
+    return f"{num(v / _MIB)} MiB" if v else "0"
+
+
+def second_ticks(lo: float, hi: float, most: int = 5) -> list[float]:
+    """Round offsets in seconds from a reference (the death) between ``lo`` and ``hi``
+    (-30, -20, -10, 0, +10 ...), at most ``most`` steps of one of ``_SECOND_STEPS``."""
+    span = max(hi - lo, 1e-9)
+    step = next((s for s in _SECOND_STEPS if span / s <= most), _SECOND_STEPS[-1] * (1 + int(span // 18000)))
+    first, last = math.ceil(lo / step - 1e-9), math.floor(hi / step + 1e-9)
+    return [float(k * step) for k in range(first, last + 1)]
 
 
 def _e(value: Any) -> str:
@@ -90,7 +130,10 @@ def _chart(doc: dict[str, Any]) -> str:
     t0 = min([t for t, _ in points] + [t for _, t in warned])
     t1 = max([t for t, _ in points] + [t for _, t in deaths])
     t1 = t1 if t1 > t0 else t0 + 1
-    top = float(max([v for _, _, _, pts in series for _, v in pts] + ([limit] if limit else []) + [1])) * 1.08
+    ticks = byte_ticks(
+        float(max([v for _, _, _, pts in series for _, v in pts] + ([limit] if limit else []) + [1]))
+    )
+    top = float(ticks[-1])
 
     def x(t: float) -> float:
         return PAD_L + (t - t0) / (t1 - t0) * (W - PAD_L - PAD_R)
@@ -103,14 +146,18 @@ def _chart(doc: dict[str, Any]) -> str:
         f"aria-label='memory before death'>",
         f"<rect x='0' y='0' width='{W}' height='{H}' fill='#fff'/>",
     ]
-    for i in range(5):  # horizontal grid with byte labels
-        v = top * i / 4
+    for v in ticks:  # horizontal grid at round sizes
         out.append(f"<line x1='{PAD_L}' x2='{W - PAD_R}' y1='{y(v):.1f}' y2='{y(v):.1f}' stroke='#eee'/>")
-        out.append(f"<text x='{PAD_L - 6}' y='{y(v) + 4:.1f}' text-anchor='end' class='ax'>{_gib(v)}</text>")
-    span = t1 - t0
-    for i in range(5):
-        t = t0 + span * i / 4
-        out.append(f"<text x='{x(t):.1f}' y='{H - 18}' text-anchor='middle' class='ax'>-{t1 - t:.0f}s</text>")
+        out.append(
+            f"<text x='{PAD_L - 6}' y='{y(v) + 4:.1f}' text-anchor='end' class='ax'>{tick_label(v)}</text>"
+        )
+    died = epoch_of((doc.get("victim") or {}).get("died_at"))
+    ref = died if died is not None and t0 <= died <= t1 else t1
+    for off in second_ticks(t0 - ref, t1 - ref):  # round seconds from the death (or the end)
+        label = ("death" if died is not None and ref == died else "0 s") if off == 0 else f"{off:+g} s"
+        out.append(
+            f"<text x='{x(ref + off):.1f}' y='{H - 18}' text-anchor='middle' class='ax'>{label}</text>"
+        )
     if limit:
         out.append(
             f"<line x1='{PAD_L}' x2='{W - PAD_R}' y1='{y(limit):.1f}' y2='{y(limit):.1f}' stroke='#c0392b' "

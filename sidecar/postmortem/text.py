@@ -126,6 +126,15 @@ def _memory(doc: dict[str, Any]) -> list[str]:
     return ["", "memory at death:", *lines] if lines else []
 
 
+def _until_death(doc: dict[str, Any], points: list[tuple[float, int]]) -> tuple[list[tuple[float, int]], str]:
+    """The points up to the victim's death and the mark that ends a sparkline there ("✕"):
+    what was sampled after the kill (the memory freed) is not the curve that led to it."""
+    died = epoch_of((doc.get("victim") or {}).get("died_at"))
+    if died is None:
+        return points, ""
+    return [(t, v) for t, v in points if t <= died + 1e-3], "✕"
+
+
 def _curve(doc: dict[str, Any]) -> list[str]:
     timeline = doc.get("timeline") or []
     label = str((doc.get("victim") or {}).get("rank"))
@@ -134,13 +143,14 @@ def _curve(doc: dict[str, Any]) -> list[str]:
         for i, p in enumerate(timeline)
         if isinstance(c := (p.get("rss_bytes") or {}).get(label), int)
     ]
+    curve, mark = _until_death(doc, curve)
     if not curve:
         return []
     return [
         "",
         f"rank {label} RSS over the last {curve[-1][0] - curve[0][0]:.0f} s "
-        f"(max {_size(max(v for _, v in curve))}):",
-        f"  {_spark(_by_time(curve))}",
+        f"(max {_size(max(v for _, v in curve))}, {'at death' if mark else 'last'} {_size(curve[-1][1])}):",
+        f"  {_spark(_by_time(curve))}{mark}",
     ]
 
 
@@ -226,15 +236,16 @@ def _by_time(points: list[tuple[float, int]], most: int = 72) -> list[int]:
 
 
 def _charge_curve(doc: dict[str, Any]) -> list[str]:
-    """The binding cgroup's charge split over the window before the death."""
-    died = epoch_of((doc.get("victim") or {}).get("died_at"))
+    """The binding cgroup's charge split over the window before the death, each part's
+    sparkline ending at the death (marked) and its first and last values beside it."""
     points = [
         (at, p["cgroup_charge_bytes"])
         for p in doc.get("timeline") or []
-        if isinstance(p.get("cgroup_charge_bytes"), dict)
-        and (at := epoch_of(p.get("at"))) is not None
-        and (died is None or at <= died)
+        if isinstance(p.get("cgroup_charge_bytes"), dict) and (at := epoch_of(p.get("at"))) is not None
     ]
+    died = epoch_of((doc.get("victim") or {}).get("died_at"))
+    points = [(at, c) for at, c in points if died is None or at <= died + 1e-3]
+    mark = "✕" if died is not None else ""
     if len(points) < 2:
         return []
     lines = [f"cgroup charge over the last {points[-1][0] - points[0][0]:.0f} s:"]
@@ -243,7 +254,7 @@ def _charge_curve(doc: dict[str, Any]) -> list[str]:
         if not values or max(v for _, v in values) < 2**20:
             continue
         lines.append(
-            f"  {name:<10} {_spark(_by_time(values))}  {_size(values[0][1])} -> {_size(values[-1][1])}"
+            f"  {name:<10} {_spark(_by_time(values))}{mark}  {_size(values[0][1])} -> {_size(values[-1][1])}"
         )
     return ["", *lines] if len(lines) > 1 else []
 
