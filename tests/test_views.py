@@ -36,7 +36,8 @@ def _doc(died_s: int = 30, after: int = 10) -> dict:
         "victim": {"rank": 1, "pid": 5, "died_at": at(died_s)},
         "killer": {"kind": "cgroup_oom", "confidence": "certain", "summary": "s", "evidence": []},
         "ranks": [{"rank": 1, "pid": 5, "fate": "root_cause", "died_at": at(died_s), "signal": "SIGKILL"}],
-        "memory": {"cgroup": {"limit_bytes": int(1.5 * GIB), "charge": {"anon_bytes": int(1.5 * GIB)}}},
+        # read at the death, a little after the last sample
+        "memory": {"cgroup": {"limit_bytes": int(1.6 * GIB), "charge": {"anon_bytes": int(1.6 * GIB)}}},
         "timeline": timeline,
     }
 
@@ -47,7 +48,8 @@ def test_sparklines_end_at_the_death_and_agree_with_their_numbers() -> None:
     assert rss[0].strip().endswith("(max 1.5 GiB, at death 1.5 GiB):"), rss[0]
     assert rss[1].strip().endswith("█✕"), rss[1]  # the top of the curve, then the kill
     anon = next(line for line in text.splitlines() if line.strip().startswith("anon ") and "->" in line)
-    assert "█✕" in anon and anon.strip().endswith("0 B -> 1.5 GiB"), anon
+    assert "█✕" in anon and anon.strip().endswith("0 B -> 1.6 GiB"), anon  # as "made of" says
+    assert "made of: anon 1.6 GiB" in text
     # without a time of death (a hand-made document), no mark and every point
     doc = _doc()
     doc["victim"]["died_at"] = None
@@ -59,7 +61,7 @@ def test_the_chart_axes_fall_on_round_values() -> None:
     labels = re.findall(r"class='ax'>([^<]+)</text>", page)
     sizes = [x for x in labels if x == "0" or x.endswith("iB")]
     seconds = [x for x in labels if x.endswith(" s") or x == "death"]
-    assert sizes == ["0", "512 MiB", "1 GiB", "1.5 GiB"], sizes
+    assert sizes == ["0", "512 MiB", "1 GiB", "1.5 GiB", "2 GiB"], sizes
     assert seconds == ["-30 s", "-20 s", "-10 s", "death", "+10 s"], seconds
 
 
@@ -82,3 +84,16 @@ def test_second_ticks_are_round_and_within_the_window(before: float, after: floa
     assert 0 in ticks  # the death (the reference) is always marked
     steps = {round(b - a, 6) for a, b in itertools.pairwise(ticks)}
     assert len(steps) <= 1 and all(float(s).is_integer() for s in steps)
+
+
+def test_the_curves_end_at_the_kernels_kill_not_at_the_exit_seen_after_it() -> None:
+    """Between the kernel's kill and the exit the daemon hears, a sample can show the memory
+    already freed: the curve ends at the kill record's time."""
+    doc = _doc()
+    kill = {"source": "kmsg", "at": "2026-12-03T10:00:29.000+00:00", "detail": "Killed"}
+    doc["killer"]["evidence"] = [kill]
+    doc["timeline"][30]["rss_bytes"]["1"] = 0  # sampled at the exit, after the kill
+    doc["timeline"][30]["cgroup_charge_bytes"]["anon"] = 0
+    text = render_text(doc)
+    rss = text.split("rank 1 RSS over the last")[1].splitlines()
+    assert "at death 1.4 GiB" in rss[0] and rss[1].strip().endswith("█✕"), rss

@@ -126,10 +126,26 @@ def _memory(doc: dict[str, Any]) -> list[str]:
     return ["", "memory at death:", *lines] if lines else []
 
 
+def _killed_at(doc: dict[str, Any]) -> float | None:
+    """When the victim was killed: the kernel's kill record when there is one (the exit is
+    seen a little later, and samples between the two show the memory already freed), else
+    its time of death."""
+    died = epoch_of((doc.get("victim") or {}).get("died_at"))
+    if died is None:
+        return None
+    kills = [
+        t
+        for e in (doc.get("killer") or {}).get("evidence") or []
+        if isinstance(e, dict) and e.get("source") == "kmsg"
+        and (t := epoch_of(e.get("at"))) is not None and died - 5 <= t <= died
+    ]  # fmt: skip
+    return min(kills, default=died)
+
+
 def _until_death(doc: dict[str, Any], points: list[tuple[float, int]]) -> tuple[list[tuple[float, int]], str]:
     """The points up to the victim's death and the mark that ends a sparkline there ("✕"):
     what was sampled after the kill (the memory freed) is not the curve that led to it."""
-    died = epoch_of((doc.get("victim") or {}).get("died_at"))
+    died = _killed_at(doc)
     if died is None:
         return points, ""
     return [(t, v) for t, v in points if t <= died + 1e-3], "✕"
@@ -243,14 +259,19 @@ def _charge_curve(doc: dict[str, Any]) -> list[str]:
         for p in doc.get("timeline") or []
         if isinstance(p.get("cgroup_charge_bytes"), dict) and (at := epoch_of(p.get("at"))) is not None
     ]
-    died = epoch_of((doc.get("victim") or {}).get("died_at"))
+    died = _killed_at(doc)
     points = [(at, c) for at, c in points if died is None or at <= died + 1e-3]
     mark = "✕" if died is not None else ""
     if len(points) < 2:
         return []
     lines = [f"cgroup charge over the last {points[-1][0] - points[0][0]:.0f} s:"]
+    # the split read at the death ("made of" above) is the curve's last point, so both agree
+    at_death = ((doc.get("memory") or {}).get("cgroup") or {}).get("charge") or {}
     for name, key in (("anon", "anon"), ("shmem", "shmem"), ("page cache", "file"), ("kernel", "kernel")):
         values = [(at, c[key]) for at, c in points if isinstance(c.get(key), int)]
+        final = at_death.get(f"{key}_bytes") if isinstance(at_death, dict) else None
+        if died is not None and isinstance(final, int) and values:
+            values.append((max(died, values[-1][0]), final))
         if not values or max(v for _, v in values) < 2**20:
             continue
         lines.append(
