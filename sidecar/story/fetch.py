@@ -170,7 +170,8 @@ def load_peer_config(path: str | None) -> PeerConfig:
 
 
 def get_json(url: str, *, timeout: float, limit: int, config: ClientConfig | None = None) -> Any:
-    """GET ``url`` and parse its JSON body, all within ``timeout`` seconds and ``limit``
+    """GET ``url`` and parse its JSON body: connected within ``timeout`` seconds, then the
+    whole exchange (request, headers, body) within ``timeout`` more, at most ``limit``
     bytes; FetchError (one line) for anything else: refused, timed out, not 200, too big,
     not JSON, too deeply nested."""
     config = config or ClientConfig()
