@@ -127,8 +127,8 @@ class Reloader:
             log.warning("this Python's ssl makes connections only from the context at start: "
                         "TLS settings of a changed --web-config apply after a restart")  # fmt: skip
             return base
-        ReloadingSSLObject.reloader = self
-        base.sslobject_class = ReloadingSSLObject
+        # a class of its own per server: two servers in one process never share a config
+        base.sslobject_class = type("ReloadingSSLObject", (ReloadingSSLObject,), {"reloader": self})
         return base
 
 
