@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.errors import ConfigError
+from sidecar.story.prom import go_duration
 
 __all__ = ["CLIENT_AUTH", "VERSIONS", "WebConfig", "load"]
 
@@ -187,20 +188,14 @@ def _load_pair(
         )
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
-_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
 def _duration(value: Any, fail: Callable[[str], ConfigError]) -> float:
     """A Go duration as YAML gives it: ``1s``, ``500ms``, ``1m30s``, or 0."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value / 1e9  # Go reads a bare number as nanoseconds
     if isinstance(value, str):
-        parts = _DURATION.findall(value.strip())
-        if parts and "".join(n + u for n, u in parts) == value.strip():
-            return sum(float(n) * _UNITS[u] for n, u in parts)
-        if value.strip() == "0":
-            return 0.0
+        seconds = 0.0 if value.strip() == "0" else go_duration(value.strip())
+        if seconds is not None:
+            return seconds
     raise fail(f"rate_limit.interval: expected a duration (1s, 500ms), got {value!r}")
 
 
