@@ -15,17 +15,17 @@ import time
 from collections.abc import Callable
 
 from sidecar import guard, saferead
-from sidecar.deaths import DeathWatch
-from sidecar.foresight import Foresight
-from sidecar.journal import Journal, State, read_boot_id
+from sidecar.deaths.engine import DeathWatch
+from sidecar.deaths.journal import Journal, State, read_boot_id
 from sidecar.model import Snapshot
 from sidecar.postmortem import PostmortemStore
 from sidecar.probes.host import HostReader
 from sidecar.probes.proc import TICKS_PER_SECOND
-from sidecar.sampler import CGROUP_LINGER_SECONDS, Sampler
+from sidecar.sampling.foresight import Foresight
+from sidecar.sampling.sampler import CGROUP_LINGER_SECONDS, Sampler
+from sidecar.sampling.stalls import StallTracker
+from sidecar.sampling.timeline import Timeline
 from sidecar.settings import PRESSURE_INTERVAL_SECONDS, Settings
-from sidecar.stalls import StallTracker
-from sidecar.timeline import Timeline
 from sidecar.watch.exits import ProcConnector
 from sidecar.watch.kmsg import KmsgWatcher
 from sidecar.watch.pidfds import PidfdWatcher

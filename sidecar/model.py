@@ -328,7 +328,7 @@ class RankSample:
 
 @dataclass(frozen=True, slots=True)
 class RankProgress:
-    """Whether a rank makes progress (``sidecar/stalls.py``). ``stalled_seconds`` counts from
+    """Whether a rank makes progress (``sidecar/sampling/stalls.py``). ``stalled_seconds`` counts from
     the last window in which it did; ``reason`` says why it is judged stalled (None while it
     progresses). ``cpu_busy``/``gpu_busy``: its activity over the judging window (gpu_busy
     None without GPU utilisation)."""
@@ -353,7 +353,7 @@ class JobSample:
     started_at: float
     ranks: tuple[RankSample, ...]
     agent_alive: bool = True
-    # sidecar/stalls.py: how long its longest-stalled rank has made no progress, and the
+    # sidecar/sampling/stalls.py: how long its longest-stalled rank has made no progress, and the
     # ranks the stalled ones are judged to wait for (labels)
     stalled_seconds: float = 0.0
     suspected_missing: tuple[str, ...] = ()

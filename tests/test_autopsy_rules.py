@@ -213,13 +213,13 @@ def test_kernel_records_lost_near_a_death_make_no_record_no_evidence():
 
 
 def test_the_watch_hands_kernel_log_losses_to_the_autopsy(tmp_path):
-    from sidecar.deaths import DeathWatch
-    from sidecar.incidents import Generation, Incident, Reads
+    from sidecar.deaths.engine import DeathWatch
+    from sidecar.deaths.incidents import Generation, Incident, Reads
     from sidecar.postmortem import PostmortemStore
-    from sidecar.timeline import Timeline
+    from sidecar.sampling.timeline import Timeline
 
     watch = DeathWatch(PostmortemStore(str(tmp_path)), Timeline(60, 1), hostname="h")
     watch.on_kmsg_loss(12, 5_000_000)  # 12 records lost, 5 s after boot on the printk clock
     inc = Incident(Generation("j", 1, None, 2, 0, None), {})
-    ev = watch._evidence(inc, Reads.nothing())  # the join the autopsy round makes
+    ev = watch.autopsies._evidence(inc, Reads.nothing())  # the join the autopsy round makes
     assert ev.kernel_losses == ((5_000_000_000, 12),)

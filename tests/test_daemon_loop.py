@@ -9,8 +9,8 @@ import time
 
 from sidecar.daemon import Daemon, Sampler
 from sidecar.model import JobSample, ProcKey, RankSample, Snapshot
+from sidecar.sampling.timeline import Timeline
 from sidecar.settings import Settings
-from sidecar.timeline import Timeline
 from tests.test_discovery import _sampler
 
 

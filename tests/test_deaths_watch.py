@@ -20,8 +20,8 @@ from tests.e2e import wait_for
 def test_lost_exit_events_give_an_unknown_verdict(tmp_path):
     """After ENOBUFS the rank that vanished is dead with an unknown exit status: the
     postmortem says 'unknown', never a guess."""
-    from sidecar.deaths import DeathWatch
-    from sidecar.timeline import Timeline
+    from sidecar.deaths.engine import DeathWatch
+    from sidecar.sampling.timeline import Timeline
     from tests.test_daemon_loop import _job, _snapshot
 
     store = PostmortemStore(str(tmp_path))
@@ -45,9 +45,9 @@ def test_each_worker_generation_gets_its_own_postmortem(tmp_path):
     """After an elastic restart the new generation's death is a new incident."""
     from dataclasses import replace
 
-    from sidecar.deaths import DeathWatch
+    from sidecar.deaths.engine import DeathWatch
     from sidecar.model import ProcKey
-    from sidecar.timeline import Timeline
+    from sidecar.sampling.timeline import Timeline
     from tests.test_daemon_loop import _job, _snapshot
 
     store = PostmortemStore(str(tmp_path))
@@ -76,8 +76,8 @@ def test_each_worker_generation_gets_its_own_postmortem(tmp_path):
 
 
 def test_the_summary_and_the_kill_line_are_one_oom(tmp_path):
-    from sidecar.deaths import DeathWatch
-    from sidecar.timeline import Timeline
+    from sidecar.deaths.engine import DeathWatch
+    from sidecar.sampling.timeline import Timeline
 
     watch = DeathWatch(PostmortemStore(str(tmp_path)), Timeline(60, 1), hostname="h")
     for raw in (
@@ -88,7 +88,7 @@ def test_the_summary_and_the_kill_line_are_one_oom(tmp_path):
         b"14,569,663845999,-;Killed process 8366 (python3) written by user space, ignored",
     ):
         watch.on_kmsg(parse_kmsg_record(raw))
-    (oom,) = watch._records.ooms.kills
+    (oom,) = watch.state.records.ooms.kills
     assert (oom.pid, oom.scope, oom.oom_memcg, oom.rss_bytes) == (
         8366,
         "memcg",
@@ -101,8 +101,8 @@ def test_the_summary_and_the_kill_line_are_one_oom(tmp_path):
 def test_resync_leaves_ranks_whose_exit_was_told_alone(tmp_path, caplog):
     """A rank whose exit the connector told before the overrun (here a clean one) ended
     then, whatever the rounds saw since: the resync leaves it alone."""
-    from sidecar.deaths import DeathWatch
-    from sidecar.timeline import Timeline
+    from sidecar.deaths.engine import DeathWatch
+    from sidecar.sampling.timeline import Timeline
     from tests.test_daemon_loop import _job, _snapshot
 
     store = PostmortemStore(str(tmp_path))
@@ -125,8 +125,8 @@ def test_resync_after_a_round_that_already_saw_the_rank_gone(tmp_path, caplog):
     resync still records it, exit status unknown (it once looked only at the ranks the last
     round saw, and the death was lost; the e2e overrun test caught it, where the agent's log
     then gives the status)."""
-    from sidecar.deaths import DeathWatch
-    from sidecar.timeline import Timeline
+    from sidecar.deaths.engine import DeathWatch
+    from sidecar.sampling.timeline import Timeline
     from tests.test_daemon_loop import _job, _snapshot
 
     store = PostmortemStore(str(tmp_path))
@@ -137,11 +137,11 @@ def test_resync_after_a_round_that_already_saw_the_rank_gone(tmp_path, caplog):
         watch.observe(_snapshot(2, ()))  # the round after the stall: pid 10 is gone
         watch.resync(proc_root=str(tmp_path / "no-proc"))
         assert "rank 0 (pid 10) vanished while exit events were lost" in caplog.text
-        assert [inc.deaths for inc in watch._incidents.values()] == [{10: (None, ANY, None)}]
-        watch._incidents.clear()  # the incident closed (a minute later), the rank still known
+        assert [inc.deaths for inc in watch.state.incidents.values()] == [{10: (None, ANY, None)}]
+        watch.state.incidents.clear()  # the incident closed (a minute later), the rank still known
         caplog.clear()
         watch.resync(proc_root=str(tmp_path / "no-proc"))  # a second overrun
-        assert "vanished" not in caplog.text and not watch._incidents, "an old death told twice"
+        assert "vanished" not in caplog.text and not watch.state.incidents, "an old death told twice"
     finally:
         watch.stop()
 
@@ -151,9 +151,9 @@ def test_a_gpu_nvml_reports_lost_is_a_gpu_error(tmp_path):
     NVML gave it memory on before; its loss names gpu_error (likely), another rank's does not."""
     from dataclasses import replace
 
-    from sidecar.deaths import DeathWatch
+    from sidecar.deaths.engine import DeathWatch
     from sidecar.model import GpuDeviceSample, GpuProcessSample
-    from sidecar.timeline import Timeline
+    from sidecar.sampling.timeline import Timeline
     from tests.test_daemon_loop import _job, _snapshot
 
     def run(used_gpu: int) -> dict:
@@ -192,7 +192,7 @@ def test_a_gpu_nvml_reports_lost_is_a_gpu_error(tmp_path):
 
 
 def test_death_times_keep_the_newest_and_a_key_once():
-    from sidecar.incidents import remember
+    from sidecar.deaths.incidents import remember
 
     times: dict = {}
     for i in range(5):
@@ -206,8 +206,8 @@ def test_death_times_keep_the_newest_and_a_key_once():
 def test_the_postmortem_curve_spans_its_window_after_the_sampler_sped_up(tmp_path):
     """300 s at 1 Hz, then 120 s at 10 Hz before the death: the postmortem's memory curve
     still covers the 5 minutes before it (a ring sized history/interval kept one minute)."""
-    from sidecar.deaths import TIMELINE_WINDOW_S, DeathWatch
-    from sidecar.timeline import Timeline
+    from sidecar.deaths.engine import TIMELINE_WINDOW_S, DeathWatch
+    from sidecar.sampling.timeline import Timeline
     from tests.test_daemon_loop import _job, _snapshot
 
     store = PostmortemStore(str(tmp_path))
@@ -240,14 +240,14 @@ def test_only_signals_that_end_a_process_have_their_sender_described(tmp_path, m
     SIGABRT is kept as it came."""
     import signal
 
-    import sidecar.deaths as deaths
-    from sidecar.deaths import DeathWatch
-    from sidecar.timeline import Timeline
+    import sidecar.deaths.hear as hear
+    from sidecar.deaths.engine import DeathWatch
+    from sidecar.sampling.timeline import Timeline
     from sidecar.watch.signals import SignalEvent
     from tests.test_daemon_loop import _job, _snapshot
 
     described: list[int] = []
-    monkeypatch.setattr(deaths, "describe_sender", lambda root, pid, comm: described.append(pid))
+    monkeypatch.setattr(hear, "describe_sender", lambda root, pid, comm: described.append(pid))
     watch = DeathWatch(PostmortemStore(str(tmp_path)), Timeline(60, 1), hostname="h")
     watch.observe(_snapshot(1, (_job("a", 100),)))  # rank pid 10
     for i in range(100):
@@ -260,7 +260,7 @@ def test_only_signals_that_end_a_process_have_their_sender_described(tmp_path, m
         SignalEvent("kill", 778, "python", 99, signal.SIGKILL, 0, 0, time.monotonic_ns())
     )  # not a rank
     assert described == [777]
-    assert [e.signal for e in watch._records.signals] == [signal.SIGABRT, signal.SIGKILL]
+    assert [e.signal for e in watch.state.records.signals] == [signal.SIGABRT, signal.SIGKILL]
 
 
 def test_an_event_keeps_its_wall_time_when_the_document_is_rebuilt(tmp_path):
@@ -268,8 +268,8 @@ def test_an_event_keeps_its_wall_time_when_the_document_is_rebuilt(tmp_path):
     reads of the two clocks give a few microseconds apart each time: kept between calls, a
     death rebuilt into a later version of its postmortem has the same time to the
     millisecond; a stepped wall clock (NTP) is followed."""
-    from sidecar.deaths import DeathWatch
-    from sidecar.timeline import Timeline
+    from sidecar.deaths.engine import DeathWatch
+    from sidecar.sampling.timeline import Timeline
 
     mono = [5_000_000_000]
     jitter = [0.0]
@@ -282,21 +282,21 @@ def test_an_event_keeps_its_wall_time_when_the_document_is_rebuilt(tmp_path):
         wall=lambda: 1_700_000_000.0 + mono[0] / 1e9 + jitter[0],
     )
     event = 4_999_999_500  # 0.5 us before "now"
-    first = watch._wall(event)
+    first = watch.autopsies.wall_of(event)
     mono[0] += 250_000_000
     jitter[0] = 0.0007  # the two clocks read 0.7 ms apart this time
-    assert watch._wall(event) == first
-    assert f"{first:.3f}" == f"{watch._wall(event):.3f}"
+    assert watch.autopsies.wall_of(event) == first
+    assert f"{first:.3f}" == f"{watch.autopsies.wall_of(event):.3f}"
     jitter[0] = 2.0  # the wall clock was stepped by two seconds
-    assert abs(watch._wall(event) - (first + 2.0)) < 1e-6
+    assert abs(watch.autopsies.wall_of(event) - (first + 2.0)) < 1e-6
 
 
 def test_an_agent_s_outputs_outlive_its_last_round_for_a_while(tmp_path):
     """A round can see a job gone before the connector's reader tells its ranks' exits
     (after a stall, or lost events): the agent's output files, which give the exit codes,
     are kept 30 s after its last round, then let go."""
-    from sidecar.deaths import DeathWatch
-    from sidecar.timeline import Timeline
+    from sidecar.deaths.engine import DeathWatch
+    from sidecar.sampling.timeline import Timeline
     from tests.test_daemon_loop import _job, _snapshot
 
     clock = [10**9]
@@ -308,13 +308,13 @@ def test_an_agent_s_outputs_outlive_its_last_round_for_a_while(tmp_path):
         clock_ns=lambda: clock[0],
     )
     watch.observe(_snapshot(1, (_job("a", 100),)))
-    assert 9 in watch._agent_outputs
+    assert 9 in watch.state.agent_outputs
     clock[0] += 2 * 10**9
     watch.observe(_snapshot(2, ()))  # the job gone from the rounds
-    assert 9 in watch._agent_outputs
+    assert 9 in watch.state.agent_outputs
     clock[0] += 31 * 10**9
     watch.observe(_snapshot(3, ()))
-    assert 9 not in watch._agent_outputs
+    assert 9 not in watch.state.agent_outputs
 
 
 def test_a_job_gone_before_the_autopsy_keeps_the_dev_shm_the_sampler_last_read(tmp_path):
@@ -323,8 +323,8 @@ def test_a_job_gone_before_the_autopsy_keeps_the_dev_shm_the_sampler_last_read(t
     says how long before the death that was."""
     from dataclasses import replace
 
-    from sidecar.gather import Gatherer
-    from sidecar.incidents import Generation, Incident
+    from sidecar.deaths.gather import Gatherer
+    from sidecar.deaths.incidents import Generation, Incident
     from tests.test_daemon_loop import _job, _snapshot
 
     job = replace(_job("a", 100), shm=(1 << 20, 3 << 18, 40.0))
@@ -350,7 +350,7 @@ def test_the_sampler_reads_each_job_s_dev_shm_in_its_own_namespace():
     from typing import ClassVar
 
     from sidecar.model import ProcKey
-    from sidecar.sampler import Sampler
+    from sidecar.sampling.sampler import Sampler
     from sidecar.settings import Settings
 
     class _Job:
@@ -363,3 +363,38 @@ def test_the_sampler_reads_each_job_s_dev_shm_in_its_own_namespace():
     size, used, _at = sampler._shm["me"]
     st = os.statvfs("/dev/shm")
     assert size == st.f_blocks * st.f_frsize and 0 <= used <= size
+
+
+def test_only_a_process_that_is_gone_reads_as_dead(tmp_path, monkeypatch):
+    """resync and restore judge a rank that reads as dead: one whose stat cannot be read
+    (permission denied under hidepid, a stat that is not a file) is not taken for a death;
+    one that is gone, or whose pid names another process or a zombie, is."""
+    from sidecar.deaths import gather as gather_mod
+    from sidecar.deaths.gather import Gatherer
+    from sidecar.errors import AccessDenied
+    from sidecar.model import ProcKey
+
+    proc = tmp_path / "proc"
+    (proc / "10").mkdir(parents=True)
+    (proc / "10" / "stat").write_text("10 (python) S 9 10 10 0 -1 0 0 0 0 0 1 1 0 0 20 0 1 0 500 0 0\n")
+    (proc / "11" / "stat").mkdir(parents=True)  # reading it fails (EISDIR): not "gone"
+    gather = Gatherer(
+        proc_root=str(proc),
+        read_outputs=False,
+        job_output=None,
+        read_host_oom_kills=lambda: None,
+        read_cgroup_oom_kills=lambda p, v: None,
+        read_oomd_marks=lambda p, v: {},
+    )
+    assert gather.alive(ProcKey(10, 500))
+    assert not gather.alive(ProcKey(10, 499))  # the pid names another process now
+    assert not gather.alive(ProcKey(12, 500))  # gone
+    assert gather.alive(ProcKey(11, 500))  # unreadable: cannot be told dead
+    (proc / "10" / "stat").write_text("10 (python) Z 9 10 10 0 -1 0 0 0 0 0 1 1 0 0 20 0 1 0 500 0 0\n")
+    assert not gather.alive(ProcKey(10, 500))  # a zombie has died
+
+    def denied(root: str, pid: int) -> object:
+        raise AccessDenied(f"{root}/{pid}/stat: permission denied")
+
+    monkeypatch.setattr(gather_mod, "read_stat", denied)
+    assert gather.alive(ProcKey(10, 500))  # hidepid: a living rank is not a death

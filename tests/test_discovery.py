@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from sidecar.daemon import Sampler
-from sidecar.discovery import Discovery, is_agent_argv, job_key_for
 from sidecar.probes.cgroup import CgroupReader
 from sidecar.probes.gpu import GpuProbe
 from sidecar.probes.proc import ProcReader, parse_stat, parse_status
+from sidecar.sampling.discovery import Discovery
+from sidecar.sampling.jobs import is_agent_argv, job_key_for
 from sidecar.settings import Settings
 from tests import cgtrees
 from tests.cgtrees import MIB, MOUNTINFO_HYBRID

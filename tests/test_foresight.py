@@ -1,4 +1,4 @@
-"""The trend under the OOM forecast (sidecar/foresight.py) on series with known shapes: a
+"""The trend under the OOM forecast (sidecar/sampling/foresight.py) on series with known shapes: a
 leak's rate is found, a step or a steady job's noise never makes a prediction that lasts,
 and the daemon-facing ``Foresight`` picks the binding limit and warns once per episode.
 The real leaking jobs are in test_e2e_foresight.py and benchmarks/foresight.py."""
@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from sidecar.foresight import CONFIRM_SECONDS, Foresight, Series, growth_rate, theil_sen
 from sidecar.model import CgroupSample, HostSample, JobSample, MemoryCharge, ProcKey, RankSample, Snapshot
+from sidecar.sampling.foresight import CONFIRM_SECONDS, Foresight, Series, growth_rate, theil_sen
 
 MB = 10**6
 GIB = 2**30

@@ -11,14 +11,14 @@ import stat
 from dataclasses import replace
 from pathlib import Path
 
-from sidecar.deaths import DeathWatch
-from sidecar.journal import STATE_NAME, Journal, SavedIncident, State
+from sidecar.deaths.engine import DeathWatch
+from sidecar.deaths.journal import STATE_NAME, Journal, SavedIncident, State
+from sidecar.deaths.reconstruct import revive
 from sidecar.model import CgroupLevel, CgroupSample, MemoryCharge, ProcKey
 from sidecar.parse.kernel import parse_kmsg_record
 from sidecar.postmortem import PostmortemStore
 from sidecar.probes.outputs import OutputFile
-from sidecar.reconstruct import revive
-from sidecar.timeline import Timeline
+from sidecar.sampling.timeline import Timeline
 from tests.e2e import wait_for
 from tests.test_daemon_loop import _job, _snapshot
 
@@ -132,7 +132,7 @@ def test_deaths_a_saved_incident_holds_are_not_judged_again():
     job = _job("a", 100)
     rank0 = job.ranks[0]
     rank1 = replace(rank0, rank=1, rank_label="1", key=ProcKey(11, 1))
-    from sidecar.incidents import Generation, Known
+    from sidecar.deaths.incidents import Generation, Known
 
     gen = Generation("a", 9, None, 2, 0, "t.py")
     ranks = (Known(gen, rank0, None, 100), Known(gen, rank1, None, 100))

@@ -7,9 +7,9 @@ from __future__ import annotations
 import signal
 
 from sidecar.autopsy import Evidence, RankState, autopsy
+from sidecar.deaths.records import Records
 from sidecar.model import Confidence, Kind
 from sidecar.parse.kernel import KmsgRecord
-from sidecar.records import Records
 
 S = 10**9
 # Linux 6.1+ adds "likely on CPU"; 6.18 prints the offset before the mapping

@@ -190,8 +190,8 @@ def test_the_log_filter_redacts_messages_and_arguments(caplog):
 
 
 def test_the_agent_log_line_is_redacted(proc_tree, caplog):
-    from sidecar.discovery import Discovery
     from sidecar.probes.proc import ProcReader
+    from sidecar.sampling.discovery import Discovery
     from tests.conftest import AGENT
 
     cmdline = proc_tree / str(AGENT) / "cmdline"

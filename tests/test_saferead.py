@@ -182,6 +182,11 @@ def test_errors_inside_the_read_reach_the_caller():
 def test_no_path_a_job_names_is_opened_without_the_helper():
     """The rooms that handle job-named paths open nothing themselves."""
     repo = Path(__file__).resolve().parents[1]
-    for room in ("sidecar/gather.py", "sidecar/probes/outputs.py", "sidecar/stalls.py"):
+    for room in (
+        "sidecar/deaths/gather.py",
+        "sidecar/probes/outputs.py",
+        "sidecar/sampling/stalls.py",
+        "sidecar/sampling/stacks.py",
+    ):
         text = (repo / room).read_text()
         assert "open(" not in text.replace("saferead.", "").replace("JobRoot(", ""), room

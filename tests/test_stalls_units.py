@@ -14,7 +14,8 @@ import sys
 import textwrap
 
 from sidecar.model import JobSample, ProcKey, RankSample, Snapshot
-from sidecar.stalls import StallTracker, in_collective
+from sidecar.sampling.stacks import in_collective
+from sidecar.sampling.stalls import StallTracker
 from tests.e2e import wait_for
 
 

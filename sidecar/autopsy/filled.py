@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sidecar.foresight import theil_sen
 from sidecar.model import MemoryCharge, TimelinePoint
+from sidecar.sampling.foresight import theil_sen
 
 __all__ = ["Filling", "what_filled"]
 

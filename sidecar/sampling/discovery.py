@@ -31,23 +31,19 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sidecar.errors import AccessDenied, NoSuchProcess, ParseError, ProbeError
 from sidecar.model import ProcKey, RankEnv
 from sidecar.probes.proc import TICKS_PER_SECOND, ProcReader, entrypoint_of, parse_rank_env
 from sidecar.redact import redact_argv
+from sidecar.sampling.jobs import AGENT_COMM, TrackedJob, attach_rank, is_agent_argv
 
-__all__ = ["AGENT_COMM", "Discovery", "TrackedJob", "TrackedRank", "is_agent_argv", "job_key_for"]
+__all__ = ["Discovery"]
 
-log = logging.getLogger(__name__)
-
-AGENT_COMM = "pt_elastic"
-_AGENT_MODULES = {"torch.distributed.run", "torch.distributed.launch"}
-_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+log = logging.getLogger("sidecar.discovery")  # the log keeps its names across the move
 
 RESCAN_SECONDS = 5.0  # how often /proc is listed when the connector tells what changes
 PENDING_RANK_SECONDS = 30.0  # how long a child of an agent may take to exec before it is "other"
@@ -57,67 +53,6 @@ RECHECK_SECONDS = 5.0  # older ones this often
 # itself pt_elastic is seen at once: the sweep of every old process (a stat each, a cost
 # that grows with the node, not the job) is left for launchers that never do.
 RECHECK_WITH_EVENTS_SECONDS = 30.0
-
-
-def is_agent_argv(argv: tuple[str, ...]) -> bool:
-    """True for the command lines of a torchrun agent: ``torchrun ...``, ``python
-    /path/bin/torchrun ...``, ``python -m torch.distributed.run|launch ...``."""
-    if not argv:
-        return False
-    head = argv[:3]
-    if any(os.path.basename(a) == "torchrun" for a in head):
-        return True
-    for i, arg in enumerate(argv[:6]):
-        if arg == "-m" and i + 1 < len(argv) and argv[i + 1] in _AGENT_MODULES:
-            return True
-        if arg.startswith("-m") and arg[2:] in _AGENT_MODULES:
-            return True
-    return False
-
-
-def job_key_for(run_id: str | None, agent_pid: int) -> str:
-    """The short, stable ``job`` label: the rendezvous id when one was given (the first
-    8 hex digits of a ``--standalone`` uuid), else the agent's pid. torchrun's default
-    id without ``--rdzv-id`` is the literal ``none``, which is no id."""
-    if run_id and run_id.lower() != "none":
-        return run_id[:8] if _UUID.match(run_id) else run_id
-    return str(agent_pid)
-
-
-@dataclass(slots=True)
-class TrackedRank:
-    key: ProcKey
-    env: RankEnv | None
-    label: str
-    entrypoint: str | None
-    attached_at: float
-
-    @property
-    def rank(self) -> int | None:
-        return self.env.rank if self.env else None
-
-    @property
-    def local_rank(self) -> int | None:
-        return self.env.local_rank if self.env else None
-
-    @property
-    def restart(self) -> int:
-        return self.env.restart_count if self.env else 0
-
-
-@dataclass(slots=True)
-class TrackedJob:
-    agent: ProcKey
-    agent_argv: tuple[str, ...]
-    started_at: float
-    key: str | None = None
-    run_id: str | None = None
-    world_size: int | None = None
-    restart_count: int = 0
-    max_restarts: int | None = None
-    entrypoint: str | None = None
-    ranks: dict[int, TrackedRank] = field(default_factory=dict)
-    agent_alive: bool = True
 
 
 @dataclass(slots=True)
@@ -501,39 +436,9 @@ class Discovery:
             entry.kind = "other"
 
     def _attach(self, job: TrackedJob, entry: _Entry, env: RankEnv | None) -> None:
-        pid = entry.key.pid
         entry.kind = "rank"
         try:
-            entrypoint = entrypoint_of(self.reader.cmdline(pid))
+            entrypoint = entrypoint_of(self.reader.cmdline(entry.key.pid))
         except ProbeError:
             entrypoint = None
-        if env is not None and env.rank is not None:
-            label = str(env.rank)
-        elif env is not None and env.local_rank is not None:
-            label = f"local{env.local_rank}"
-        else:
-            label = f"local{len(job.ranks)}"
-        if job.key is None:
-            run_id = env.run_id if env else None
-            key = job_key_for(run_id, job.agent.pid)
-            if any(other.key == key for other in self.jobs.values() if other is not job):
-                key = f"{key}-{job.agent.pid}"
-            job.key = key
-            job.run_id = run_id if run_id and run_id.lower() != "none" else None
-        if env is not None:
-            job.world_size = env.world_size
-            job.max_restarts = env.max_restarts
-            if env.restart_count > job.restart_count:
-                log.info("job %s: restart %d, a new generation of workers", job.key, env.restart_count)
-            job.restart_count = max(job.restart_count, env.restart_count)
-        job.entrypoint = job.entrypoint or entrypoint
-        job.ranks[pid] = TrackedRank(entry.key, env, label, entrypoint, self.wall())
-        log.info(
-            "job %s: attached rank %s (local_rank %s, restart %d) pid %d%s",
-            job.key,
-            label,
-            env.local_rank if env else "?",
-            env.restart_count if env else 0,
-            pid,
-            f" running {entrypoint}" if entrypoint else "",
-        )
+        attach_rank(job, self.jobs.values(), entry.key, env, entrypoint, self.wall())

@@ -28,7 +28,7 @@ import threading
 from dataclasses import dataclass, fields
 from typing import Any
 
-from sidecar.incidents import Generation, Known
+from sidecar.deaths.incidents import Generation, Known
 from sidecar.model import (
     CgroupLevel,
     CgroupSample,
@@ -50,7 +50,7 @@ __all__ = [
     "thin",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("sidecar.journal")  # the log keeps its names across the move
 
 SCHEMA = "trainwatch.state/v1"
 STATE_NAME = "trainwatch.state"  # in the postmortem directory (the store reads only *.json)

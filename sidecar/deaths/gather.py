@@ -17,8 +17,8 @@ from dataclasses import replace
 from sidecar import saferead
 from sidecar.autopsy import USERSPACE_OOM_DAEMONS, UserspaceKill
 from sidecar.catalog import catalog
-from sidecar.errors import ProbeError, read_bytes
-from sidecar.incidents import Incident, Plan, Reads
+from sidecar.deaths.incidents import Incident, Plan, Reads
+from sidecar.errors import NoSuchProcess, ProbeError, read_bytes
 from sidecar.model import ProcKey, wait_status_from_returncode
 from sidecar.parse.flight import MAX_DUMP_BYTES, FlightDump, FlightVerdict, parse_dump, summarise
 from sidecar.parse.oomd import parse_userspace_oom_line
@@ -106,11 +106,16 @@ class Gatherer:
         return min(saferead.DEFAULT_DEADLINE_S, left)
 
     def alive(self, key: ProcKey, proc_root: str | None = None) -> bool:
-        """The process is still the one ``key`` names and not a zombie."""
+        """The process is still the one ``key`` names and not a zombie. Only a process that
+        is gone reads as dead: one whose stat cannot be read (permission denied under a
+        ``hidepid`` mount, an I/O error) cannot be told dead, and a death is never made up
+        from an unreadable file (``resync`` and ``restore`` would judge it)."""
         try:
             st = read_stat(proc_root or self.proc_root, key.pid)
-        except ProbeError:
+        except NoSuchProcess:
             return False
+        except ProbeError:
+            return True
         return st.start_ticks == key.start_ticks and st.state not in ("Z", "X")
 
     def newcomers(

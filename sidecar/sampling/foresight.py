@@ -46,7 +46,7 @@ __all__ = [
     "theil_sen",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("sidecar.foresight")  # the log keeps its names across the move
 
 WINDOWS_SECONDS = (45.0, 15.0, 5.0)  # longest first: the longest consistent one is used
 SPACING_SECONDS = 0.25  # a series keeps at most one point this often (the sampler runs at 10 Hz near a limit)
