@@ -202,6 +202,20 @@ class MemoryLimit:
 
 
 @dataclass(frozen=True, slots=True)
+class Warned:
+    """The first prediction of an episode: what the postmortem's ``warnings`` lists."""
+
+    at: float  # wall clock
+    job: str
+    rank: int | None
+    rank_label: str
+    restart: int
+    exhaustion_seconds: float
+    rate_bytes_per_second: float
+    limit: MemoryLimit
+
+
+@dataclass(frozen=True, slots=True)
 class CgroupSample:
     """A memory cgroup as read at one instant.
 

@@ -11,7 +11,8 @@ import random
 import pytest
 
 from sidecar.model import CgroupSample, HostSample, JobSample, MemoryCharge, ProcKey, RankSample, Snapshot
-from sidecar.sampling.foresight import CONFIRM_SECONDS, Foresight, Series, growth_rate, theil_sen
+from sidecar.sampling.foresight import CONFIRM_SECONDS, Foresight, Series, growth_rate
+from sidecar.trend import theil_sen
 
 MB = 10**6
 GIB = 2**30

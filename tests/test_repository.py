@@ -99,13 +99,70 @@ def _imports(tree: ast.Module) -> set[str]:
     return out
 
 
-def test_the_package_has_no_import_cycle():
-    """Imports go one way (docs/architecture.md): no module reaches itself through others."""
-    root = REPO / "sidecar"
+def _modules() -> dict[str, Path]:
     mods = {}
-    for path in root.rglob("*.py"):
+    for path in (REPO / "sidecar").rglob("*.py"):
         parts = list(path.relative_to(REPO).with_suffix("").parts)
         mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return mods
+
+
+def _room(module: str) -> str:
+    """sidecar.deaths.hear -> deaths; sidecar.model -> model."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+# The floors of docs/architecture.md: each ground-floor room and the only rooms it may use.
+# (The flows above them, sampling and deaths, are held by the rules of the next test.)
+GROUND = {
+    "parse": {"model", "catalog"},
+    "catalog": {"model"},
+    "autopsy": {"model", "parse", "catalog", "trend"},
+    "postmortem": {"model", "autopsy", "redact"},
+    "trend": set(),
+    "model": set(),
+    "errors": set(),
+    "redact": set(),
+}
+
+
+def test_each_floor_uses_only_the_floors_below_it():
+    """The picture in docs/architecture.md, kept true: the ground floor (parse, autopsy,
+    postmortem, ...) never reaches up into the live rooms; the sampling flow never imports the
+    death flow; the death flow reads of the sampling flow only the history it keeps
+    (timeline); nothing below the daemon imports it, the server or the CLI."""
+    mods = _modules()
+    edges: set[tuple[str, str, str]] = set()  # (module, its room, a room it imports)
+    for name, path in mods.items():
+        for dep in _imports(ast.parse(path.read_text())):
+            if dep in mods and dep != "sidecar" and _room(dep) != _room(name):
+                edges.add((name, _room(name), dep))
+    assert len(edges) > 60  # the walk found the package
+    wrong = []
+    for name, room, dep in sorted(edges):
+        there = _room(dep)
+        if room in GROUND and there not in GROUND[room]:
+            wrong.append(f"{name} -> {dep}: {room} may use only {sorted(GROUND[room])}")
+        if room == "sampling" and there in {"deaths", "autopsy", "postmortem", "diagnose", "story"}:
+            wrong.append(f"{name} -> {dep}: sampling never imports the death flow or its verdicts")
+        if room == "deaths" and there == "sampling" and dep != "sidecar.sampling.timeline":
+            wrong.append(f"{name} -> {dep}: the death flow reads only the history sampling keeps")
+        if there in {"daemon", "server", "service", "cli", "run"} and room not in {
+            "daemon",
+            "server",
+            "service",
+            "cli",
+            "run",
+            "__main__",
+        }:
+            wrong.append(f"{name} -> {dep}: nothing below the daemon imports it, the server or the CLI")
+    assert not wrong, wrong
+
+
+def test_the_package_has_no_import_cycle():
+    """Imports go one way (docs/architecture.md): no module reaches itself through others."""
+    mods = _modules()
     graph: dict[str, set[str]] = {}
     for name, path in mods.items():
         deps = {d for d in _imports(ast.parse(path.read_text())) if d in mods}

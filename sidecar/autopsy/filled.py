@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sidecar.model import MemoryCharge, TimelinePoint
-from sidecar.sampling.foresight import theil_sen
+from sidecar.trend import theil_sen
 
 __all__ = ["Filling", "what_filled"]
 

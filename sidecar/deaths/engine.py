@@ -28,9 +28,9 @@ from sidecar.deaths.journal import Journal, State
 from sidecar.deaths.remember import Memory
 from sidecar.deaths.state import Watched
 from sidecar.deaths.write import TIMELINE_WINDOW_S, Autopsies
+from sidecar.model import Warned
 from sidecar.parse.kernel import KmsgRecord
 from sidecar.postmortem import PostmortemStore
-from sidecar.sampling.foresight import Warned
 from sidecar.sampling.timeline import Timeline
 from sidecar.watch.signals import SignalEvent
 

@@ -14,7 +14,7 @@ from typing import Any
 from sidecar.autopsy import Evidence, RankState, UserspaceKill, Verdict, advice
 from sidecar.autopsy.filled import what_filled
 from sidecar.deaths.records import Records
-from sidecar.model import Fate, Kind, RankSample, Snapshot, TimelinePoint
+from sidecar.model import Fate, Kind, RankSample, Snapshot, TimelinePoint, Warned
 from sidecar.parse.flight import FlightVerdict
 from sidecar.parse.ranks import Finding
 from sidecar.postmortem.document import (
@@ -28,7 +28,6 @@ from sidecar.postmortem.document import (
     iso,
 )
 from sidecar.probes.outputs import OutputFile
-from sidecar.sampling.foresight import Warned
 
 __all__ = [
     "Generation",

@@ -27,8 +27,8 @@ from sidecar.deaths.incidents import (
     remember,
 )
 from sidecar.deaths.state import UNKNOWN_EXIT_WAIT_S, Watched
+from sidecar.model import Warned
 from sidecar.postmortem import PostmortemStore, build, iso, make_id
-from sidecar.sampling.foresight import Warned
 from sidecar.sampling.timeline import Timeline
 
 __all__ = ["TIMELINE_WINDOW_S", "Autopsies"]

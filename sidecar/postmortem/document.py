@@ -14,9 +14,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from sidecar.autopsy.evidence import Verdict, signal_name
-from sidecar.model import CgroupSample, Confidence, Kind, TimelinePoint
+from sidecar.model import CgroupSample, Confidence, Kind, TimelinePoint, Warned
 from sidecar.redact import redact_doc
-from sidecar.sampling.foresight import Warned
 
 __all__ = [
     "ID_PATTERN",

@@ -34,16 +34,15 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sidecar.model import CgroupSample, MemoryLimit, ProcKey, RankSample, Snapshot, evolve
+from sidecar.model import CgroupSample, MemoryLimit, ProcKey, RankSample, Snapshot, Warned, evolve
+from sidecar.trend import median, theil_sen
 
 __all__ = [
     "CONFIRM_SECONDS",
     "WARN_SECONDS",
     "Foresight",
     "Series",
-    "Warned",
     "growth_rate",
-    "theil_sen",
 ]
 
 log = logging.getLogger("sidecar.foresight")  # the log keeps its names across the move
@@ -63,21 +62,6 @@ MAX_SECONDS = 86_400.0  # beyond a day, a prediction is not one
 WARN_SECONDS = 600.0  # a WARNING (once per episode) when the limit is closer than this
 EPISODE_GAP_SECONDS = 30.0  # an episode ends after this long without a prediction
 WARNINGS_PER_JOB = 16
-
-
-def _median(values: list[float]) -> float:
-    values.sort()
-    n = len(values)
-    mid = n // 2
-    return values[mid] if n % 2 else (values[mid - 1] + values[mid]) / 2
-
-
-def theil_sen(points: Sequence[tuple[float, float]]) -> float:
-    """The median of the slopes between every two points (bytes per second)."""
-    slopes = [
-        (v2 - v1) / (t2 - t1) for i, (t1, v1) in enumerate(points) for t2, v2 in points[i + 1 :] if t2 > t1
-    ]
-    return _median(slopes) if slopes else 0.0
 
 
 def _thin(points: list[tuple[float, float]], most: int) -> list[tuple[float, float]]:
@@ -115,9 +99,9 @@ def growth_rate(points: Sequence[tuple[float, float]], now: float) -> float | No
         if len(latest) >= MIN_POINTS_PER_HALF and theil_sen(latest) < CONSISTENCY * s_new:
             continue
         t0 = inside[0][0]
-        intercept = _median([v - slope * (t - t0) for t, v in inside])
+        intercept = median([v - slope * (t - t0) for t, v in inside])
         residuals = [abs(v - intercept - slope * (t - t0)) for t, v in inside]
-        noise = max(1.4826 * _median(residuals), NOISE_FLOOR_BYTES)
+        noise = max(1.4826 * median(residuals), NOISE_FLOOR_BYTES)
         if slope * (inside[-1][0] - t0) < SIGNIFICANCE * noise:
             continue
         return s_new
@@ -153,20 +137,6 @@ class Series:
         if self.growing_since is None:
             self.growing_since = t
         self.rate = rate if t - self.growing_since >= CONFIRM_SECONDS else None
-
-
-@dataclass(frozen=True, slots=True)
-class Warned:
-    """The first prediction of an episode: what the postmortem's ``warnings`` lists."""
-
-    at: float  # wall clock
-    job: str
-    rank: int | None
-    rank_label: str
-    restart: int
-    exhaustion_seconds: float
-    rate_bytes_per_second: float
-    limit: MemoryLimit
 
 
 @dataclass(slots=True)
