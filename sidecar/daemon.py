@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 from sidecar import guard, saferead
 from sidecar.deaths.engine import DeathWatch
-from sidecar.deaths.journal import Journal, State, read_boot_id
+from sidecar.deaths.journal import Journal, read_boot_id
+from sidecar.deaths.saved import State
 from sidecar.model import Snapshot
 from sidecar.postmortem import PostmortemStore
 from sidecar.probes.host import HostReader

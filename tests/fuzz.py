@@ -196,7 +196,7 @@ def _json_values() -> st.SearchStrategy[Any]:
 def _a_state() -> Any:
     """A real journal state: one job's rank, its cgroup and an incident."""
     from sidecar.deaths.incidents import Generation, Known
-    from sidecar.deaths.journal import SavedIncident, State
+    from sidecar.deaths.saved import SavedIncident, State
     from sidecar.model import CgroupLevel, CgroupSample, MemoryCharge, ProcKey, RankSample, TimelinePoint
 
     gen = Generation("j", 9, "run", 2, 0, "t.py")
@@ -210,7 +210,7 @@ def _a_state() -> Any:
 
 
 def targets() -> list[Target]:
-    from sidecar.deaths import journal
+    from sidecar.deaths import saved as journal
     from sidecar.diagnose import LogInput, diagnose
     from sidecar.errors import ParseError
     from sidecar.parse import flight, jobs, kernel, logs, memstat, oomd, ranks, torchrun

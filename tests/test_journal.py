@@ -12,8 +12,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from sidecar.deaths.engine import DeathWatch
-from sidecar.deaths.journal import STATE_NAME, Journal, SavedIncident, State
+from sidecar.deaths.journal import STATE_NAME, Journal
 from sidecar.deaths.reconstruct import revive
+from sidecar.deaths.saved import SavedIncident, State
 from sidecar.model import CgroupLevel, CgroupSample, MemoryCharge, ProcKey
 from sidecar.parse.kernel import parse_kmsg_record
 from sidecar.postmortem import PostmortemStore

@@ -24,8 +24,9 @@ from typing import Any
 
 from sidecar.deaths.gather import Gatherer
 from sidecar.deaths.hear import Feeds
-from sidecar.deaths.journal import Journal, State
+from sidecar.deaths.journal import Journal
 from sidecar.deaths.remember import Memory
+from sidecar.deaths.saved import State
 from sidecar.deaths.state import Watched
 from sidecar.deaths.write import TIMELINE_WINDOW_S, Autopsies
 from sidecar.model import Warned

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from sidecar.deaths.incidents import Generation, Incident, Known
-from sidecar.deaths.journal import SavedIncident, State
+from sidecar.deaths.saved import SavedIncident, State
 from sidecar.model import ProcKey, Snapshot
 from sidecar.probes.outputs import OutputFile
 from sidecar.probes.proc import TICKS_PER_SECOND

@@ -9,8 +9,9 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from sidecar.deaths.gather import Gatherer
-from sidecar.deaths.journal import SAVE_EVERY_S, Journal, State, thin
+from sidecar.deaths.journal import SAVE_EVERY_S, Journal
 from sidecar.deaths.reconstruct import incidents_of, killed_at, revive, state_of, watched
+from sidecar.deaths.saved import State, thin
 from sidecar.deaths.state import Watched
 from sidecar.deaths.write import TIMELINE_WINDOW_S
 from sidecar.sampling.timeline import Timeline

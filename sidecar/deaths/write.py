@@ -22,10 +22,10 @@ from sidecar.deaths.incidents import (
     clean_end,
     join_evidence,
     killers_of,
-    live_parts,
     plan_of,
     remember,
 )
+from sidecar.deaths.parts import live_parts
 from sidecar.deaths.state import UNKNOWN_EXIT_WAIT_S, Watched
 from sidecar.model import Warned
 from sidecar.postmortem import PostmortemStore, build, iso, make_id
