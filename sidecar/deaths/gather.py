@@ -9,19 +9,17 @@ The incident's data types are in ``incidents.py``.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
 
 from sidecar import saferead
-from sidecar.autopsy import USERSPACE_OOM_DAEMONS, UserspaceKill
 from sidecar.catalog import catalog
 from sidecar.deaths.incidents import Incident, Plan, Reads
-from sidecar.errors import NoSuchProcess, ProbeError, read_bytes
+from sidecar.deaths.oomd import kill_lines, marked_kills, oom_daemons
+from sidecar.errors import NoSuchProcess, ProbeError
 from sidecar.model import ProcKey, wait_status_from_returncode
 from sidecar.parse.flight import MAX_DUMP_BYTES, FlightDump, FlightVerdict, parse_dump, summarise
-from sidecar.parse.oomd import parse_userspace_oom_line
 from sidecar.parse.pasted import plain_output
 from sidecar.parse.ranks import Finding, parse_rank_output, stamp_to_epoch
 from sidecar.parse.torchrun import (
@@ -154,58 +152,6 @@ class Gatherer:
                 rank_files[p] = ([f for f in own if (f.device, f.inode) not in shared], seen_at)
         return outputs, rank_files, marks
 
-    def _scan_oom_daemons(self) -> list[tuple[str, int, list[UserspaceKill]]]:
-        """Userspace OOM daemons running now (a /proc scan, done only when a rank died):
-        (comm, pid, the kill lines of its stdout/stderr where those are regular files)."""
-        out = []
-        for comm, pid in self._oom_daemon_pids():
-            lines: list[UserspaceKill] = []
-            if self.read_outputs:
-                for f in regular_outputs(self.proc_root, pid):
-                    try:
-                        deadline = self._deadline()
-                    except saferead.Refused:
-                        break
-                    text = read_output(self.proc_root, f, 256 << 10, since_offset=False, deadline_s=deadline)
-                    for raw in text.splitlines():
-                        parsed = parse_userspace_oom_line(raw)
-                        if parsed is not None:
-                            lines.append(
-                                UserspaceKill(
-                                    parsed.daemon,
-                                    parsed.pid,
-                                    parsed.cgroup,
-                                    parsed.signal,
-                                    None,
-                                    f"{comm} (pid {pid}) log {f.path}: {parsed.text}",
-                                    "log",
-                                )
-                            )
-            out.append((comm, pid, lines))
-        return out
-
-    def _oom_daemon_pids(self) -> tuple[tuple[str, int], ...]:
-        """The OOM daemons running as root: a process any user can start and call
-        ``earlyoom`` is not one, and its log could name another user's rank."""
-        found = []
-        try:
-            names = [n for n in os.listdir(self.proc_root) if n.isdigit()]
-        except OSError:
-            return ()
-        for name in names:
-            try:
-                comm = read_bytes(f"{self.proc_root}/{name}/comm", 64).decode("utf-8", "replace").strip()
-            except ProbeError:
-                continue
-            if comm in USERSPACE_OOM_DAEMONS:
-                try:
-                    if os.stat(f"{self.proc_root}/{name}").st_uid != 0:
-                        continue
-                except OSError:
-                    continue
-                found.append((comm, int(name)))
-        return tuple(sorted(found))
-
     def read(self, inc: Incident, plan: Plan) -> Reads:
         """Outside the lock: every file this autopsy round reads, read and parsed. How
         long each step took is kept in ``timings`` (ms; the death watch logs a slow round)."""
@@ -241,8 +187,11 @@ class Gatherer:
         took("counters")
         flight, flight_on = self._flight(inc, plan, skipped)
         took("flight recorder")
-        daemons = self._scan_oom_daemons()
-        oomd = self._oomd_kills(inc, plan)
+        daemons = [
+            (comm, pid, kill_lines(self.proc_root, comm, pid, self._deadline) if self.read_outputs else [])
+            for comm, pid in oom_daemons(self.proc_root)
+        ]
+        oomd = marked_kills(inc.snapshot_before, plan.oomd_baseline, self.read_oomd_marks)
         took("oom daemons")
         shm = self._shm(inc)
         took("shm")
@@ -422,29 +371,6 @@ class Gatherer:
                 codes.setdefault(pid, (wait_status_from_returncode(rc), line))
             teardown.update(r.pid for r in records if isinstance(r, ClosingSignal))
         return codes, frozenset(teardown & set(inc.ranks))
-
-    def _oomd_kills(self, inc: Incident, plan: Plan) -> list[UserspaceKill]:
-        """The cgroups (the ranks' and their ancestors) whose oomd xattrs went up since the
-        daemon first saw them: systemd-oomd and oomd mark the cgroup they kill."""
-        found: list[UserspaceKill] = []
-        seen: set[str] = set()
-        before = inc.snapshot_before
-        for cg in before.cgroups if before else ():
-            baseline = plan.oomd_baseline.get((cg.path, cg.version))
-            if baseline is None:
-                continue
-            for level, count in self.read_oomd_marks(cg.path, cg.version).items():
-                name, _, path = level.partition(" ")
-                was = baseline.get(level, 0)
-                if count > was and path not in seen:
-                    seen.add(path)
-                    daemon = "systemd-oomd" if name.startswith("user.") else "oomd"
-                    found.append(
-                        UserspaceKill(
-                            daemon, None, path, None, None, f"{path}: xattr {name} {was} -> {count}", "xattr"
-                        )
-                    )
-        return found
 
 
 def _why(exc: BaseException) -> str:
