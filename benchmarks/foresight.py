@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import results
 from sidecar.demo import join_cgroup, memory_cgroup, memory_hierarchy
-from sidecar.sampling.foresight import theil_sen
+from sidecar.trend import theil_sen
 from tests.e2e import DaemonProc, TorchrunJob, wait_for
 
 GIB = 1 << 30

@@ -20,7 +20,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from sidecar import __version__
 from sidecar.daemon import Daemon
 from sidecar.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
-from sidecar.metrics import TrainwatchCollector, with_clock
+from sidecar.metrics.collector import TrainwatchCollector
+from sidecar.metrics.families import with_clock
 from sidecar.model import CgroupSample, Snapshot
 from sidecar.postmortem import render_text
 from sidecar.postmortem.html import render_html

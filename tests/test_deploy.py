@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from sidecar import dashboard
-from sidecar.metrics import METRICS
+from sidecar.metrics.table import METRICS
 from tests.e2e import REPO, DaemonProc, TorchrunJob, job_postmortem
 from tests.prom import DEPLOY, PROMTOOL
 from tests.skips import requires

@@ -360,7 +360,7 @@ def test_a_report_that_does_not_say_its_page_size_gives_pages_not_bytes():
 
 
 def test_page_size_pairs_must_agree():
-    from sidecar.diagnose import infer_page_size
+    from sidecar.diagnose.kernel import infer_page_size
 
     assert infer_page_size([(250_000 * 65536, 250_000)]) == 65536
     assert infer_page_size([(250_000 * 4096 + 8192, 250_000)]) == 4096  # the kill line a little later

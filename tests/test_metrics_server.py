@@ -166,7 +166,7 @@ def test_fast_renderer_matches_prometheus_client(daemon, openmetrics):
     from prometheus_client.openmetrics.exposition import generate_latest as om_latest
 
     from sidecar.exposition import render
-    from sidecar.metrics import TrainwatchCollector, make_registry
+    from sidecar.metrics.collector import TrainwatchCollector, make_registry
 
     collector = TrainwatchCollector(lambda: daemon.snapshot)
     tricky = GaugeMetricFamily(
@@ -192,7 +192,7 @@ def test_the_direct_exposition_is_the_rendering_of_the_families(daemon, openmetr
     byte for byte what rendering the collected families gives, on a snapshot with jobs,
     ranks, GPUs, cgroups, and counters with and without labels."""
     from sidecar.exposition import render
-    from sidecar.metrics import TrainwatchCollector
+    from sidecar.metrics.collector import TrainwatchCollector
 
     daemon.deaths.deaths_total[("8d6de2d1", "kernel_oom")] = 2
     collector = TrainwatchCollector(
@@ -211,7 +211,7 @@ def test_the_cgroup_charge_events_and_pressure_families():
     """A v2 cgroup's charge split, working set, memory.events and memory.pressure, as the
     collector exports them (the probe that reads them: tests/test_probes_cgroup.py)."""
     from sidecar.exposition import render
-    from sidecar.metrics import TrainwatchCollector
+    from sidecar.metrics.collector import TrainwatchCollector
     from sidecar.model import CgroupSample, MemoryCharge, Snapshot
 
     cg = CgroupSample(
@@ -236,7 +236,7 @@ def test_the_cgroup_charge_events_and_pressure_families():
 
 
 def test_scrapes_between_rounds_reuse_the_body_and_a_new_round_or_death_renews_it(daemon, monkeypatch):
-    from sidecar.metrics import TrainwatchCollector
+    from sidecar.metrics.collector import TrainwatchCollector
 
     calls = []
     real = TrainwatchCollector.exposition

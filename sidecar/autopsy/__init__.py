@@ -1,8 +1,10 @@
 """The autopsy: typed evidence in (``evidence``), the rules that name the killer
-(``rules``; ``logs`` adds what logs alone can and cannot say), the one fold of the
-kernel's OOM records (``oom``) and the advice chosen from the verdict's kind and facts
-(``advice``). Pure: no I/O, no clock. The daemon and ``trainwatch diagnose`` both go
-through it; they differ only in how they gather the evidence.
+(``rules`` orders the deaths and gives the fates, ``killers`` the first death's killer,
+``peers`` the other ranks, ``witnesses`` the records they weigh; ``logs`` adds what logs
+alone can and cannot say), the one fold of the kernel's OOM records (``oom``) and the
+advice chosen from the verdict's kind and facts (``advice``). Pure: no I/O, no clock.
+The daemon and ``trainwatch diagnose`` both go through it; they differ only in how they
+gather the evidence.
 """
 
 from sidecar.autopsy.advice import advice

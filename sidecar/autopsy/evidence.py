@@ -193,7 +193,7 @@ class UserspaceKill:
 
 @dataclass(frozen=True, slots=True)
 class Evidence:
-    """Everything the autopsy may use, gathered live (deaths.py) or from logs (diagnose.py).
+    """Everything the autopsy may use, gathered live (deaths.py) or from logs (diagnose/).
     The ranks come first; every other field is named where it is built."""
 
     ranks: tuple[RankState, ...]
@@ -262,7 +262,7 @@ class Facts:
     all_entered: bool = False
     shm_exhausted: bool = False  # the failure is /dev/shm running out (a bus error, no space)
     sender: Sender | None = None  # who sent the signal that killed the rank, with its tool
-    # the victim's own words only report a failure elsewhere (rules.only_reports)
+    # the victim's own words only report a failure elsewhere (peers.only_reports)
     peer_failure: bool = False
 
 

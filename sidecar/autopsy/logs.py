@@ -90,7 +90,7 @@ class KernelRecords:
     host_total: int | None
     oom_at: dict[int, float] = field(default_factory=dict)  # pid -> wall time of its kill line
     # the page size the report counted in, where it printed a count both in pages and in kB
-    # (``diagnose.infer_page_size``); None when it cannot be told: the log may come from a
+    # (``diagnose.kernel.infer_page_size``); None when it cannot be told: the log may come from a
     # host with another page size than this one
     page_size: int | None = None
 

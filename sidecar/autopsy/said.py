@@ -3,8 +3,8 @@ a CUDA OOM, a shared-memory bus error, an exception (from its output and error f
 first-hand), any message of the emitter catalog that names how it ended (a mechanism before
 a symptom, a report of what happened elsewhere last and only as possible; none whose kind
 cannot have ended it the way it ended: ``fits``), and NVRM Xid records or a GPU NVML
-reports lost near the death. The rules (``rules.py``) ask these before they fall back on
-signals and counters.
+reports lost near the death. The killers' rules (``killers.py``) ask these before they fall
+back on signals and counters.
 """
 
 from __future__ import annotations
@@ -307,7 +307,7 @@ def told_of(
     symptom before a report, then ``precedence``. Its confidence is the message's ceiling
     when it names this pid and is first-hand, else at most likely (it names a container, a
     step or nobody); a report of what happened elsewhere is possible at most. Both paths
-    rank by it: ``logs.py`` for diagnose, ``rules.py`` for the job's logs read live."""
+    rank by it: ``logs.py`` for diagnose, ``witnesses.py`` for the job's logs read live."""
     found: list[tuple[int, tuple[bool, bool, bool, int], int, Hit, Confidence]] = []
     for hit in hits:
         m = hit.message

@@ -23,7 +23,7 @@ import sys
 from typing import Any
 
 from sidecar.dashboard.panels import ANNOTATION, DS, VARIABLES, Panel, Target, panels
-from sidecar.metrics import METRICS
+from sidecar.metrics.table import METRICS
 
 __all__ = ["VARIABLES", "Panel", "Target", "all_queries", "build", "main", "metric_names", "panels"]
 

@@ -1,0 +1,332 @@
+"""What ended the first death: each killer's rule, asked in the order that decides.
+
+No I/O, no clock: everything arrives in ``Evidence``. In order: a kernel OOM record naming
+the pid (``kernel_oom`` or ``cgroup_oom``, certain); the traced sender of its signal (a
+userspace OOM daemon, the agent, itself signalled from outside, or another process); the
+agent signalled from outside when the sender is not traced; a userspace OOM daemon's
+record; a SIGKILL with the OOM counters moving (an OOM at ``likely``) or not (a signal
+from outside, never an OOM); the rank's own words and the GPU (``said``); the kernel's own
+line for the pid; then its signal or exit status, with the job's logs. One function,
+because the order is the rule: the first that holds decides (rules 2-4 of ``rules``). The
+records each rule weighs are found by ``witnesses``.
+"""
+
+from __future__ import annotations
+
+import signal as _signal
+from dataclasses import replace
+from typing import Any
+
+from sidecar.autopsy.evidence import (
+    USERSPACE_OOM_DAEMONS,
+    Evidence,
+    EvidenceItem,
+    KernelOom,
+    RankState,
+    Sender,
+    rank_label,
+    rank_name,
+    signal_name,
+)
+from sidecar.autopsy.peers import timeout_elsewhere
+from sidecar.autopsy.said import from_output, gpu_fault, weaker
+from sidecar.autopsy.senders import slurm_detail, tool_of, words
+from sidecar.autopsy.witnesses import (
+    agent_signalled,
+    counter_moved,
+    job_log,
+    kernel_record,
+    lost_item,
+    lost_near,
+    sender_of,
+    userspace_for,
+)
+from sidecar.model import Confidence, Kind
+
+__all__ = ["victim_verdict"]
+
+# how the agent ends its workers (SIGTERM, then SIGKILL after a grace period) and the
+# signals a terminal or a scheduler sends to a process group: a rank ended by one of these,
+# first of the job, after its agent was signalled from outside, was ended by that
+_TEARDOWN_SIGNALS = frozenset({_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP})
+
+
+def victim_verdict(
+    victim: RankState,
+    oom: KernelOom | None,
+    ev: Evidence,
+    items: list[EvidenceItem],
+    facts: dict[str, Any],
+) -> tuple[Kind, Confidence, str]:
+    """(kind, confidence, summary); what the verdict found as data goes into ``facts``."""
+    who = rank_name(victim.label, victim.pid, ev.from_logs)
+    if oom is not None:
+        for line in oom.lines:
+            items.append(EvidenceItem("kmsg", oom.at_ns, line))
+        is_global = oom.scope == "global" or (oom.oom_memcg is None and oom.scope != "memcg")
+        if is_global and oom.oom_memcg is None:
+            rss = f" holding {oom.rss_bytes / 2**30:.1f} GiB" if oom.rss_bytes else ""
+            return (
+                Kind.KERNEL_OOM,
+                Confidence.CERTAIN,
+                f"The kernel's OOM killer killed {who}{rss}: the whole machine ran out of memory.",
+            )
+        limit_cgroup = oom.oom_memcg or victim.cgroup_limited_by or victim.cgroup
+        which = f"memory cgroup {limit_cgroup}" if limit_cgroup else "its memory cgroup"
+        return (
+            Kind.CGROUP_OOM,
+            Confidence.CERTAIN,
+            f"{who} was killed by the kernel because {which} reached its limit.",
+        )
+    sent = sender_of(victim, ev.signals)
+    fault = False  # the kernel delivered it for the rank's own fault (si_code > 0)
+    if sent is not None and sent.sender_pid in (victim.pid, *victim.ns_pids):
+        fault = sent.code > 0
+        # the rank signalled itself: a fault (SIGSEGV, SIGBUS) or abort() (SIGABRT)
+        items.append(
+            EvidenceItem(
+                "tracepoint",
+                sent.at_ns,
+                f"signal_generate: the rank itself raised {signal_name(sent.signal)} (si_code {sent.code})",
+            )
+        )
+        sent = None
+    if sent is not None and not (sent.code == 128 and victim.signal == _signal.SIGKILL):
+        name = signal_name(sent.signal)
+        sender = sent.sender or Sender(sent.sender_pid, sent.sender_comm, None, None, None, ())
+        tool = tool_of(sender, ev.agent_pid, victim.cgroup)
+        detail, said = slurm_detail(sender, victim.slurm_times) if tool == "slurm" else (None, words(tool))
+        facts["sender"] = replace(sender, tool=tool, detail=detail)
+        chain = ", ".join(f"{comm} ({pid})" for pid, comm, _ in sender.parents[:4])
+        items.append(
+            EvidenceItem(
+                "tracepoint",
+                sent.at_ns,
+                f"signal_generate: {sent.sender_comm}-{sent.sender_pid} "
+                f"sent {name} to pid {sent.target_pid} (si_code {sent.code})",
+            )
+        )
+        if any(sent.sender_comm.startswith(d) for d in USERSPACE_OOM_DAEMONS):
+            return (
+                Kind.USERSPACE_OOM,
+                Confidence.CERTAIN,
+                f"{who} was killed by the userspace OOM daemon {sent.sender_comm} (pid {sent.sender_pid}), "
+                f"which sent {name}.",
+            )
+        if ev.agent_pid is not None and sent.sender_pid == ev.agent_pid:
+            upstream = agent_signalled(victim, ev)
+            if upstream is not None:
+                confidence, how, item, agent_sender = upstream
+                items.append(item)
+                if agent_sender is not None:
+                    facts["sender"] = replace(
+                        agent_sender, tool=tool_of(agent_sender, ev.agent_pid, victim.cgroup), detail=None
+                    )
+                return (
+                    Kind.EXTERNAL_SIGNAL,
+                    confidence,
+                    f"The torchrun agent (pid {ev.agent_pid}) {how} and shut the workers down: {who} was "
+                    f"sent {name} by it before any rank died of its own.",
+                )
+            return (
+                Kind.AGENT_TEARDOWN,
+                Confidence.CERTAIN,
+                f"{who} was sent {name} by the torchrun agent (pid {sent.sender_pid}) "
+                "before any other rank died.",
+            )
+        if tool in ("unknown", "torchelastic"):
+            return (
+                Kind.EXTERNAL_SIGNAL,
+                Confidence.CERTAIN,
+                f"{who} was killed from outside: pid {sent.sender_pid} ({sent.sender_comm}) sent {name}"
+                + (f" (started by {chain})." if chain else "."),
+            )
+        return (
+            Kind.EXTERNAL_SIGNAL,
+            Confidence.CERTAIN,
+            f"{who} was killed from outside by {said}: pid {sent.sender_pid} ({sent.sender_comm}) "
+            f"sent {name}" + (f" (started by {chain})." if chain else "."),
+        )
+    torn = victim.pid in ev.agent_teardown
+    if sent is None and victim.signal is not None and (torn or victim.signal in _TEARDOWN_SIGNALS):
+        # no rank died of its own first (the victim is the first death), the sender of its
+        # signal is not traced, and the agent says it was itself signalled from outside
+        upstream = agent_signalled(victim, ev)
+        if upstream is not None:
+            confidence, how, item, _ = upstream
+            items.append(item)
+            ended = (
+                f"its log says it sent {who} {signal_name(victim.signal)}"
+                if torn
+                else f"{who} ended by {signal_name(victim.signal)} as the job was shut down"
+            )
+            return (
+                Kind.EXTERNAL_SIGNAL,
+                weaker(confidence, Confidence.LIKELY),  # that the agent's signal ended it is inferred
+                f"The torchrun agent (pid {ev.agent_pid}) {how} and shut the workers down; {ended}.",
+            )
+    found = userspace_for(victim, ev)
+    if found is not None:
+        rec, how = found
+        items.append(EvidenceItem(rec.source, rec.at_ns, rec.detail))
+        did = f"sent {signal_name(rec.signal)}" if rec.signal else "killed it"
+        if how == "pid":
+            return (
+                Kind.USERSPACE_OOM,
+                Confidence.CERTAIN,
+                f"{who} was killed by the userspace OOM daemon {rec.daemon}, whose own record names "
+                f"the pid ({did}).",
+            )
+        return (
+            Kind.USERSPACE_OOM,
+            Confidence.LIKELY,
+            f"{who} was killed with its cgroup {rec.cgroup} by the userspace OOM daemon {rec.daemon} "
+            f"({rec.source} record); the record names the cgroup, not the pid.",
+        )
+    if victim.signal == _signal.SIGKILL:
+        host, cgroup, path = counter_moved(ev, victim)
+        if host or cgroup:
+            if ev.host_oom_kills_before is not None:
+                items.append(
+                    EvidenceItem(
+                        "vmstat",
+                        None,
+                        f"/proc/vmstat oom_kill {ev.host_oom_kills_before} -> {ev.host_oom_kills_after}",
+                    )
+                )
+            if cgroup and path:
+                items.append(
+                    EvidenceItem(
+                        "cgroup",
+                        None,
+                        f"{path} oom_kill {ev.cgroup_oom_kills_before[path]} -> "
+                        f"{ev.cgroup_oom_kills_after[path]}",
+                    )
+                )
+            missing = "no kernel log record named the pid" + (
+                "" if ev.kernel_log_readable else " (the kernel log was not readable)"
+            )
+            lost = lost_near(victim, ev)
+            if lost:
+                missing += f" ({lost} records near the death were overwritten unread)"
+                items.append(lost_item(lost))
+            if cgroup and path and path != "/":
+                limit = victim.cgroup_limited_by
+                where = f"; the limit above it is {limit}'s" if limit and limit != path else ""
+                return (
+                    Kind.CGROUP_OOM,
+                    Confidence.LIKELY,
+                    f"{who} was SIGKILLed as the OOM counter of memory cgroup {path} moved{where}; "
+                    f"{missing}.",
+                )
+            return (
+                Kind.KERNEL_OOM,
+                Confidence.LIKELY,
+                f"{who} was SIGKILLed as the kernel's OOM counter moved; {missing}.",
+            )
+        why = "no kernel OOM record named it, no OOM counter moved"
+        if not ev.kernel_log_readable:
+            why = "the kernel log was not readable and no OOM counter moved"
+        lost = lost_near(victim, ev)
+        if lost:
+            why = f"no OOM counter moved, but {lost} kernel log records near the death were lost unread"
+            items.append(lost_item(lost))
+        items.append(EvidenceItem("counters", None, "vmstat oom_kill and the cgroup's oom_kill did not move"))
+        for comm, pid in ev.oom_daemons:
+            items.append(
+                EvidenceItem(
+                    "proc",
+                    None,
+                    f"{comm} (pid {pid}) runs on this machine and kills by signal: it may have sent this one",
+                )
+            )
+        if ev.oom_daemons:
+            names = ", ".join(f"{c} (pid {p})" for c, p in ev.oom_daemons)
+            why += f"; {names} runs here and may have sent it"
+        sure = (
+            Confidence.LIKELY
+            if ev.kernel_log_readable and not ev.oom_daemons and not lost
+            else Confidence.POSSIBLE
+        )
+        logged = job_log(victim, ev, sure)
+        if logged is not None:
+            items.append(logged[3])
+            return logged[:3]
+        return (
+            Kind.EXTERNAL_SIGNAL,
+            sure,
+            f"{who} was killed by a SIGKILL from outside: {why}. The sender is unknown.",
+        )
+    told_facts: dict[str, Any] = {}
+    told = from_output(victim, ev, items, told_facts)
+    if told is not None and told[0] != Kind.PYTHON_EXCEPTION:
+        facts.update(told_facts)
+        return told
+    gpu = gpu_fault(victim, ev, items)
+    if gpu is not None:
+        return gpu
+    if told is not None:
+        facts.update(told_facts)
+        return told
+    recorded = kernel_record(victim, ev)
+    if recorded is not None:
+        kind, confidence, summary, item = recorded
+        items.append(item)
+        return kind, confidence, summary
+    sig = victim.signal
+    sure = Confidence.CERTAIN if fault else Confidence.LIKELY
+    # the job's logs decide what would otherwise be only possible (an abort, a signal from
+    # outside, an exit status): a scheduler's cancel banner, a launcher's report
+    logged = None if sig in (_signal.SIGSEGV, _signal.SIGBUS) else job_log(victim, ev, Confidence.POSSIBLE)
+    if sig == _signal.SIGSEGV:
+        return Kind.SEGFAULT, sure, f"{who} crashed with a segmentation fault (SIGSEGV)."
+    if sig == _signal.SIGBUS:
+        return Kind.BUS_ERROR, sure, f"{who} crashed with SIGBUS (often /dev/shm exhausted)."
+    if sig == _signal.SIGABRT:
+        timed_out = timeout_elsewhere(victim, ev)
+        if timed_out is not None:
+            # the watchdog takes the whole process down (abort) once a collective timed
+            # out: another rank's word that one did explains this rank's SIGABRT
+            label, line = timed_out
+            items.append(EvidenceItem("output", None, line))
+            return (
+                Kind.COLLECTIVE_TIMEOUT,
+                Confidence.LIKELY if ev.from_logs else Confidence.POSSIBLE,
+                f"{who} aborted (SIGABRT) as the NCCL watchdog does after a collective timed out: "
+                + (f"{rank_label(label, ev.from_logs)}" if label else "a rank")
+                + " reported the timeout; this rank's own output gave no other cause.",
+            )
+        if logged is not None:
+            items.append(logged[3])
+            return logged[:3]
+        return (
+            Kind.ABORT,
+            Confidence.POSSIBLE,
+            f"{who} aborted (SIGABRT); no collective-timeout evidence was read.",
+        )
+    if logged is not None:
+        items.append(logged[3])
+        return logged[:3]
+    if sig is not None:
+        return (
+            Kind.EXTERNAL_SIGNAL,
+            Confidence.POSSIBLE,
+            f"{who} was killed by {signal_name(sig)} from outside; the sender is unknown.",
+        )
+    if victim.exit_code is None:
+        return (
+            Kind.UNKNOWN,
+            Confidence.POSSIBLE,
+            f"{who} ended but its exit status could not be read (run trainwatch as root in the host's "
+            "namespaces so the process connector reports exits).",
+        )
+    return (
+        Kind.PYTHON_EXCEPTION,
+        Confidence.POSSIBLE,
+        f"{who} exited with status {victim.status}, as Python does after an uncaught exception; "
+        + (
+            "its output named no exception."
+            if ev.output_read
+            else "its output was not read (run it under `trainwatch run`, or send its output to a file)."
+        ),
+    )

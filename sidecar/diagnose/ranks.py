@@ -1,0 +1,192 @@
+"""The ranks the logs name, for ``trainwatch diagnose``: the agent's failure table and
+``failed (exitcode: N)`` line, its closing signals (those ranks it tore down), DeepSpeed's
+and other launchers' exit lines, a shell's ``8156 Killed``; ranks a ``[rankN]:`` line
+names; torn-down pids get the local rank their place in a run of consecutive pids gives,
+said as inferred. Merged by pid (then by rank, then by local rank), with their exits and
+the times their lines give."""
+
+from __future__ import annotations
+
+import re
+import signal as _signal
+import time
+
+from sidecar.autopsy import EvidenceItem
+from sidecar.autopsy.logs import LogRank, LogRecords
+from sidecar.catalog import Hit
+from sidecar.parse.logs import line_time
+from sidecar.parse.ranks import line_stamp, stamp_to_epoch
+from sidecar.parse.torchrun import ClosingSignal, FailureEntry, WorkerFailed
+
+__all__ = ["exit_of", "log_ranks", "when"]
+
+_TABLE_TIME = re.compile(r"time\s*:?\s*(\d{4})-(\d\d)-(\d\d)[_ ](\d\d):(\d\d):(\d\d)")
+
+
+def log_ranks(g: LogRecords) -> tuple[list[LogRank], list[EvidenceItem]]:
+    """The ranks the logs name, merged by pid (then by rank, then by local rank)."""
+    ranks: list[LogRank] = []
+    notes: list[EvidenceItem] = []
+
+    def get(pid: int | None, rank: int | None = None, local: int | None = None) -> LogRank:
+        for r in ranks:
+            if (
+                (pid is not None and r.pid == pid)
+                or (pid is None and rank is not None and r.rank == rank)
+                or (pid is None and rank is None and local is not None and r.local_rank == local)
+            ):
+                break
+        else:
+            r = LogRank(pid=pid)
+            ranks.append(r)
+        if rank is not None:
+            r.rank = rank
+        if local is not None:
+            r.local_rank = local
+        if r.pid is None:
+            r.pid = pid
+        return r
+
+    for rec in g.agent:
+        if isinstance(rec, FailureEntry):
+            r = get(rec.pid, rec.rank, rec.local_rank)
+            r.returncode = rec.exitcode
+            r.first = r.first or rec.root_cause
+            m = _TABLE_TIME.search(f"time : {rec.time}" if rec.time else "")
+            if m:
+                r.at = time.mktime((*(int(m[i]) for i in range(1, 7)), 0, 0, -1))  # type: ignore[arg-type]
+            r.lines.append(f"exitcode {rec.exitcode} (pid {rec.pid}): {rec.traceback or ''}".strip())
+        elif isinstance(rec, WorkerFailed):
+            r = get(rec.pid, None, rec.local_rank)
+            r.returncode = rec.exitcode
+            r.first = True
+            r.lines.append(rec.line)
+            r.at = r.at or when(rec.line)  # when the agent noticed: within its monitor interval
+        elif isinstance(rec, ClosingSignal):
+            r = get(rec.pid)
+            r.torn_down = True
+            if r.returncode is None and rec.signal is not None:
+                r.returncode = -rec.signal
+            r.lines.append(rec.line)
+    for job in g.jobs:
+        if job.source == "deepspeed" and job.what == "teardown":
+            r = get(job.pid)
+            r.torn_down = True
+            r.lines.append(job.line)
+        elif job.what in ("exit_signal", "exit_code") and job.source in ("deepspeed", "launcher", "slurm"):
+            r = get(None, None, job.local_rank) if job.local_rank is not None else get(None)
+            r.returncode = -job.signal if job.signal else job.exit_code
+            r.first = True
+            r.lines.append(job.line)
+            r.at = r.at or when(job.line)
+        elif job.what == "killed_by_shell" and job.pid is not None:
+            r = get(job.pid)
+            r.returncode = -(job.signal or 9)
+            r.lines.append(job.line)
+    # ranks whose own lines name them (the watchdog's [Rank N], a [rankN]: prefix). A global
+    # rank no table gave, on a rank whose local rank is the same number, is taken to be it
+    # (true on one node; said as inferred, so never certain)
+    for _, f in g.findings:
+        if f.rank is None or any(r.rank == f.rank for r in ranks):
+            continue
+        same = [r for r in ranks if r.rank is None and r.local_rank == f.rank]
+        if len(same) == 1 and not any(r.rank is not None for r in ranks):
+            same[0].rank, same[0].inferred_rank = f.rank, True
+            notes.append(
+                EvidenceItem(
+                    "inference",
+                    None,
+                    f"the [rank{f.rank}] lines taken to be local rank {f.rank}'s (true when the job ran on "
+                    "one node)",
+                )
+            )
+        else:
+            ranks.append(LogRank(rank=f.rank, local_rank=f.local_rank))
+    # torn-down pids in one run of consecutive pids with a rank whose local rank is known:
+    # torchrun starts the workers in local-rank order
+    anchors = [r for r in ranks if r.local_rank is not None and r.pid is not None]
+    if anchors:
+        base = anchors[0].local_rank, anchors[0].pid
+        for r in ranks:
+            if r.local_rank is None and r.pid is not None and r.torn_down:
+                local = base[0] + (r.pid - base[1])  # type: ignore[operator]
+                if 0 <= local < 64 and not any(o.local_rank == local for o in ranks):
+                    r.local_rank, r.inferred_local = local, True
+        if any(r.inferred_local for r in ranks):
+            notes.append(
+                EvidenceItem(
+                    "inference",
+                    None,
+                    "local ranks of the torn-down pids inferred from their place in the run of "
+                    "consecutive pids "
+                    f"(local rank {base[0]} is pid {base[1]})",
+                )
+            )
+    # A launcher's report of its child's exit that names no rank (subprocess's
+    # CalledProcessError of `torchrun ...`, a launcher's "exits with return code") is the
+    # whole job's exit when the logs name ranks: it is never a rank of its own, nor the reason
+    named = [r for r in ranks if r.pid is not None or r.rank is not None or r.local_rank is not None]
+    if named:
+        for r in [r for r in ranks if r not in named]:
+            ranks.remove(r)
+            notes += [
+                EvidenceItem("launcher", None, f"the job's exit, as its launcher reported it: {line}")
+                for line in r.lines
+            ]
+    if not any(r.returncode is not None for r in ranks):
+        # no structured record gave an exit: a launcher's, a shell's or a runtime's report of
+        # a process's exit status or signal is one (spawn's "process 1 terminated with signal
+        # SIGSEGV", mpirun's "exited on signal 9", a container's "Exit Code: 137")
+        for hit, at in g.exits:
+            code = exit_of(hit)
+            who = [_int(hit.get(name)) for name in ("pid", "rank", "local_rank")]
+            r = get(who[0], who[1], who[2]) if any(x is not None for x in who) else get(None)
+            if r.returncode is None:
+                r.returncode = code
+                r.first = not any(o.first for o in ranks if o is not r)
+                r.lines.append(hit.line)
+                r.at = r.at or at
+    return ranks, notes
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text is not None and text.lstrip("-").isdigit() and len(text) < 12 else None
+
+
+_SIGNAL_WORDS = {
+    **{_signal.strsignal(n) or "": n for n in range(1, 32) if _signal.strsignal(n)},
+    **{s.name: int(s) for s in _signal.Signals},
+    "Killed": _signal.SIGKILL,
+}
+
+
+def exit_of(hit: Hit) -> int | None:
+    """The exit a report of a process's end gives, as torchrun writes it (-N for signal N,
+    else the status); a status of 128+N from a shell or a container runtime is signal N.
+    None when the message names no killer-less exit (a message of a kind decides instead)."""
+    m = hit.message
+    if m.kind is not None or m.layer not in ("symptom", "report"):
+        return None
+    for name in ("signum", "signal", "signame", "sigdesc"):
+        value = (hit.get(name) or "").strip().strip("<>")
+        if not value:
+            continue
+        number = _int(value.removeprefix("Unknown signal ").strip())
+        if number is None:
+            number = _SIGNAL_WORDS.get(value) or _SIGNAL_WORDS.get(value.split(" (")[0])
+        if number is not None and 0 < number < 65:
+            return -number
+    code = _int(hit.get("exit_code"))
+    if code is None or code == 0:
+        return None
+    return -(code - 128) if 128 < code <= 128 + 64 else code
+
+
+def when(line: str) -> float | None:
+    """A line's own wall-clock time: a syslog/ISO/DeepSpeed stamp, else glog's (no year:
+    the one nearest now)."""
+    at = line_time(line)
+    if at is None:
+        stamp = line_stamp(line.strip())
+        at = stamp_to_epoch(stamp, time.time(), 400 * 86400) if stamp else None
+    return at
