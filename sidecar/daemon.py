@@ -23,7 +23,7 @@ from sidecar.postmortem import PostmortemStore
 from sidecar.probes.host import HostReader
 from sidecar.probes.proc import TICKS_PER_SECOND
 from sidecar.sampling.foresight import Foresight
-from sidecar.sampling.sampler import CGROUP_LINGER_SECONDS, Sampler
+from sidecar.sampling.sampler import CGROUP_LINGER_SECONDS, RoundPlan, Sampler
 from sidecar.sampling.stalls import StallTracker
 from sidecar.sampling.timeline import Timeline
 from sidecar.settings import PRESSURE_INTERVAL_SECONDS, Settings
@@ -103,6 +103,11 @@ class Daemon:
         self.signals: SignalWatcher | None = None
         self.pidfds: PidfdWatcher | None = None
         self._snapshot: Snapshot | None = None
+        # The round plan's parts (RoundPlan): near a limit; the last snapshot as published
+        # (what a round between two detailed ones carries); the rounds the schedule missed.
+        self.pressure = False
+        self._judged: Snapshot | None = None
+        self.overruns_total = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()  # the stop, or a new agent told by the connector
@@ -272,17 +277,20 @@ class Daemon:
 
     def sample_now(self) -> Snapshot:
         """Run one round on the caller's thread and publish it (tests, one-shot use)."""
-        snapshot = self.sampler.sample()
+        snapshot = self.sampler.sample(self._plan())
         self._publish(snapshot)
         return snapshot
 
+    def _plan(self) -> RoundPlan:
+        return RoundPlan(self.pressure, self._judged, self.overruns_total)
+
     def _publish(self, snapshot: Snapshot) -> None:
         # forecasts and stalls are judged once a second (every round near a limit); the
-        # sampler builds a round between with their last word (Sampler.judged)
+        # sampler builds a round between with their last word (RoundPlan.judged)
         if snapshot.detail or self._snapshot is None:
             snapshot = self.foresight.update(snapshot)
             snapshot = self.stalls.update(snapshot)
-        self.sampler.judged = snapshot
+        self._judged = snapshot
         with self._lock:
             self._snapshot = snapshot
         self._last_done = time.monotonic()
@@ -303,12 +311,12 @@ class Daemon:
         while not self._stop.is_set():
             snapshot = None
             try:
-                snapshot = self.sampler.sample()
+                snapshot = self.sampler.sample(self._plan())
                 self._publish(snapshot)
             except Exception:
                 log.exception("sampling round failed")
             fast = snapshot is not None and under_pressure(snapshot)
-            self.sampler.pressure = fast  # near a limit: every file, every round
+            self.pressure = fast  # near a limit: every file, every round
             if fast != (interval < base):
                 if fast:
                     log.info(
@@ -327,7 +335,7 @@ class Daemon:
             now = clock()
             if now > deadline:
                 missed = int((now - deadline) // interval) + 1
-                self.sampler.overruns_total += missed
+                self.overruns_total += missed
                 deadline += missed * interval
             if self._wake.wait(max(0.0, deadline - now)) and not self._stop.is_set():
                 self._wake.clear()  # a new agent: a round now, the schedule from here

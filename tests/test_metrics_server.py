@@ -129,9 +129,9 @@ def test_scrape_does_not_wait_for_a_slow_sampler(proc_tree, tmp_path):
     gate = threading.Event()
     real = sampler.sample
 
-    def slow():
+    def slow(plan):
         gate.wait(5)
-        return real()
+        return real(plan)
 
     sampler.sample = slow  # type: ignore[method-assign]
     d.start()

@@ -7,7 +7,7 @@ the others go on.
 Each file is read at the rate it matters. Every round: each rank's ``stat`` (CPU, RSS,
 state) and its descendants' RSS (through descriptors held open), each cgroup's usage,
 each GPU's memory. Once every ``DETAIL_SECONDS``, and every round while memory is near
-a limit (``pressure``, set by the daemon): the ranks' ``status`` (peak, anonymous and
+a limit (the round's plan says so): the ranks' ``status`` (peak, anonymous and
 shared memory, namespaces), the cgroups' other files (limits, memory.stat, events, PSI),
 the host's, and NVML's per-process queries (memory and activity of each process). A round without
 them carries the last detailed round's values and says so (``Snapshot.detail``).
@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from sidecar import saferead
 from sidecar.errors import ProbeError
@@ -40,7 +41,7 @@ from sidecar.sampling.ranks import RankReader
 from sidecar.settings import Settings
 from sidecar.watch.exits import ExitEvent
 
-__all__ = ["CGROUP_LINGER_SECONDS", "PROBES", "Sampler"]
+__all__ = ["CGROUP_LINGER_SECONDS", "PROBES", "RoundPlan", "Sampler"]
 
 log = logging.getLogger("sidecar.daemon")  # the sampler's problems, as before the split
 
@@ -58,6 +59,19 @@ def _boot_time(proc_root: str) -> float | None:
     except OSError:
         pass
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class RoundPlan:
+    """What the daemon tells the sampler of the round it asks for: nothing else reaches into
+    the sampler. ``pressure``: memory is near a limit, so every file is read, every round.
+    ``judged``: the last snapshot as published (with foresight's and the stall tracker's
+    word), which a round between two detailed ones carries. ``overruns_total``: the rounds
+    the schedule missed so far, reported on the snapshot."""
+
+    pressure: bool = False
+    judged: Snapshot | None = None
+    overruns_total: int = 0
 
 
 class _OnceLog:
@@ -103,15 +117,10 @@ class Sampler:
         self.cgroup_rounds = CgroupRounds(self.cgroups, self.proc, clock)
         self.gpu_attribution = GpuAttribution(settings.proc_root)
         self._once = _OnceLog()
-        self.pressure = False  # memory near a limit: every file, every round (the daemon sets it)
         self._detail_at: float | None = None
         self._shm: dict[str, tuple[int, int, float]] = {}  # job key -> its /dev/shm, last detailed round
         self._host: HostSample | None = None
-        # The last snapshot as published (with foresight's and the stall tracker's word),
-        # set by the daemon: what a round between two detailed ones carries.
-        self.judged: Snapshot | None = None
         self.samples_total = 0
-        self.overruns_total = 0
         if not self.cgroups.available:
             self._once.problem(
                 "cgroup", "no memory cgroup hierarchy is mounted: no cgroup data", logging.INFO
@@ -182,11 +191,11 @@ class Sampler:
         self.proc.keep_only({pid for _, rows in rank_rows for _, read in rows for pid in read.tree})
         return rank_rows, problem
 
-    def sample(self) -> Snapshot:
+    def sample(self, plan: RoundPlan = RoundPlan()) -> Snapshot:
         started = self.clock()
         statuses: dict[str, ProbeStatus] = {}
         # a round that starts a little early on the grid still counts as a second later
-        detail = self.pressure or self._detail_at is None or started - self._detail_at >= 0.9 * DETAIL_SECONDS
+        detail = plan.pressure or self._detail_at is None or started - self._detail_at >= 0.9 * DETAIL_SECONDS
         if detail:
             self._detail_at = started
 
@@ -244,7 +253,7 @@ class Sampler:
         )
         # A round between two detailed ones judges nothing: it carries the last word of
         # foresight and the stall tracker (daemon.py), built in, not copied in afterwards.
-        judged = None if detail else self.judged
+        judged = None if detail else plan.judged
         cgroup_samples = carry_forecasts(cgroup_samples, judged)
         if detail:
             self._read_shm([job for job, _ in rank_rows])
@@ -259,7 +268,7 @@ class Sampler:
             cgroups=cgroup_samples,
             probes=statuses,
             samples_total=self.samples_total,
-            overruns_total=self.overruns_total,
+            overruns_total=plan.overruns_total,
             sample_duration_seconds=self.clock() - started,
             unreadable_processes=len(self.discovery.unreadable),
             nvml_unmatched_pids=unmatched,
