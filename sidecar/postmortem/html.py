@@ -33,6 +33,17 @@ CHARGE_SERIES = (
 )
 
 
+# The pages' look, one for both: the postmortem's and trainwatch story's (story/render.py)
+PAGE_STYLE = """\
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#222;max-width:1100px}
+h1{font-size:22px;margin:0 0 4px} .kind{color:#c0392b} .muted{color:#777} code{font-size:12px}
+.summary{font-size:17px;margin:8px 0 16px} table{border-collapse:collapse;margin:8px 0 18px}
+td,th{border-bottom:1px solid #eee;padding:4px 10px;text-align:left;vertical-align:top}
+.fate{color:#fff;border-radius:3px;padding:1px 6px;font-size:12px} .ax{font-size:11px;fill:#666}
+.lg{font-size:11px} h2{font-size:15px;margin:18px 0 4px} h3{font-size:13px;margin:10px 0 2px}
+pre{font-size:12px;background:#f6f6f6;padding:6px;overflow-x:auto}"""
+
+
 def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
@@ -283,13 +294,7 @@ def render_html(doc: dict[str, Any]) -> str:
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; img-src data:">
 <title>postmortem {_e(doc.get("id"))}: {_e(k.get("kind"))}</title>
 <style>
-body{{font:14px/1.45 system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#222;max-width:1100px}}
-h1{{font-size:22px;margin:0 0 4px}} .kind{{color:#c0392b}} .muted{{color:#777}} code{{font-size:12px}}
-.summary{{font-size:17px;margin:8px 0 16px}} table{{border-collapse:collapse;margin:8px 0 18px}}
-td,th{{border-bottom:1px solid #eee;padding:4px 10px;text-align:left;vertical-align:top}}
-.fate{{color:#fff;border-radius:3px;padding:1px 6px;font-size:12px}} .ax{{font-size:11px;fill:#666}}
-.lg{{font-size:11px}} h2{{font-size:15px;margin:18px 0 4px}} h3{{font-size:13px;margin:10px 0 2px}}
-pre{{font-size:12px;background:#f6f6f6;padding:6px;overflow-x:auto}}
+{PAGE_STYLE}
 </style></head><body>
 <h1><span class="kind">{_e(k.get("kind"))}</span> <span class="muted">({_e(k.get("confidence"))})</span></h1>
 <div class="muted">rank {_e(v.get("rank"))} · pid {_e(v.get("pid"))} · {_e(v.get("signal") or v.get("exit_code"))}

@@ -9,7 +9,7 @@ import html
 from typing import Any
 
 from sidecar.postmortem.document import epoch_of
-from sidecar.postmortem.html import FATE_COLORS
+from sidecar.postmortem.html import FATE_COLORS, PAGE_STYLE
 
 __all__ = ["render_html", "render_text"]
 
@@ -180,13 +180,7 @@ def render_html(doc: dict[str, Any]) -> str:
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'">
 <title>story of job {_e(doc.get("job"))}: {_e(k.get("kind"))}</title>
 <style>
-body{{font:14px/1.45 system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;color:#222;
-max-width:1100px}}
-h1{{font-size:22px;margin:0 0 4px}} .kind{{color:#c0392b}} .muted{{color:#777}} code{{font-size:12px}}
-.summary{{font-size:17px;margin:8px 0 16px}} table{{border-collapse:collapse;margin:8px 0 18px}}
-td,th{{border-bottom:1px solid #eee;padding:4px 10px;text-align:left;vertical-align:top}}
-.fate{{color:#fff;border-radius:3px;padding:1px 6px;font-size:12px}} .ax{{font-size:11px;fill:#666}}
-.lg{{font-size:11px}} h2{{font-size:15px;margin:18px 0 4px}}
+{PAGE_STYLE}
 </style></head><body>
 <h1>job {_e(doc.get("job"))}: <span class="kind">{_e(k.get("kind"))}</span>
 <span class="muted">({_e(k.get("confidence") or "confidence not known")})</span></h1>
