@@ -368,3 +368,25 @@ def test_page_size_pairs_must_agree():
     assert infer_page_size([(250_000 * 3000, 250_000)]) is None  # no page size is that
     assert infer_page_size([(4096 * 3, 3)]) is None  # too few pages to tell
     assert infer_page_size([]) is None
+
+
+def test_local_rank_0_s_own_words_are_its_own():
+    """Lines prefixed by local rank only ([default0]:, torchrun --tee) belong to that local
+    rank, local rank 0 too (a lookup by `local_rank or -1` once lost them): its own CUDA OOM,
+    printed as it exited 1, decides its death first-hand."""
+    agent = (
+        "[2026-12-05 09:00:00,000] torch.distributed.elastic.multiprocessing.api: [WARNING] "
+        "Sending process 4242 closing signal SIGTERM\n"
+        "[2026-12-05 09:00:01,000] torch.distributed.elastic.multiprocessing.api: [ERROR] "
+        "failed (exitcode: 1) local_rank: 0 (pid: 4241) of binary: /usr/bin/python\n"
+    )
+    output = (
+        "[default0]:Traceback (most recent call last):\n"
+        '[default0]:  File "train.py", line 10, in <module>\n'
+        '[default0]:    x = torch.empty(1 << 40, device="cuda")\n'
+        "[default0]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1024.00 GiB. "
+        "GPU 0 has a total capacity of 79.10 GiB of which 78.00 GiB is free.\n"
+    )
+    doc = diagnose([LogInput("agent", agent), LogInput("out", output)])
+    assert doc["victim"]["local_rank"] == 0 and doc["victim"]["pid"] == 4241
+    assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("cuda_oom", "certain"), doc["killer"]

@@ -51,3 +51,22 @@ def test_a_record_of_another_pid_or_another_end_decides_nothing():
     records.add(Records.parse(KmsgRecord(4, 1, 5_000_000, False, SEGV.format(pid=4242))))  # type: ignore[arg-type]
     killed = autopsy(_evidence(_rank(4242, signal.SIGKILL), records))
     assert killed is not None and killed.kind != Kind.SEGFAULT
+
+
+def test_another_s_record_is_never_surer_than_the_catalog_says():
+    """A kernel record that is not first-hand for the pid (an Xid 61: the driver's word, not
+    the process's) is at most likely, and never surer than its catalog entry (possible)."""
+    from sidecar.autopsy.said import fits
+    from sidecar.autopsy.witnesses import kernel_record
+    from sidecar.catalog import catalog
+
+    xid = catalog().by_id["nvrm.xid_61"]
+    assert not xid.first_hand and xid.confidence == Confidence.POSSIBLE
+    text = "NVRM: Xid (PCI:0000:3b:00): 61, pid=4242, 0cec(3098) 00000000 00000000"
+    rank = _rank(4242, signal.SIGABRT)
+    assert fits(xid.kind, rank.signal, rank.status)  # a GPU error can end a rank so
+    said = ((5 * S, 4242, xid.id, text),)
+    found = kernel_record(rank, Evidence((rank,), kernel_log_readable=True, kernel_said=said))
+    assert found is not None
+    kind, confidence, _summary, _item = found
+    assert (kind, confidence) == (Kind.GPU_ERROR, Confidence.POSSIBLE)

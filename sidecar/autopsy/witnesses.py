@@ -64,7 +64,10 @@ def kernel_record(victim: RankState, ev: Evidence) -> tuple[Kind, Confidence, st
         if pid not in pids or message is None or not fits(message.kind, victim.signal, victim.status):
             continue
         who = rank_name(victim.label, victim.pid, ev.from_logs)
-        confidence = message.confidence if message.first_hand else Confidence.LIKELY
+        # another's word is at most likely, and never surer than the catalog says the message is
+        confidence = (
+            message.confidence if message.first_hand else weaker(message.confidence, Confidence.LIKELY)
+        )
         fields = next((h.fields for h in catalog().scan(text) if h.message.id == ident), ())
         return (
             message.kind or Kind.UNKNOWN,

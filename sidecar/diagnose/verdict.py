@@ -22,6 +22,7 @@ from sidecar.autopsy.logs import (
 from sidecar.diagnose.kernel import kernel_records
 from sidecar.diagnose.ranks import log_ranks
 from sidecar.model import Confidence, wait_status_from_returncode
+from sidecar.parse.ranks import Finding
 
 __all__ = ["Outcome", "decide"]
 
@@ -103,10 +104,13 @@ def decide(g: LogRecords, now: float) -> Outcome:
     kernel_given = bool(g.kernel) and any(line.style != "bare" for line in g.kernel)
     labels = {r.rank: r.label for r in ranks if r.rank is not None}
     locals_ = {r.local_rank: r.label for r in ranks if r.local_rank is not None}
-    findings = tuple(
-        (labels.get(f.rank) if f.rank is not None else locals_.get(f.local_rank or -1), f)
-        for _, f in g.findings
-    )
+
+    def label_of(f: Finding) -> str | None:  # by its global rank, else its local rank (0 too)
+        if f.rank is not None:
+            return labels.get(f.rank)
+        return None if f.local_rank is None else locals_.get(f.local_rank)
+
+    findings = tuple((label_of(f), f) for _, f in g.findings)
     if len(states) == 1:  # one process: its unattributed lines are its own
         findings = tuple((label or states[0].label, f) for label, f in findings)
     ev = Evidence(
