@@ -10,11 +10,16 @@ precondition missing on CI is a broken CI machine or setup, never a silent pass.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import platform
+import select
 import shutil
+import socket
+import struct
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -39,6 +44,48 @@ def _root() -> bool:
 
 def _tracefs() -> bool:
     return _root() and os.path.isdir("/sys/kernel/tracing/events/signal/signal_generate")
+
+
+def _cn_proc_op(op: int, nonce: int) -> bytes:
+    """A netlink message to the process connector (CN_IDX_PROC, CN_VAL_PROC) carrying one
+    proc_cn_mcast_op (1 listen, 2 ignore: include/uapi/linux/cn_proc.h); the kernel's ACK
+    carries ``nonce + 1`` in its cn_msg ack field."""
+    cn_msg = struct.pack("=IIIIHH", 1, 1, 0, nonce, 4, 0) + struct.pack("=I", op)
+    return struct.pack("=IHHII", 16 + len(cn_msg), 3, 0, 0, 0) + cn_msg  # NLMSG_DONE
+
+
+@functools.lru_cache(maxsize=1)
+def _connector() -> bool:
+    """Whether the kernel's process connector takes a subscription from this process: root
+    in the initial user, PID and network namespaces of a kernel with CONFIG_PROC_EVENTS
+    (gVisor has no NETLINK_CONNECTOR; a container's own namespaces are ignored). Asked of
+    the kernel directly, not through sidecar.watch.exits, whose tests this decides: its ACK
+    (PROC_EVENT_NONE answering our nonce) carries the error, 0 when subscribed."""
+    if not _root():
+        return False
+    nonce = os.getpid() & 0x7FFFFFFF
+    try:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, 11)  # NETLINK_CONNECTOR
+    except OSError:
+        return False
+    with sock:
+        try:
+            sock.bind((0, 1))  # the CN_IDX_PROC multicast group
+            sock.send(_cn_proc_op(1, nonce))
+            deadline = time.monotonic() + 1.0  # other listeners' events may arrive meanwhile
+            while select.select([sock], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                data = sock.recv(65536)
+                # nlmsghdr (16), cn_msg (20: ack at 12), proc_event (what at 0, ack.err at 16)
+                if len(data) >= 56 and struct.unpack_from("=I", data, 28)[0] == nonce + 1:
+                    what, err = struct.unpack_from("=I", data, 36)[0], struct.unpack_from("=I", data, 52)[0]
+                    if what == 0:
+                        return err == 0
+            return False
+        except OSError:
+            return False
+        finally:
+            with contextlib.suppress(OSError):
+                sock.send(_cn_proc_op(2, nonce))
 
 
 def global_oom_allowed() -> tuple[bool, str]:
@@ -68,6 +115,13 @@ REQUIREMENTS = {
     "memcg": (
         lambda: memory_hierarchy() is not None,
         lambda: "needs root and a writable memory cgroup hierarchy",
+    ),
+    "connector": (
+        _connector,
+        lambda: (
+            "needs the process connector: root in the initial user, PID and network namespaces "
+            "(gVisor has none)"
+        ),
     ),
     "tracefs": (_tracefs, lambda: "needs root and tracefs mounted at /sys/kernel/tracing"),
     "global-oom": (lambda: global_oom_allowed()[0], _why_global_oom),
