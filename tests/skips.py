@@ -18,6 +18,7 @@ import select
 import shutil
 import socket
 import struct
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -88,6 +89,31 @@ def _connector() -> bool:
                 sock.send(_cn_proc_op(2, nonce))
 
 
+def _pidfd() -> bool:
+    """pidfd_open (Linux 5.3+, Python 3.9+; a seccomp profile may refuse it)."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
+@functools.lru_cache(maxsize=1)
+def _zombie_exit_code() -> bool:
+    """Whether /proc/PID/stat shows a zombie's wait status (field 52, Linux 3.5+). gVisor
+    writes 0 there whatever the status: a child that exits 3 is seen as a zombie here."""
+    child = subprocess.Popen(["sh", "-c", "exit 3"])
+    try:
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+        data = Path(f"/proc/{child.pid}/stat").read_bytes()
+        fields = data[data.rindex(b")") + 2 :].split()
+        return len(fields) > 49 and fields[0] == b"Z" and int(fields[49]) == 3 << 8
+    except (OSError, ValueError):
+        return False
+    finally:
+        child.wait()
+
+
 def global_oom_allowed() -> tuple[bool, str]:
     """Whether this machine may be driven into a real global OOM: root (the victim sets
     oom_score_adj=1000, so the kernel takes it and nothing else), no swap (with swap the fill
@@ -122,6 +148,11 @@ REQUIREMENTS = {
             "needs the process connector: root in the initial user, PID and network namespaces "
             "(gVisor has none)"
         ),
+    ),
+    "pidfd": (_pidfd, lambda: "needs pidfd_open (Linux 5.3+, not refused by seccomp)"),
+    "zombie-exit-code": (
+        _zombie_exit_code,
+        lambda: "needs a zombie's wait status in /proc/PID/stat (field 52; gVisor writes 0 there)",
     ),
     "tracefs": (_tracefs, lambda: "needs root and tracefs mounted at /sys/kernel/tracing"),
     "global-oom": (lambda: global_oom_allowed()[0], _why_global_oom),
