@@ -170,6 +170,10 @@ REQUIREMENTS = {
         _zombie_exit_code,
         lambda: "needs a zombie's wait status in /proc/PID/stat (field 52; gVisor writes 0 there)",
     ),
+    "vmstat": (
+        lambda: os.path.exists("/proc/vmstat"),
+        lambda: "needs /proc/vmstat (gVisor has none)",
+    ),
     "tracefs": (_tracefs, lambda: "needs root and tracefs mounted at /sys/kernel/tracing"),
     "global-oom": (lambda: global_oom_allowed()[0], _why_global_oom),
     "promtool": (
