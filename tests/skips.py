@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.demo import memory_hierarchy
+from sidecar.demo import memory_cgroup, memory_hierarchy
 
 GIB = 1 << 30
 ALLOWED_FILE = Path(__file__).resolve().parent / "allowed-skips.txt"
@@ -46,6 +46,37 @@ def _root() -> bool:
 
 def _tracefs() -> bool:
     return _root() and os.path.isdir("/sys/kernel/tracing/events/signal/signal_generate")
+
+
+@functools.lru_cache(maxsize=1)
+def _memcg() -> bool:
+    """A memory cgroup this process may make, with the kernel's own memory interface: the
+    charge split (memory.stat) and the OOM counter (v1 memory.oom_control, v2
+    memory.events). gVisor's cgroupfs makes groups but has neither, and never enforces
+    their limits. Made and removed here (no process is put in it)."""
+    if memory_hierarchy() is None:
+        return False
+    try:
+        with memory_cgroup(1 << 30, "trainwatch-probe") as (version, _parent, child):
+            oom = "memory.oom_control" if version == 1 else "memory.events"
+            return (child / "memory.stat").exists() and (child / oom).exists()
+    except OSError:
+        return False
+
+
+@functools.lru_cache(maxsize=1)
+def _cgroup_xattrs() -> bool:
+    """Extended attributes on a cgroup's directory, as systemd-oomd sets them: user.* (kernfs
+    has them since Linux 5.7) and trusted.* (CAP_SYS_ADMIN)."""
+    if not _memcg():
+        return False
+    try:
+        with memory_cgroup(1 << 30, "trainwatch-probe") as (_version, _parent, child):
+            os.setxattr(child, "user.trainwatch_probe", b"1")
+            os.setxattr(child, "trusted.trainwatch_probe", b"1")
+            return True
+    except OSError:
+        return False
 
 
 def _cn_proc_op(op: int, nonce: int) -> bytes:
@@ -154,8 +185,15 @@ def _why_global_oom() -> str:
 REQUIREMENTS = {
     "root": (_root, lambda: "needs root"),
     "memcg": (
-        lambda: memory_hierarchy() is not None,
-        lambda: "needs root and a writable memory cgroup hierarchy",
+        _memcg,
+        lambda: (
+            "needs root and a writable memory cgroup hierarchy with the kernel's memory.stat and OOM "
+            "counter (gVisor's has neither and does not enforce limits)"
+        ),
+    ),
+    "cgroup-xattrs": (
+        _cgroup_xattrs,
+        lambda: "needs user.* and trusted.* extended attributes on a memory cgroup (Linux 5.7+, root)",
     ),
     "connector": (
         _connector,
