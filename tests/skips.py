@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import functools
 import os
 import platform
@@ -46,6 +47,24 @@ def _root() -> bool:
 
 def _tracefs() -> bool:
     return _root() and os.path.isdir("/sys/kernel/tracing/events/signal/signal_generate")
+
+
+def _kmsg() -> bool:
+    """/dev/kmsg readable by this process (a container may not expose it; gVisor has none;
+    kernel.dmesg_restrict=1 keeps it from a user without CAP_SYSLOG)."""
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        os.read(fd, 16384)
+        return True
+    except BlockingIOError:  # nothing logged yet
+        return True
+    except OSError as exc:
+        return exc.errno == errno.EPIPE  # a record overwritten before this read: readable
+    finally:
+        os.close(fd)
 
 
 @functools.lru_cache(maxsize=1)
@@ -255,6 +274,7 @@ REQUIREMENTS = {
         ),
         lambda: "needs the kernel to log unhandled faults (sysctl debug.exception-trace=1)",
     ),
+    "kmsg": (_kmsg, lambda: "needs /dev/kmsg readable (the kernel's OOM records)"),
     "kmsg-write": (lambda: os.access("/dev/kmsg", os.W_OK), lambda: "needs write access to /dev/kmsg"),
     "free-memory": (
         lambda: _meminfo()["MemAvailable"] >= 6 * GIB,
