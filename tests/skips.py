@@ -68,6 +68,20 @@ def _kmsg() -> bool:
 
 
 @functools.lru_cache(maxsize=1)
+def _mount() -> bool:
+    """Mounting a tmpfs, as the tests that make a full or read-only directory or a small
+    /dev/shm do: root with CAP_SYS_ADMIN (a container's root often lacks it), tried in a
+    mount namespace of its own (unshare makes its mounts private: the machine's stay)."""
+    if not _root() or shutil.which("unshare") is None:
+        return False
+    cmd = ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"]
+    try:
+        return subprocess.run(cmd, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@functools.lru_cache(maxsize=1)
 def _memcg() -> bool:
     """A memory cgroup this process may make, with the kernel's own memory interface: the
     charge split (memory.stat) and the OOM counter (v1 memory.oom_control, v2
@@ -274,6 +288,7 @@ REQUIREMENTS = {
         ),
         lambda: "needs the kernel to log unhandled faults (sysctl debug.exception-trace=1)",
     ),
+    "mount": (_mount, lambda: "needs root with CAP_SYS_ADMIN to mount a tmpfs (and unshare(1))"),
     "kmsg": (_kmsg, lambda: "needs /dev/kmsg readable (the kernel's OOM records)"),
     "kmsg-write": (lambda: os.access("/dev/kmsg", os.W_OK), lambda: "needs write access to /dev/kmsg"),
     "free-memory": (

@@ -37,7 +37,7 @@ def _files(d: Path) -> list[str]:
 
 
 @pytest.mark.root
-@requires("root")
+@requires("mount")  # a tmpfs that fills or turns read-only
 @pytest.mark.parametrize("fault", ["full", "read-only"])
 def test_a_postmortem_directory_that_takes_nothing_loses_nothing(tmp_path, fault):
     """The rank dies while the directory takes no file: the postmortem is served from
