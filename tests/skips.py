@@ -10,16 +10,24 @@ precondition missing on CI is a broken CI machine or setup, never a silent pass.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import functools
 import os
 import platform
+import select
 import shutil
+import socket
+import struct
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from sidecar.demo import memory_hierarchy
+from sidecar.demo import memory_cgroup, memory_hierarchy
 
 GIB = 1 << 30
 ALLOWED_FILE = Path(__file__).resolve().parent / "allowed-skips.txt"
@@ -39,6 +47,150 @@ def _root() -> bool:
 
 def _tracefs() -> bool:
     return _root() and os.path.isdir("/sys/kernel/tracing/events/signal/signal_generate")
+
+
+def _kmsg() -> bool:
+    """/dev/kmsg readable by this process (a container may not expose it; gVisor has none;
+    kernel.dmesg_restrict=1 keeps it from a user without CAP_SYSLOG)."""
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        os.read(fd, 16384)
+        return True
+    except BlockingIOError:  # nothing logged yet
+        return True
+    except OSError as exc:
+        return exc.errno == errno.EPIPE  # a record overwritten before this read: readable
+    finally:
+        os.close(fd)
+
+
+@functools.lru_cache(maxsize=1)
+def _mount() -> bool:
+    """Mounting a tmpfs, as the tests that make a full or read-only directory or a small
+    /dev/shm do: root with CAP_SYS_ADMIN (a container's root often lacks it), tried in a
+    mount namespace of its own (unshare makes its mounts private: the machine's stay)."""
+    if not _root() or shutil.which("unshare") is None:
+        return False
+    cmd = ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"]
+    try:
+        return subprocess.run(cmd, capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@functools.lru_cache(maxsize=1)
+def _memcg() -> bool:
+    """A memory cgroup this process may make, with the kernel's own memory interface: the
+    charge split (memory.stat) and the OOM counter (v1 memory.oom_control, v2
+    memory.events). gVisor's cgroupfs makes groups but has neither, and never enforces
+    their limits. Made and removed here (no process is put in it)."""
+    if memory_hierarchy() is None:
+        return False
+    try:
+        with memory_cgroup(1 << 30, "trainwatch-probe") as (version, _parent, child):
+            oom = "memory.oom_control" if version == 1 else "memory.events"
+            return (child / "memory.stat").exists() and (child / oom).exists()
+    except OSError:
+        return False
+
+
+@functools.lru_cache(maxsize=1)
+def _cgroup_xattrs() -> bool:
+    """Extended attributes on a cgroup's directory, as systemd-oomd sets them: user.* (kernfs
+    has them since Linux 5.7) and trusted.* (CAP_SYS_ADMIN)."""
+    if not _memcg():
+        return False
+    try:
+        with memory_cgroup(1 << 30, "trainwatch-probe") as (_version, _parent, child):
+            os.setxattr(child, "user.trainwatch_probe", b"1")
+            os.setxattr(child, "trusted.trainwatch_probe", b"1")
+            return True
+    except OSError:
+        return False
+
+
+def _cn_proc_op(op: int, nonce: int) -> bytes:
+    """A netlink message to the process connector (CN_IDX_PROC, CN_VAL_PROC) carrying one
+    proc_cn_mcast_op (1 listen, 2 ignore: include/uapi/linux/cn_proc.h); the kernel's ACK
+    carries ``nonce + 1`` in its cn_msg ack field."""
+    cn_msg = struct.pack("=IIIIHH", 1, 1, 0, nonce, 4, 0) + struct.pack("=I", op)
+    return struct.pack("=IHHII", 16 + len(cn_msg), 3, 0, 0, 0) + cn_msg  # NLMSG_DONE
+
+
+@functools.lru_cache(maxsize=1)
+def _connector() -> bool:
+    """Whether the kernel's process connector takes a subscription from this process: root
+    in the initial user, PID and network namespaces of a kernel with CONFIG_PROC_EVENTS
+    (gVisor has no NETLINK_CONNECTOR; a container's own namespaces are ignored). Asked of
+    the kernel directly, not through sidecar.watch.exits, whose tests this decides: its ACK
+    (PROC_EVENT_NONE answering our nonce) carries the error, 0 when subscribed."""
+    if not _root():
+        return False
+    nonce = os.getpid() & 0x7FFFFFFF
+    try:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, 11)  # NETLINK_CONNECTOR
+    except OSError:
+        return False
+    with sock:
+        try:
+            sock.bind((0, 1))  # the CN_IDX_PROC multicast group
+            sock.send(_cn_proc_op(1, nonce))
+            deadline = time.monotonic() + 1.0  # other listeners' events may arrive meanwhile
+            while select.select([sock], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                data = sock.recv(65536)
+                # nlmsghdr (16), cn_msg (20: ack at 12), proc_event (what at 0, ack.err at 16)
+                if len(data) >= 56 and struct.unpack_from("=I", data, 28)[0] == nonce + 1:
+                    what, err = struct.unpack_from("=I", data, 36)[0], struct.unpack_from("=I", data, 52)[0]
+                    if what == 0:
+                        return err == 0
+            return False
+        except OSError:
+            return False
+        finally:
+            with contextlib.suppress(OSError):
+                sock.send(_cn_proc_op(2, nonce))
+
+
+def _pidfd() -> bool:
+    """pidfd_open (Linux 5.3+, Python 3.9+; a seccomp profile may refuse it)."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
+@functools.lru_cache(maxsize=1)
+def _openat2() -> bool:
+    """The openat2 system call (Linux 5.6+; gVisor has none): the same number on every
+    architecture, asked with ctypes as sidecar/saferead.py does, not through it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    how = ctypes.create_string_buffer(struct.pack("=QQQ", os.O_PATH | os.O_CLOEXEC, 0, 0), 24)
+    fd = libc.syscall(437, ctypes.c_int(-100), b"/", how, ctypes.c_size_t(24))  # AT_FDCWD
+    if fd < 0:
+        return False
+    os.close(fd)
+    return True
+
+
+@functools.lru_cache(maxsize=1)
+def _zombie_exit_code() -> bool:
+    """Whether /proc/PID/stat shows a zombie's wait status (field 52, Linux 3.5+). gVisor
+    writes 0 there whatever the status: a child that exits 3 is seen as a zombie here."""
+    child = subprocess.Popen(["sh", "-c", "exit 3"])
+    try:
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+        data = Path(f"/proc/{child.pid}/stat").read_bytes()
+        fields = data[data.rindex(b")") + 2 :].split()
+        return len(fields) > 49 and fields[0] == b"Z" and int(fields[49]) == 3 << 8
+    except (OSError, ValueError):
+        return False
+    finally:
+        child.wait()
 
 
 def global_oom_allowed() -> tuple[bool, str]:
@@ -66,8 +218,32 @@ def _why_global_oom() -> str:
 REQUIREMENTS = {
     "root": (_root, lambda: "needs root"),
     "memcg": (
-        lambda: memory_hierarchy() is not None,
-        lambda: "needs root and a writable memory cgroup hierarchy",
+        _memcg,
+        lambda: (
+            "needs root and a writable memory cgroup hierarchy with the kernel's memory.stat and OOM "
+            "counter (gVisor's has neither and does not enforce limits)"
+        ),
+    ),
+    "cgroup-xattrs": (
+        _cgroup_xattrs,
+        lambda: "needs user.* and trusted.* extended attributes on a memory cgroup (Linux 5.7+, root)",
+    ),
+    "connector": (
+        _connector,
+        lambda: (
+            "needs the process connector: root in the initial user, PID and network namespaces "
+            "(gVisor has none)"
+        ),
+    ),
+    "pidfd": (_pidfd, lambda: "needs pidfd_open (Linux 5.3+, not refused by seccomp)"),
+    "openat2": (_openat2, lambda: "needs the openat2 system call (Linux 5.6+; gVisor has none)"),
+    "zombie-exit-code": (
+        _zombie_exit_code,
+        lambda: "needs a zombie's wait status in /proc/PID/stat (field 52; gVisor writes 0 there)",
+    ),
+    "vmstat": (
+        lambda: os.path.exists("/proc/vmstat"),
+        lambda: "needs /proc/vmstat (gVisor has none)",
     ),
     "tracefs": (_tracefs, lambda: "needs root and tracefs mounted at /sys/kernel/tracing"),
     "global-oom": (lambda: global_oom_allowed()[0], _why_global_oom),
@@ -112,6 +288,8 @@ REQUIREMENTS = {
         ),
         lambda: "needs the kernel to log unhandled faults (sysctl debug.exception-trace=1)",
     ),
+    "mount": (_mount, lambda: "needs root with CAP_SYS_ADMIN to mount a tmpfs (and unshare(1))"),
+    "kmsg": (_kmsg, lambda: "needs /dev/kmsg readable (the kernel's OOM records)"),
     "kmsg-write": (lambda: os.access("/dev/kmsg", os.W_OK), lambda: "needs write access to /dev/kmsg"),
     "free-memory": (
         lambda: _meminfo()["MemAvailable"] >= 6 * GIB,

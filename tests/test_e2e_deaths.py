@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow]
 
 
 @pytest.mark.root
-@requires("memcg")
+@requires("memcg", "kmsg")
 def test_the_opening_story_every_rank_loads_its_own_copy(tmp_path):
     """DEVELOPERS.md's opening story, scaled to this machine: four ranks each load the same
     2 GiB 'model' into host memory, a 64 MiB shard every 0.8 s (80 MB/s a rank, as from a
@@ -86,7 +86,7 @@ def test_the_opening_story_every_rank_loads_its_own_copy(tmp_path):
 
 
 @pytest.mark.root
-@requires("memcg")
+@requires("memcg", "kmsg")
 def test_cgroup_oom_is_named_with_certainty(tmp_path):
     with memory_cgroup(int(1.5 * GIB), "trainwatch-oom") as (_version, parent, child):
         wrap = join_cgroup(child)
@@ -266,7 +266,7 @@ def test_the_agents_sigkill_after_an_ignored_sigterm_is_teardown(tmp_path):
 
 
 @pytest.mark.root
-@requires("global-oom")
+@requires("global-oom", "kmsg")
 def test_global_oom_is_kernel_oom(tmp_path):
     """The whole machine runs out of memory; the growing rank has oom_score_adj=1000, so
     the kernel's OOM killer takes it and nothing else."""

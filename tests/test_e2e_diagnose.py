@@ -38,7 +38,7 @@ def _dmesg(*flags: str) -> str:
 
 
 @pytest.mark.root
-@requires("memcg")
+@requires("memcg", "kmsg")
 def test_a_real_cgroup_oom_diagnosed_from_the_torchrun_log_and_dmesg(tmp_path):
     with memory_cgroup(int(1.5 * GIB), "trainwatch-diag") as (_version, parent, child):
         with TorchrunJob(

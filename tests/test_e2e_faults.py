@@ -37,7 +37,7 @@ def _files(d: Path) -> list[str]:
 
 
 @pytest.mark.root
-@requires("root")
+@requires("mount")  # a tmpfs that fills or turns read-only
 @pytest.mark.parametrize("fault", ["full", "read-only"])
 def test_a_postmortem_directory_that_takes_nothing_loses_nothing(tmp_path, fault):
     """The rank dies while the directory takes no file: the postmortem is served from
@@ -126,7 +126,7 @@ def _growing_on_cue(tmp_path: Path, name: str, cgroup: Path, cue: Path) -> Torch
 
 
 @pytest.mark.root
-@requires("memcg")
+@requires("memcg", "kmsg")
 def test_a_death_while_the_daemon_was_down_is_explained_on_restart(tmp_path):
     """The daemon is SIGKILLed while it watches a job; a rank then exceeds its cgroup's limit
     and the agent tears the job down. A new daemon on the same directory finds the death in
@@ -198,7 +198,7 @@ def _flood_kmsg(total: int) -> None:
 
 
 @pytest.mark.root
-@requires("memcg", "kmsg-write")
+@requires("memcg", "kmsg", "kmsg-write")
 def test_a_kernel_log_overrun_mid_incident_is_said_and_never_certain(tmp_path):
     """The daemon is stopped (SIGSTOP: starved) while a rank exceeds its cgroup's limit, and
     the kernel log is then flooded past its ring: the OOM records are gone when the daemon

@@ -41,7 +41,7 @@ def _warned(daemon: DaemonProc) -> list[str]:
 
 
 @pytest.mark.root
-@requires("memcg")
+@requires("memcg", "kmsg")
 def test_a_leaking_rank_is_warned_about_before_its_cgroup_kills_it(tmp_path):
     """Rank 1 leaks 64 MiB every 0.4 s (160 MiB/s) toward a 3 GiB limit: /ranks predicts the
     time left against that limit, the log warns once naming rank 1 and the limit, and the

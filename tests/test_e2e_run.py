@@ -185,7 +185,7 @@ def test_a_real_segfault(tmp_path):
 
 
 @pytest.mark.root
-@requires("root")  # a private /dev/shm: unshare -m, mount
+@requires("mount")  # a private /dev/shm: unshare -m, mount
 def test_a_dataloader_worker_writing_past_a_small_dev_shm_is_a_bus_error(tmp_path):
     """The job runs in a private mount namespace whose /dev/shm is a 1 MiB tmpfs; rank 1's
     DataLoader workers write their batches through shared memory and die of SIGBUS."""

@@ -182,8 +182,9 @@ def test_no_cgroup_mounts():
     assert not reader.available and reader.resolve(b"0::/\n") is None
 
 
-def test_this_machine_v1(tmp_path):
-    """The real hierarchy of this machine: our own cgroup resolves and reads."""
+def test_this_machines_own_cgroup(tmp_path):
+    """The real hierarchy of this machine, whichever version it is (v1 on the development
+    machine, v2 on the GPU machine): our own cgroup resolves and reads."""
     reader = CgroupReader.for_host()
     with open("/proc/self/cgroup", "rb") as f:
         ref = reader.resolve(f.read())
@@ -210,7 +211,7 @@ def test_ancestor_limits_are_reread_after_their_ttl(tmp_path):
 
 
 @pytest.mark.root
-@requires("memcg")
+@requires("memcg", "cgroup-xattrs")
 def test_oomd_marks_on_a_real_cgroup_and_its_ancestors():
     reader = CgroupReader.for_host()
     with memory_cgroup(1 << 30, "trainwatch-xattr") as (version, parent, child):

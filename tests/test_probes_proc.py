@@ -19,6 +19,7 @@ from sidecar.probes.proc import (
     parse_status,
 )
 from tests.conftest import AGENT, KTHREADD, PROC_TORCHRUN, RANK0, RANK1, RUN_ID
+from tests.skips import skip
 
 
 def raw(pid: int, name: str) -> bytes:
@@ -115,19 +116,43 @@ def test_reader_on_the_fixture_tree():
         reader.stat(999999)
 
 
+def _uid_of(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Uid:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
 def test_access_denied_is_not_absent():
     """Another user's environ is AccessDenied, not NoSuchProcess: checked in a forked
-    child that drops to nobody (as root) or is already unprivileged."""
-    import os
+    child that drops to nobody and reads this (root's) process's environ, or, not root,
+    reads a process of another user (pid 1 is the container's own user's in some)."""
+    import warnings
 
-    pid = os.fork()
+    if os.geteuid() == 0:
+        target = os.getpid()
+    else:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+        others = [p for p in pids if _uid_of(p) not in (None, os.getuid())]
+        if not others:
+            skip("root", "no process of another user to be refused")
+        target = min(others)
+    with warnings.catch_warnings():
+        # Python 3.12 warns of a fork in a process with threads (pytest's may have some): the
+        # child only drops its ids, reads one file through os calls and exits
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
     if pid == 0:  # pragma: no cover - child
         code = 3
         try:
             if os.geteuid() == 0:
+                os.setgroups([])
                 os.setgid(65534)
                 os.setuid(65534)
-            read_bytes("/proc/1/environ")
+            read_bytes(f"/proc/{target}/environ")
             code = 1
         except AccessDenied:
             code = 0
@@ -239,9 +264,20 @@ def test_rss_summed_through_held_descriptors_counts_the_live_and_names_the_gone(
         with open(f"/proc/{pid}/statm", "rb") as f:
             return int(f.read().split()[1]) * PAGE_SIZE
 
-    def asleep(pid: int) -> bool:  # in its nanosleep: its pages are in, its RSS holds still
-        with open(f"/proc/{pid}/wchan", "rb") as f:
-            return b"nanosleep" in f.read()
+    def asleep(pid: int) -> bool:
+        """In its nanosleep: its pages are in, its RSS holds still. The state S (the one
+        interruptible sleep of sleep(1)), and the kernel function where the kernel names it:
+        /proc/PID/wchan is "0" without kallsyms or to a reader it hides it from, and absent
+        in gVisor."""
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            if f.read().rsplit(b")", 1)[1].split()[0] != b"S":
+                return False
+        try:
+            with open(f"/proc/{pid}/wchan", "rb") as f:
+                wchan = f.read().strip()
+        except FileNotFoundError:
+            return True
+        return wchan in (b"", b"0") or b"nanosleep" in wchan
 
     try:
         pids = [k.pid for k in kids]

@@ -181,14 +181,21 @@ MONITOR = textwrap.dedent(
     """\
     # Plays ProcessGroupNCCL's monitor: makes <pipe prefix><rank>.pipe, and each time a byte
     # comes through it writes a flight-recorder dump (a pickle of plain data) to
-    # <dump prefix><rank>, as torch does on demand.
-    import os, pickle, sys
+    # <dump prefix><rank>, as torch does on demand. Ready once the FIFO is open for reading
+    # (a writer that comes before is refused: nobody reads it), however slow the machine.
+    import os, pickle, sys, time
     pipe_prefix, dump_prefix, rank, enq, done = sys.argv[1:6]
     path = f"{pipe_prefix}{rank}.pipe"
     os.mkfifo(path)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     print("ready", flush=True)
-    with open(path, "rb") as fifo:
-        fifo.read(1)
+    while True:
+        try:
+            if os.read(fd, 1):
+                break
+        except BlockingIOError:
+            pass
+        time.sleep(0.01)
     doc = {"version": "2.10", "pg_config": {"0": {"name": "0", "desc": "default_pg"}},
            "pg_status": {"0": {"last_enqueued_collective": int(enq), "last_started_collective": -1,
                                "last_completed_collective": int(done)}},
@@ -275,9 +282,9 @@ PROGRESS_MONITOR = textwrap.dedent(
     script = [tuple(int(x) for x in pair.split(",")) for pair in sys.argv[4:]]
     path = f"{pipe_prefix}{rank}.pipe"
     os.mkfifo(path)
-    print("ready", flush=True)
-    n = 0
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # kept open, polled, as torch's DumpPipe does
+    print("ready", flush=True)  # open first: a writer before the open is refused
+    n = 0
     while True:
         try:
             got = os.read(fd, 1)

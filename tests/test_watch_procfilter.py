@@ -47,7 +47,7 @@ class _Events:
         raise AssertionError(f"timed out waiting for {what}: {self.queued} {self.exits}")
 
 
-@requires("root")
+@requires("connector")
 def test_only_watched_processes_reach_the_socket():
     ev = _Events()
     ev.connector.start()
@@ -98,7 +98,7 @@ def test_only_watched_processes_reach_the_socket():
         ev.connector.stop()
 
 
-@requires("root")
+@requires("connector")
 def test_a_watched_process_threads_are_not_forks():
     ev = _Events()
     ev.connector.start()
