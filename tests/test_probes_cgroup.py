@@ -93,6 +93,13 @@ def test_v1_container_mount_root(tmp_path):
     assert ref is not None and ref.directory == str(mem)
     s = reader.sample(ref)
     assert s.limit_bytes == 2048 * MIB and s.ancestors == ()
+    # below the mount root: a child of the container's cgroup, under it
+    child = reader.resolve(b"4:memory:/docker/abc123/job\n")
+    assert child is not None and child.directory == str(mem / "job")
+    # a sibling whose name only starts like the root is not under it (nor is it visible here)
+    other = reader.resolve(b"4:memory:/docker/abc1234/job\n")
+    assert other is not None and other.directory != str(mem / "4/job")
+    assert other.directory == str(mem / "docker/abc1234/job")
 
 
 def test_v2_kubepods_tree(tmp_path):

@@ -180,8 +180,9 @@ class CgroupReader:
 
     def _directory(self, mount: CgroupMount, path: str) -> str:
         rel = path
-        if mount.root not in ("/", "") and path.startswith(mount.root):
-            rel = path[len(mount.root) :]
+        root = mount.root.rstrip("/")
+        if root and (path == root or path.startswith(root + "/")):  # /docker/abc is not /docker/abc123's
+            rel = path[len(root) :]
         # A cgroup namespace shows the mount root as "/.."; paths are then namespace-relative.
         rel = rel if rel.startswith("/") else "/" + rel
         base = self.fs_prefix + mount.mount_point
