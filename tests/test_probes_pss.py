@@ -142,3 +142,17 @@ def test_trees_take_turns_when_the_budget_is_short():
             s.of(rank, [1, 2], 1000)
         f.now += 0.1
     assert all(s.of(rank, [1, 2], 1000)[0] is not None for rank in ranks)
+
+
+def test_a_tree_nothing_of_which_could_be_read_is_unknown_not_empty():
+    """Where smaps_rollup does not exist (kernels before 4.14, gVisor) or every read is
+    refused, the tree's PSS and USS are unknown (None), not 0 bytes."""
+    from sidecar.errors import ProbeError
+
+    def refused(pid: int) -> tuple[int, int]:
+        raise ProbeError(f"/proc/{pid}/smaps_rollup: no such file")
+
+    s = PssSampler(refused, clock=lambda: 100.0, cpu=lambda: 0.0)
+    rank = ProcKey(1, 1)
+    assert s.of(rank, [1, 2, 3], 1000) == (None, None, ())
+    assert s.last(rank) == (None, None, ())

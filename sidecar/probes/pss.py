@@ -47,8 +47,8 @@ class _Measured:
     next_at: float  # due again, growth or not
     tree_rss: int
     limit_used: int | None
-    pss: int
-    uss: int
+    pss: int | None  # None: no process of the tree could be measured (no smaps_rollup here)
+    uss: int | None
     workers: Workers = ()
 
 
@@ -92,6 +92,7 @@ class PssSampler:
             return (last.pss, last.uss, last.workers) if last is not None else (None, None, ())
         started = self._cpu()
         pss = uss = 0
+        measured = 0
         first = {pid: u0 for pid, _, u0 in last.workers} if last is not None else {}
         workers: list[tuple[int, int, int]] = []
         for i, pid in enumerate(tree):
@@ -99,6 +100,7 @@ class PssSampler:
                 p, u = self._rollup(pid)
             except (NoSuchProcess, ProbeError):
                 continue  # gone, a zombie, or not ours to read: the rest still count
+            measured += 1
             pss += p
             uss += u
             if i and len(workers) < MAX_WORKERS:
@@ -109,6 +111,9 @@ class PssSampler:
         self._free_at = now + cost / CORE_SHARE
         del self._waiting[rank]
         kept = tuple(workers)
+        if not measured:  # nothing read (a kernel without smaps_rollup, every read refused): unknown, not 0
+            self._last[rank] = _Measured(now, now + EVERY_S, tree_rss, limit_used, None, None, ())
+            return None, None, ()
         self._last[rank] = _Measured(now, now + EVERY_S, tree_rss, limit_used, pss, uss, kept)
         return pss, uss, kept
 
