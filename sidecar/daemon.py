@@ -21,7 +21,7 @@ from sidecar.deaths.saved import State
 from sidecar.model import Snapshot
 from sidecar.postmortem import PostmortemStore
 from sidecar.probes.host import HostReader
-from sidecar.probes.proc import TICKS_PER_SECOND
+from sidecar.probes.proc import TICKS_PER_SECOND, ask_zombie_status
 from sidecar.sampling.foresight import Foresight
 from sidecar.sampling.sampler import CGROUP_LINGER_SECONDS, RoundPlan, Sampler
 from sidecar.sampling.stalls import StallTracker
@@ -130,6 +130,11 @@ class Daemon:
         if s.self_protection:
             self.protection.append(guard.lock_memory())
         saferead.prestart()  # the death path's reader threads exist before any death
+        if self.watch_deaths and not ask_zombie_status(s.proc_root):
+            log.info(
+                "this kernel gives no zombie's exit status in /proc (gVisor writes 0): exits are told "
+                "by the process connector, pidfds and the agent's log; a zombie read alone is unknown"
+            )
         # what an earlier run of the daemon was watching (it may have died mid-incident)
         journal = self.deaths.journal
         saved = journal.load(self.deaths.boot_id) if journal is not None and self.watch_deaths else None

@@ -12,6 +12,7 @@ from sidecar.errors import ProbeError, read_bytes
 from sidecar.probes.cgroup import CgroupReader
 from sidecar.probes.gpu import GpuProbe
 from sidecar.settings import EVIDENCE_SOURCES, Settings
+from sidecar.watch.signals import TRACEFS_PLACES, find_tracefs
 
 __all__ = ["Check", "checks", "render", "summary_line"]
 
@@ -132,7 +133,8 @@ def checks(settings: Settings, *, connector: bool = True) -> list[Check]:
                 "run as root or with CAP_SYSLOG (kernel.dmesg_restrict=1); expose /dev/kmsg to the container",
             )
         )
-    tracing = "/sys/kernel/tracing/events/signal/signal_generate"
+    tracefs = find_tracefs()
+    tracing = f"{tracefs}/events/signal/signal_generate"
     if os.path.isdir(tracing):
         out.append(
             Check(
@@ -149,7 +151,7 @@ def checks(settings: Settings, *, connector: bool = True) -> list[Check]:
             Check(
                 "signal tracepoint",
                 False,
-                "tracefs not mounted at /sys/kernel/tracing",
+                f"tracefs not mounted at {' or '.join(TRACEFS_PLACES)}",
                 "the sender of a SIGKILL/SIGTERM (so an outside kill is named, not only suspected)",
                 "mount -t tracefs nodev /sys/kernel/tracing (as root)",
             )

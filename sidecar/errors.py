@@ -67,9 +67,9 @@ def read_bytes(path: str, limit: int = 1 << 20) -> bytes:
     """Read a whole (small) file the way /proc wants it read: open, read until EOF, close.
 
     Raises NoSuchProcess when the file or its process is gone, AccessDenied on
-    EACCES/EPERM, ProbeError on any other OSError. ``limit`` bounds what is kept, so a
-    huge environ cannot balloon the daemon. (A short read is not taken as the end: for
-    record-by-record files such as vmstat or mountinfo it is not.)
+    EACCES/EPERM, ProbeError on any other OSError. ``limit`` bounds what is read and kept
+    (never a byte more), so a huge environ cannot balloon the daemon. (A short read is not
+    taken as the end: for record-by-record files such as vmstat or mountinfo it is not.)
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -79,7 +79,7 @@ def read_bytes(path: str, limit: int = 1 << 20) -> bytes:
         chunks: list[bytes] = []
         size = 0
         while size < limit:
-            chunk = os.read(fd, 65536)
+            chunk = os.read(fd, min(65536, limit - size))
             if not chunk:
                 break
             chunks.append(chunk)

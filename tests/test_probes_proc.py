@@ -171,6 +171,14 @@ def test_other_read_errors_are_not_absent(tmp_path):
     assert not isinstance(info.value, (NoSuchProcess, AccessDenied))
 
 
+def test_a_read_keeps_no_byte_past_its_limit(tmp_path):
+    """The limit bounds the read, not the first chunk past it (a chunk is 64 KiB)."""
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 200_000)
+    for limit in (1, 100, 8192, 65536, 65537, 200_000, 300_000):
+        assert read_bytes(str(big), limit) == b"x" * min(limit, 200_000)
+
+
 def test_the_flight_recorder_settings_in_real_processes_environments(tmp_path):
     import subprocess
     import sys
@@ -299,3 +307,26 @@ def test_rss_summed_through_held_descriptors_counts_the_live_and_names_the_gone(
             k.kill()
             k.wait()
         reader.close()
+
+
+def test_a_zombie_s_status_is_trusted_only_where_the_kernel_gives_it(tmp_path, monkeypatch):
+    """The daemon asks the kernel once whether /proc shows a zombie's wait status (gVisor
+    writes 0 there): the answer agrees with the suite's own check of this machine, and where
+    it is no, a zombie's status is unknown (None), never 0, a clean exit. A /proc that is not
+    this machine's teaches nothing."""
+    from sidecar.probes import proc as proc_mod
+    from sidecar.probes.proc import ask_zombie_status, parse_stat, zombie_status
+    from tests.skips import met
+
+    monkeypatch.setattr(proc_mod, "_zombie_status_told", True)
+    assert ask_zombie_status(str(tmp_path)) is True  # an empty tree: nothing learned
+    assert ask_zombie_status() is met("zombie-exit-code")
+    head = "Z 9 10 10 0 -1 0 0 0 0 0 1 1 0 0 20 0 1 0 500 0 0"
+    fields = head.split(" ")
+    fields += ["0"] * (49 - len(fields)) + ["9"]  # field 52 of the line: the wait status
+    zombie = parse_stat(f"10 (python) {' '.join(fields)}\n".encode())
+    assert zombie.exit_code == 9
+    monkeypatch.setattr(proc_mod, "_zombie_status_told", True)
+    assert zombie_status(zombie) == 9
+    monkeypatch.setattr(proc_mod, "_zombie_status_told", False)
+    assert zombie_status(zombie) is None

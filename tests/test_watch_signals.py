@@ -54,3 +54,16 @@ def test_a_killed_daemons_tracefs_instance_is_cleaned_up():
         if stale.exists():
             stale.rmdir()
     assert not Path(watcher.instance).exists()
+
+
+def test_tracefs_is_found_where_it_is_mounted(tmp_path):
+    """Its own mount point first, else inside debugfs; where neither has the tracepoint, the
+    first (whose error says it is not mounted there)."""
+    from sidecar.watch.signals import find_tracefs
+
+    own, debug = str(tmp_path / "tracing"), str(tmp_path / "debug" / "tracing")
+    assert find_tracefs((own, debug)) == own  # neither
+    Path(debug, "events/signal/signal_generate").mkdir(parents=True)
+    assert find_tracefs((own, debug)) == debug
+    Path(own, "events/signal/signal_generate").mkdir(parents=True)
+    assert find_tracefs((own, debug)) == own

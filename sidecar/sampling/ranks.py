@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from sidecar.errors import NoSuchProcess, ProbeError
 from sidecar.model import ProcKey
-from sidecar.probes.proc import ProcReader, ProcStat, ProcStatus
+from sidecar.probes.proc import ProcReader, ProcStat, ProcStatus, zombie_status
 from sidecar.probes.pss import PssSampler
 from sidecar.sampling.discovery import Discovery
 from sidecar.sampling.jobs import TrackedRank
@@ -99,9 +99,10 @@ class RankReader:
                     discovery.forget(pid)
                     return None
                 if st.state in ("Z", "X"):
-                    if self.on_zombie is not None and st.exit_code is not None:
+                    told = zombie_status(st)  # None where this kernel does not tell it
+                    if self.on_zombie is not None and told is not None:
                         now_ns = time.monotonic_ns()
-                        self.on_zombie(ExitEvent(pid, st.exit_code, st.ppid, now_ns, source="proc"))
+                        self.on_zombie(ExitEvent(pid, told, st.ppid, now_ns, source="proc"))
                     return None  # dead, not yet reaped by the agent: no longer a live rank
                 if detail:
                     self._stats[key] = st

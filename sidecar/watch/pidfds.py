@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 
 from sidecar.errors import ProbeError
-from sidecar.probes.proc import read_stat
+from sidecar.probes.proc import read_stat, zombie_status
 from sidecar.watch.exits import ExitEvent
 
 __all__ = ["PIDFD_GET_INFO", "PidfdWatcher", "pidfd_exit_status"]
@@ -62,9 +62,10 @@ def _zombie_status(proc_root: str, pid: int, start_ticks: int) -> tuple[int, int
         st = read_stat(proc_root, pid)
     except ProbeError:
         return None
-    if st.state not in ("Z", "X") or st.start_ticks != start_ticks or st.exit_code is None:
+    status = zombie_status(st)
+    if st.state not in ("Z", "X") or st.start_ticks != start_ticks or status is None:
         return None
-    return st.exit_code, st.ppid
+    return status, st.ppid
 
 
 class PidfdWatcher:

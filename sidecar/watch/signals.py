@@ -22,11 +22,25 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["ENDING_SIGNALS", "SignalEvent", "SignalWatcher", "parse_trace_line"]
+__all__ = ["ENDING_SIGNALS", "SignalEvent", "SignalWatcher", "find_tracefs", "parse_trace_line"]
 
 log = logging.getLogger(__name__)
 
 TRACEFS = "/sys/kernel/tracing"
+# where tracefs is found: its own mount point (Linux 4.1+), else inside debugfs (older
+# kernels, and machines that mount only debugfs)
+TRACEFS_PLACES = (TRACEFS, "/sys/kernel/debug/tracing")
+
+
+def find_tracefs(places: tuple[str, ...] = TRACEFS_PLACES) -> str:
+    """The first of ``places`` that has the signal tracepoint, else the first (where the
+    error then says it is not mounted)."""
+    for place in places:
+        if os.path.isdir(f"{place}/events/signal/signal_generate"):
+            return place
+    return places[0]
+
+
 BUFFER_KB = 64
 # the signals recorded (the kernel filters out every other): those whose default action ends
 # the process, as a kill, a fault or a request to stop (SIGCHLD, SIGCONT, the stops and the
@@ -89,7 +103,8 @@ class SignalWatcher:
     """Calls ``on_signal`` from its own thread. ``start()`` raises OSError when tracefs
     is not mounted or not writable (not root)."""
 
-    def __init__(self, on_signal: Callable[[SignalEvent], None], tracefs: str = TRACEFS) -> None:
+    def __init__(self, on_signal: Callable[[SignalEvent], None], tracefs: str | None = None) -> None:
+        tracefs = tracefs if tracefs is not None else find_tracefs()
         self.on_signal = on_signal
         self.instance = f"{tracefs}/instances/trainwatch-{os.getpid()}"
         self.tracefs = tracefs
