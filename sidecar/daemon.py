@@ -1,4 +1,4 @@
-"""The wiring and the schedule: a thread runs the sampling round (``sampler.py``) on fixed
+"""The wiring and the schedule: a thread runs the sampling round (``sampling/sampler.py``) on fixed
 deadlines (every 0.1 s near a memory limit), publishes one immutable ``Snapshot`` per
 round, and starts the watchers that feed the death watch.
 

@@ -337,7 +337,7 @@ class RankSample:
     # None when NVML reports no utilisation for it: no GPU, or not supported)
     gpu_sm_percent: float | None = None
     gpu_memory_percent: float | None = None
-    progress: RankProgress | None = None  # stalls.py's judgement of this rank
+    progress: RankProgress | None = None  # sampling/stalls.py's judgement of this rank
 
 
 @dataclass(frozen=True, slots=True)
@@ -403,7 +403,7 @@ class Snapshot:
     nvml_unmatched_pids: tuple[int, ...] = ()
     smaps_cpu_seconds: float = 0.0  # CPU the PSS/USS sampler has spent (probes/pss.py)
     # every file read this round (else: status, host files and the cgroups' details are the
-    # last detailed round's, at most DETAIL_SECONDS old; sampler.py)
+    # last detailed round's, at most DETAIL_SECONDS old; sampling/sampler.py)
     detail: bool = True
 
 

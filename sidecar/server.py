@@ -311,7 +311,7 @@ def ranks_view(
                     "stalled_seconds": job.stalled_seconds,
                     "stalled": stalled,
                     "suspected_missing": list(job.suspected_missing) if stalled else [],
-                    # the snapshot taken when the stall reached --stall-after (stalls.py)
+                    # the snapshot taken when the stall reached --stall-after (sampling/stalls.py)
                     "stall": stall_of(job.key) if stall_of is not None and stalled else None,
                     "ranks": ranks,
                 }

@@ -193,7 +193,7 @@ class UserspaceKill:
 
 @dataclass(frozen=True, slots=True)
 class Evidence:
-    """Everything the autopsy may use, gathered live (deaths.py) or from logs (diagnose/).
+    """Everything the autopsy may use, gathered live (deaths/) or from logs (diagnose/).
     The ranks come first; every other field is named where it is built."""
 
     ranks: tuple[RankState, ...]
