@@ -21,7 +21,8 @@ from sidecar.deaths.saved import State
 from sidecar.model import Snapshot
 from sidecar.postmortem import PostmortemStore
 from sidecar.probes.host import HostReader
-from sidecar.probes.proc import TICKS_PER_SECOND, ask_zombie_status
+from sidecar.probes.proc import TICKS_PER_SECOND
+from sidecar.probes.zombies import ask_zombie_status
 from sidecar.sampling.foresight import Foresight
 from sidecar.sampling.sampler import CGROUP_LINGER_SECONDS, RoundPlan, Sampler
 from sidecar.sampling.stalls import StallTracker

@@ -314,8 +314,9 @@ def test_a_zombie_s_status_is_trusted_only_where_the_kernel_gives_it(tmp_path, m
     writes 0 there): the answer agrees with the suite's own check of this machine, and where
     it is no, a zombie's status is unknown (None), never 0, a clean exit. A /proc that is not
     this machine's teaches nothing."""
-    from sidecar.probes import proc as proc_mod
-    from sidecar.probes.proc import ask_zombie_status, parse_stat, zombie_status
+    from sidecar.probes import zombies as proc_mod
+    from sidecar.probes.proc import parse_stat
+    from sidecar.probes.zombies import ask_zombie_status, zombie_status
     from tests.skips import met
 
     monkeypatch.setattr(proc_mod, "_zombie_status_told", True)

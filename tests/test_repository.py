@@ -191,3 +191,14 @@ def test_the_package_has_no_import_cycle():
         if name not in done:
             visit(name, [name], done)
     assert not cycles, cycles[:5]
+
+
+def test_no_module_of_the_package_is_over_500_lines():
+    """Each room one job, read in one sitting (issue 30): a module that grows past 500 lines
+    has taken a second job; split it by job."""
+    long = {
+        str(path.relative_to(REPO)): n
+        for path in (REPO / "sidecar").rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > 500
+    }
+    assert not long, long

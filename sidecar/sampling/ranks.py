@@ -12,8 +12,9 @@ from typing import NamedTuple
 
 from sidecar.errors import NoSuchProcess, ProbeError
 from sidecar.model import ProcKey
-from sidecar.probes.proc import ProcReader, ProcStat, ProcStatus, zombie_status
+from sidecar.probes.proc import ProcReader, ProcStat, ProcStatus
 from sidecar.probes.pss import PssSampler
+from sidecar.probes.zombies import zombie_status
 from sidecar.sampling.discovery import Discovery
 from sidecar.sampling.jobs import TrackedRank
 from sidecar.watch.exits import ExitEvent

@@ -26,7 +26,8 @@ import time
 from collections.abc import Callable
 
 from sidecar.errors import ProbeError
-from sidecar.probes.proc import read_stat, zombie_status
+from sidecar.probes.proc import read_stat
+from sidecar.probes.zombies import zombie_status
 from sidecar.watch.exits import ExitEvent
 
 __all__ = ["PIDFD_GET_INFO", "PidfdWatcher", "pidfd_exit_status"]
