@@ -27,8 +27,8 @@ Where this differs from the toolkit, it refuses rather than serve otherwise:
 ``RequestClientCert`` and ``RequireAnyClientCert`` accept a client certificate without
 verifying it, which Python's ``ssl`` cannot do; a list of several curves needs a Python
 whose ``ssl`` sets groups; ``http2: true`` needs an HTTP/2 server. The server reads the file
-again when it or a file it names changes (``webguard.py``). Needs the ``web`` extra
-(``pip install trainwatch[web]``: PyYAML and bcrypt).
+again when it or a file it names changes (``webguard.py``). Needs PyYAML and bcrypt,
+the ``web`` extra (``pip install '.[web]'`` from a clone, or the wheel with ``[web]``).
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ def load(path: str) -> WebConfig:
         import yaml
     except ImportError as exc:
         raise ConfigError(
-            f"--web-config needs the web extra: pip install 'trainwatch[web]' (no {exc.name})"
+            f"--web-config needs PyYAML and bcrypt, the web extra of trainwatchd (no {exc.name})"
         ) from None
 
     def fail(why: str) -> ConfigError:

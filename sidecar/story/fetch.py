@@ -150,7 +150,7 @@ def load_peer_config(path: str | None) -> PeerConfig:
     try:
         import yaml
     except ImportError:  # pragma: no cover - the web extra
-        raise ConfigError("--peer-config needs PyYAML: pip install 'trainwatch[web]'") from None
+        raise ConfigError("--peer-config needs PyYAML, the web extra of trainwatchd") from None
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)
