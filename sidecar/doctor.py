@@ -1,6 +1,8 @@
-"""``trainwatch doctor``: which evidence sources work on this machine for this user, and
-for each missing one what is lost and what brings it back. The daemon logs the same
-summary at start.
+"""``trainwatch doctor``: which evidence sources work on this machine for this user and for
+the daemon that the given options describe, and for each missing one what is lost and what
+brings it back; also whether the installation is whole (the emitter catalog), the postmortem
+directory writable and the web config loadable. A source the options turn off is ``off``, not
+missing. The daemon logs the same summary at start.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from sidecar.probes.gpu import GpuProbe
 from sidecar.settings import EVIDENCE_SOURCES, Settings
 from sidecar.watch.signals import TRACEFS_PLACES, find_tracefs
 
-__all__ = ["Check", "checks", "render", "summary_line"]
+__all__ = ["Check", "checks", "missing", "render", "summary_line"]
 
 # The inode numbers of the initial namespaces are fixed by the kernel (include/linux/proc_ns.h).
 INIT_NS = {"pid": 0xEFFFFFFC, "user": 0xEFFFFFFD, "cgroup": 0xEFFFFFFB}
@@ -27,6 +29,17 @@ class Check:
     detail: str
     lost: str = ""
     fix: str = ""
+    off: bool = False  # turned off by the options: neither ok nor missing
+
+
+# The check that each evidence source of --disable stands for.
+SOURCE_CHECKS = {
+    "connector": "process connector",
+    "pidfd": "pidfd",
+    "kmsg": "kernel log",
+    "tracepoint": "signal tracepoint",
+    "nvml": "NVML",
+}
 
 
 def _namespace(kind: str, proc_root: str) -> bool | None:
@@ -46,7 +59,10 @@ def _has_capability(proc_root: str, bit: int) -> bool:
     return False
 
 
-def checks(settings: Settings, *, connector: bool = True) -> list[Check]:
+def checks(settings: Settings, *, connector: bool = True, installation: bool = True) -> list[Check]:
+    """Every check, for the daemon ``settings`` describe. ``connector``: subscribe to the
+    process connector to see whether it works (the running daemon knows already);
+    ``installation``: the catalog, postmortem directory and web config too."""
     root = settings.proc_root
     out: list[Check] = []
     in_pid, in_user, in_cg = (_namespace(k, root) for k in ("pid", "user", "cgroup"))
@@ -234,16 +250,72 @@ def checks(settings: Settings, *, connector: bool = True) -> list[Check]:
         )
     )
     out += _self_protection(settings)
+    if installation:
+        out += _installation(settings)
+    off = {SOURCE_CHECKS.get(source, source): source for source in settings.disabled}
+    out = [
+        Check(c.name, True, f"turned off (--disable {off[c.name]})", off=True) if c.name in off else c
+        for c in out
+    ]
     for source in sorted(settings.disabled):
+        if source not in SOURCE_CHECKS:
+            out.append(
+                Check(source, True, f"turned off (--disable {source}): {EVIDENCE_SOURCES[source]}", off=True)
+            )
+    return out
+
+
+def missing(results: list[Check]) -> list[Check]:
+    """The checks that failed (a source turned off is not among them)."""
+    return [c for c in results if not c.ok]
+
+
+def _installation(settings: Settings) -> list[Check]:
+    """The installation and the files the options name: the emitter catalog whole, the
+    postmortem directory writable (or creatable), the web config loadable."""
+    from sidecar.catalog import FILES, CatalogError, load, texts
+
+    out = []
+    try:
+        n = len(load(texts()))
+        out.append(Check("emitter catalog", True, f"{n} messages from {len(FILES)} emitter families"))
+    except (CatalogError, OSError, UnicodeDecodeError) as exc:
         out.append(
             Check(
-                f"{source} (off)",
+                "emitter catalog",
                 False,
-                "turned off by --disable",
-                EVIDENCE_SOURCES[source],
-                f"drop --disable {source}",
+                str(exc),
+                "the emitters' own words in ranks' output, agents' logs and diagnose: most verdicts",
+                "reinstall trainwatchd from a wheel that carries sidecar/catalog/*.toml",
             )
         )
+    path = settings.postmortem_dir
+    near = path
+    while not os.path.exists(near) and os.path.dirname(near) != near:
+        near = os.path.dirname(near)
+    ok = os.path.isdir(near) and os.access(near, os.W_OK | os.X_OK)
+    out.append(
+        Check(
+            "postmortem dir",
+            ok,
+            f"{path} {'writable' if os.path.exists(path) else 'can be created'}"
+            if ok
+            else f"{path}: {near} is not writable",
+            "postmortems and the journal that reconstructs a death after a restart",
+            "give --postmortem-dir a directory this user can write",
+        )
+    )
+    if settings.web_config is not None:
+        from sidecar.errors import ConfigError
+        from sidecar.webconfig import load as load_web
+
+        try:
+            load_web(settings.web_config)
+            out.append(Check("web config", True, f"{settings.web_config} loads"))
+        except ConfigError as exc:
+            out.append(
+                Check("web config", False, str(exc), "the daemon does not start", "fix the file it names")
+            )
     return out
 
 
@@ -297,18 +369,18 @@ def _self_protection(settings: Settings) -> list[Check]:
 def render(results: list[Check]) -> str:
     lines = ["trainwatch doctor: evidence sources on this machine, for this user", ""]
     for c in results:
-        lines.append(f"  {'ok     ' if c.ok else 'MISSING'}  {c.name:<20} {c.detail}")
+        state = "off    " if c.off else ("ok     " if c.ok else "MISSING")
+        lines.append(f"  {state}  {c.name:<20} {c.detail}")
         if not c.ok and c.lost:
             lines.append(f"           {'':<20} loses: {c.lost}")
         if not c.ok and c.fix:
             lines.append(f"           {'':<20} fix:   {c.fix}")
-    missing = [c.name for c in results if not c.ok]
-    lines += [
-        "",
-        "everything is available" if not missing else f"{len(missing)} missing: {', '.join(missing)}",
-    ]
+    lost = [c.name for c in missing(results)]
+    lines += ["", "everything is available" if not lost else f"{len(lost)} missing: {', '.join(lost)}"]
     return "\n".join(lines) + "\n"
 
 
 def summary_line(results: list[Check]) -> str:
-    return "evidence sources: " + ", ".join(f"{c.name} {'ok' if c.ok else 'MISSING'}" for c in results)
+    return "evidence sources: " + ", ".join(
+        f"{c.name} {'off' if c.off else ('ok' if c.ok else 'MISSING')}" for c in results
+    )

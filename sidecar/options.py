@@ -1,14 +1,20 @@
-"""The daemon's options: ``parse_args(argv, environ) -> Settings`` is pure and tested. Every
-option has an environment variable (``TRAINWATCH_*``); an option wins over its variable; a
-bad value is a ``ConfigError`` naming the option. Used by ``cli`` (the daemon) and ``run``.
+"""The daemon's options, declared once.
+
+``OPTIONS`` is the one table: each row is a flag, its ``TRAINWATCH_*`` variable, the default
+shown in ``--help``, what it means, how its value is checked and which verbs take it. The
+parsers of the daemon, ``run`` and ``doctor`` are built from it, ``parse_args(argv, environ)
+-> Settings`` (pure, tested) reads it, and ``docs/options.md`` is rendered from it
+(``manual.render_options``; a test keeps the page current). An option wins over its variable; a bad
+value is a ``ConfigError`` naming the option or the variable that gave it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping, Sequence
-from typing import NoReturn
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NoReturn
 
 from sidecar import __version__
 from sidecar.errors import ConfigError
@@ -21,48 +27,24 @@ from sidecar.settings import (
     default_postmortem_dir,
 )
 
-__all__ = ["StrictParser", "build_parser", "parse_args"]
+__all__ = [
+    "OPTIONS",
+    "Option",
+    "StrictParser",
+    "add_options",
+    "build_parser",
+    "check_prometheus_url",
+    "parse_args",
+    "settings_from",
+]
 
 MIN_INTERVAL_SECONDS = 0.1
 MAX_INTERVAL_SECONDS = 3600.0
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+WEEK_SECONDS = 7 * 86400.0
 
-DESCRIPTION = """\
-Watch torchrun jobs on this machine: per-rank host memory (with DataLoader workers),
-GPU memory (NVML), memory cgroup limits and host memory, served as Prometheus metrics
-on /metrics, with a live JSON view on /ranks and a health check on /healthz."""
-
-EPILOG = """\
-Also: trainwatch run [options] -- torchrun ARGS... starts a job and watches it (its output
-passes through and is kept as evidence; the exit status is torchrun's);
-trainwatch postmortem [ID|PATH|URL] prints a postmortem in the terminal;
-trainwatch diagnose [FILE|-]... names the killer from logs after the fact (torchrun output,
-dmesg, Slurm/Kubernetes/Docker/Ray messages: --help for more);
-trainwatch story --prometheus URL [--job RUN_ID] tells one job's death across nodes, joined
-from every node's daemon through the Prometheus that scrapes them;
-trainwatch doctor says which evidence sources work here and how to get the missing ones;
-trainwatch demo runs a small real torchrun job in which a rank exceeds a memory limit.
-
-Every option can also be set by an environment variable: TRAINWATCH_ATTACH_TORCHRUN=1,
-TRAINWATCH_PID (comma-separated), TRAINWATCH_INTERVAL, TRAINWATCH_HOST, TRAINWATCH_PORT,
-TRAINWATCH_POSTMORTEM_DIR, TRAINWATCH_HISTORY, TRAINWATCH_LOG_LEVEL, TRAINWATCH_STALL_AFTER,
-TRAINWATCH_PY_SPY=1|0, TRAINWATCH_DISABLE (comma-separated), TRAINWATCH_WEB_CONFIG,
-TRAINWATCH_OOM_SCORE_ADJ, TRAINWATCH_SELF_PROTECTION=0, TRAINWATCH_PROMETHEUS,
-TRAINWATCH_PEER_CONFIG. Options win over variables.
-TRAINWATCH_CONNECTOR_BUFFER (bytes, default 8 MiB) sizes the process connector's receive
-buffer: on a node with many thousands of exits a second, a larger one overruns less.
-
-Evidence sources (--disable turns one off; trainwatch doctor says which work here):
-  connector   the netlink process connector: exit statuses from the kernel (root)
-  pidfd       pidfds on the ranks: exit statuses where the connector is refused
-  kmsg        /dev/kmsg: the kernel's OOM records (root or CAP_SYSLOG)
-  tracepoint  signal:signal_generate in a private tracefs instance: who sent a kill
-  outputs     the agent's, ranks' and OOM daemons' stdout/stderr, where they are regular files
-  smaps       /proc/PID/smaps_rollup: PSS, USS of each rank's tree (every 30 s or on growth, <= 1 % of a core)
-
-Run as root (or with CAP_SYS_PTRACE) to read every job's environment; without it,
-other users' ranks are numbered by start order. Exit status: 0 after SIGINT/SIGTERM,
-1 on a failure at run time, 2 on a bad option."""
+DAEMON, RUN, DOCTOR, POSTMORTEM, STORY = "daemon", "run", "doctor", "postmortem", "story"
+WATCHING = frozenset({DAEMON, RUN, DOCTOR})  # the verbs that run (or check) the daemon
 
 
 class StrictParser(argparse.ArgumentParser):
@@ -72,142 +54,20 @@ class StrictParser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = StrictParser(
-        prog="trainwatch",
-        description=DESCRIPTION,
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "--attach-torchrun",
-        action="store_true",
-        default=None,
-        help="run the daemon: find and watch torchrun jobs",
-    )
-    p.add_argument(
-        "--pid",
-        action="append",
-        metavar="PID",
-        default=None,
-        help="watch only this torchrun agent (or the agents below this process); repeatable",
-    )
-    p.add_argument(
-        "--interval",
-        metavar="SECONDS",
-        default=None,
-        help=f"sampling period, {MIN_INTERVAL_SECONDS} s or more (default {DEFAULT_INTERVAL_SECONDS})",
-    )
-    p.add_argument(
-        "--host", metavar="ADDR", default=None, help="address to serve HTTP on (default 127.0.0.1)"
-    )
-    p.add_argument(
-        "--port",
-        metavar="PORT",
-        default=None,
-        help=f"port to serve HTTP on; 0 picks a free one and logs it (default {DEFAULT_PORT})",
-    )
-    p.add_argument(
-        "--postmortem-dir",
-        metavar="DIR",
-        default=None,
-        help=f"where postmortems are written (default {default_postmortem_dir()})",
-    )
-    p.add_argument(
-        "--history",
-        metavar="SECONDS",
-        default=None,
-        help=f"memory history kept per job (default {DEFAULT_HISTORY_SECONDS:g})",
-    )
-    p.add_argument(
-        "--log-level", metavar="LEVEL", default=None, help="DEBUG, INFO, WARNING or ERROR (default INFO)"
-    )
-    p.add_argument(
-        "--stall-after",
-        metavar="SECONDS",
-        default=None,
-        help="a rank that makes no progress this long (no CPU and no GPU use, or its GPU busy "
-        "while a peer's is silent) has its job reported stalled, and the stall snapshot taken (default 60)",
-    )
-    spy = p.add_mutually_exclusive_group()
-    spy.add_argument(
-        "--py-spy",
-        dest="py_spy",
-        action="store_const",
-        const=True,
-        default=None,
-        help="require py-spy stacks in the stall snapshot (warn when py-spy is missing or not "
-        "permitted); by default they are taken wherever py-spy is installed and ptrace is permitted",
-    )
-    spy.add_argument(
-        "--no-py-spy",
-        dest="py_spy",
-        action="store_const",
-        const=False,
-        help="take no py-spy stacks at a stall",
-    )
-    p.add_argument(
-        "--disable",
-        action="append",
-        metavar="SOURCE",
-        default=None,
-        help="turn an evidence source off, repeatable: " + ", ".join(EVIDENCE_SOURCES),
-    )
-    p.add_argument(
-        "--web-config",
-        metavar="FILE",
-        default=None,
-        help="the Prometheus exporter-toolkit web config: TLS, client certificates and allowed SANs, "
-        "response headers, a rate limit, basic auth; every key honoured or refused by name, the file read "
-        "again when it changes; needs trainwatch[web]",
-    )
-    p.add_argument(
-        "--prometheus",
-        metavar="URL",
-        default=None,
-        help="the Prometheus that scrapes every node's daemon: serves GET /story?job=RUN_ID, one "
-        "story of a job across nodes (trainwatch story --help)",
-    )
-    p.add_argument(
-        "--peer-config",
-        metavar="FILE",
-        default=None,
-        help="credentials for reading the other nodes' daemons (and --prometheus) for /story: "
-        "basic_auth and tls_config as in a Prometheus scrape config; needs trainwatch[web]",
-    )
-    p.add_argument(
-        "--oom-score-adj",
-        metavar="N",
-        default=None,
-        help="the daemon's own oom_score_adj, -1000 to 1000, or 'keep' (default -1000: never the "
-        "OOM killer's choice)",
-    )
-    p.add_argument(
-        "--no-self-protection",
-        action="store_true",
-        default=None,
-        help="do not lock the daemon's memory or raise its death path's priority",
-    )
-    p.add_argument("--version", action="version", version=f"trainwatch {__version__}")
-    return p
+# -- value checks: (raw text, the name to blame) -> value, or ConfigError ------------------
 
 
-def _pick(flag_value: str | None, env: Mapping[str, str], var: str, flag: str) -> tuple[str | None, str]:
-    """The value and the name to blame when it is bad (the flag wins over the variable)."""
-    if flag_value is not None:
-        return flag_value, flag
-    value = env.get(var)
-    return (value if value not in (None, "") else None), var
+def _seconds(lo: float, hi: float) -> Callable[[str, str], float]:
+    def check(raw: str, name: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(f"{name}: expected a number of seconds, got {raw!r}") from None
+        if not (lo <= value <= hi):
+            raise ConfigError(f"{name}: must be between {lo:g} and {hi:g} seconds, got {raw}")
+        return value
 
-
-def _number(raw: str, name: str, lo: float, hi: float) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}: expected a number of seconds, got {raw!r}") from None
-    if not (lo <= value <= hi):
-        raise ConfigError(f"{name}: must be between {lo:g} and {hi:g} seconds, got {raw}")
-    return value
+    return check
 
 
 def _truthy(raw: str, name: str) -> bool:
@@ -216,6 +76,68 @@ def _truthy(raw: str, name: str) -> bool:
     if raw.lower() in ("0", "false", "no", "off"):
         return False
     raise ConfigError(f"{name}: expected 1/0, true/false, yes/no, got {raw!r}")
+
+
+def _pid(raw: str, name: str) -> int:
+    if not raw.strip().isdigit() or int(raw) <= 0:
+        raise ConfigError(f"{name}: expected a process id, got {raw!r}")
+    return int(raw)
+
+
+def _port(raw: str, name: str) -> int:
+    if not raw.isdigit() or int(raw) > 65535:
+        raise ConfigError(f"{name}: expected a port number 0-65535, got {raw!r}")
+    return int(raw)
+
+
+def _host(raw: str, name: str) -> str:
+    if not raw.strip():
+        raise ConfigError(f"{name}: empty address")
+    return raw.strip()
+
+
+def _level(raw: str, name: str) -> str:
+    if raw.upper() not in LOG_LEVELS:
+        raise ConfigError(f"{name}: expected one of {', '.join(LOG_LEVELS)}, got {raw!r}")
+    return raw.upper()
+
+
+def _directory(raw: str, name: str) -> str:
+    path = os.path.abspath(os.path.expanduser(raw))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"{name}: {path} exists and is not a directory")
+    return path
+
+
+def _file(raw: str, name: str) -> str:
+    return os.path.abspath(os.path.expanduser(raw))
+
+
+def _existing_file(raw: str, name: str) -> str:
+    path = _file(raw, name)
+    if not os.path.isfile(path):
+        raise ConfigError(f"{name}: {path}: no such file")
+    return path
+
+
+def _source(raw: str, name: str) -> str:
+    if raw.strip() not in EVIDENCE_SOURCES:
+        raise ConfigError(f"{name}: expected one of {', '.join(EVIDENCE_SOURCES)}, got {raw.strip()!r}")
+    return raw.strip()
+
+
+def _oom_score_adj(raw: str, name: str) -> int | None:
+    if raw.strip() == "keep":
+        return None
+    if not raw.strip().lstrip("-").isdigit() or not -1000 <= int(raw) <= 1000:
+        raise ConfigError(f"{name}: expected a number from -1000 to 1000 or 'keep', got {raw!r}")
+    return int(raw)
+
+
+def _buffer(raw: str, name: str) -> int:
+    if not raw.strip().isdigit() or not 4096 <= int(raw) <= 1 << 30:
+        raise ConfigError(f"{name}: expected bytes from 4096 to 1 GiB, got {raw!r}")
+    return int(raw)
 
 
 def check_prometheus_url(raw: str, name: str) -> str:
@@ -232,125 +154,302 @@ def check_prometheus_url(raw: str, name: str) -> str:
     return raw.strip()
 
 
-def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Settings:
-    """Turn argv and TRAINWATCH_* variables into Settings. Raises ConfigError whose
-    message names the bad flag or variable."""
-    env = os.environ if environ is None else environ
-    ns = build_parser().parse_args(list(argv))
+# -- the table ----------------------------------------------------------------------------
 
-    attach = bool(ns.attach_torchrun)
-    if not attach and env.get("TRAINWATCH_ATTACH_TORCHRUN"):
-        attach = _truthy(env["TRAINWATCH_ATTACH_TORCHRUN"], "TRAINWATCH_ATTACH_TORCHRUN")
-    if not attach:
-        raise ConfigError("nothing to do: pass --attach-torchrun to watch torchrun jobs (see --help)")
 
-    pids: list[int] = []
-    raw_pids: list[tuple[str, str]] = [(p, "--pid") for p in ns.pid or []]
-    if not raw_pids and env.get("TRAINWATCH_PID"):
-        raw_pids = [(p, "TRAINWATCH_PID") for p in env["TRAINWATCH_PID"].replace(",", " ").split()]
-    for raw_pid, source in raw_pids:
-        if not raw_pid.strip().isdigit() or int(raw_pid) <= 0:
-            raise ConfigError(f"{source}: expected a process id, got {raw_pid!r}")
-        pids.append(int(raw_pid))
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Option:
+    """One option of the daemon. ``flag`` None: set by its variable only. A ``switch`` takes no
+    value: the flag sets ``on`` (``off_flag`` sets the opposite); its variable is 1/0. A
+    ``repeat`` flag may be given again; its values, and its variable's, may be comma-separated."""
 
-    raw, name = _pick(ns.interval, env, "TRAINWATCH_INTERVAL", "--interval")
-    interval = (
-        DEFAULT_INTERVAL_SECONDS
-        if raw is None
-        else _number(raw, name, MIN_INTERVAL_SECONDS, MAX_INTERVAL_SECONDS)
-    )
+    flag: str | None
+    var: str
+    field: str  # the Settings field it sets
+    help: str
+    default: str  # as shown in --help and docs/options.md
+    check: Callable[[str, str], Any] = _file
+    metavar: str | None = None
+    switch: bool = False
+    on: Any = True
+    off_flag: str | None = None
+    off_help: str = ""
+    repeat: bool = False
+    verbs: frozenset[str] = WATCHING
 
-    raw, name = _pick(ns.history, env, "TRAINWATCH_HISTORY", "--history")
-    history = DEFAULT_HISTORY_SECONDS if raw is None else _number(raw, name, 1.0, 7 * 86400.0)
-    if history < interval:
-        raise ConfigError(f"{name}: must be at least the sampling interval ({interval:g} s)")
+    @property
+    def dest(self) -> str:
+        return self.field
 
-    raw, name = _pick(ns.port, env, "TRAINWATCH_PORT", "--port")
-    port = DEFAULT_PORT
-    if raw is not None:
-        if not raw.isdigit() or int(raw) > 65535:
-            raise ConfigError(f"{name}: expected a port number 0-65535, got {raw!r}")
-        port = int(raw)
 
-    raw, name = _pick(ns.host, env, "TRAINWATCH_HOST", "--host")
-    host = "127.0.0.1" if raw is None else raw.strip()
-    if not host:
-        raise ConfigError(f"{name}: empty address")
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        flag="--attach-torchrun",
+        var="TRAINWATCH_ATTACH_TORCHRUN",
+        field="attach_torchrun",
+        help="run the daemon: find and watch the distributed training jobs on this machine",
+        default="off (required to run the daemon)",
+        switch=True,
+        verbs=frozenset({DAEMON}),
+    ),
+    Option(
+        flag="--pid",
+        var="TRAINWATCH_PID",
+        field="pids",
+        metavar="PID",
+        help="watch only this torchrun agent (or the agents below this process); repeatable",
+        default="every job",
+        check=_pid,
+        repeat=True,
+        verbs=frozenset({DAEMON, DOCTOR}),
+    ),
+    Option(
+        flag="--interval",
+        var="TRAINWATCH_INTERVAL",
+        field="interval_seconds",
+        metavar="SECONDS",
+        help=f"sampling period, {MIN_INTERVAL_SECONDS} s or more (10 Hz near a memory limit whatever it is)",
+        default=f"{DEFAULT_INTERVAL_SECONDS}",
+        check=_seconds(MIN_INTERVAL_SECONDS, MAX_INTERVAL_SECONDS),
+    ),
+    Option(
+        flag="--host",
+        var="TRAINWATCH_HOST",
+        field="host",
+        metavar="ADDR",
+        help="address to serve HTTP on; beyond loopback, give --web-config too",
+        default="127.0.0.1",
+        check=_host,
+        verbs=WATCHING | {POSTMORTEM},
+    ),
+    Option(
+        flag="--port",
+        var="TRAINWATCH_PORT",
+        field="port",
+        metavar="PORT",
+        help="port to serve HTTP on; 0 picks a free one and logs it",
+        default=str(DEFAULT_PORT),
+        check=_port,
+        verbs=WATCHING | {POSTMORTEM},
+    ),
+    Option(
+        flag="--postmortem-dir",
+        var="TRAINWATCH_POSTMORTEM_DIR",
+        field="postmortem_dir",
+        metavar="DIR",
+        help="where postmortems (and the daemon's journal) are written",
+        default="/var/lib/trainwatch/postmortems as root, else $XDG_STATE_HOME/trainwatch/postmortems",
+        check=_directory,
+        verbs=WATCHING | {POSTMORTEM},
+    ),
+    Option(
+        flag="--history",
+        var="TRAINWATCH_HISTORY",
+        field="history_seconds",
+        metavar="SECONDS",
+        help="memory history kept per job (the curves of a postmortem), at least the interval",
+        default=f"{DEFAULT_HISTORY_SECONDS:g}",
+        check=_seconds(1.0, WEEK_SECONDS),
+    ),
+    Option(
+        flag="--log-level",
+        var="TRAINWATCH_LOG_LEVEL",
+        field="log_level",
+        metavar="LEVEL",
+        help="DEBUG, INFO, WARNING or ERROR",
+        default="INFO (WARNING under run)",
+        check=_level,
+    ),
+    Option(
+        flag="--stall-after",
+        var="TRAINWATCH_STALL_AFTER",
+        field="stall_after_seconds",
+        metavar="SECONDS",
+        help="a rank that makes no progress this long (no CPU and no GPU use, or its GPU busy while a "
+        "peer's is silent) has its job reported stalled, and the stall snapshot taken",
+        default="60",
+        check=_seconds(1.0, WEEK_SECONDS),
+    ),
+    Option(
+        flag="--py-spy",
+        var="TRAINWATCH_PY_SPY",
+        field="py_spy",
+        help="require py-spy stacks in the stall snapshot (warn when py-spy is missing or not permitted)",
+        default="stacks wherever py-spy is installed and ptrace is permitted",
+        switch=True,
+        off_flag="--no-py-spy",
+        off_help="take no py-spy stacks at a stall",
+    ),
+    Option(
+        flag="--disable",
+        var="TRAINWATCH_DISABLE",
+        field="disabled",
+        metavar="SOURCE",
+        help="turn an evidence source off, repeatable: " + ", ".join(EVIDENCE_SOURCES),
+        default="none",
+        check=_source,
+        repeat=True,
+    ),
+    Option(
+        flag="--web-config",
+        var="TRAINWATCH_WEB_CONFIG",
+        field="web_config",
+        metavar="FILE",
+        help="the Prometheus exporter-toolkit web config: TLS, client certificates and allowed SANs, "
+        "response headers, a rate limit, basic auth; every key honoured or refused by name, the file "
+        "read again when it changes; needs the web extra (PyYAML, bcrypt)",
+        default="none: plain HTTP",
+    ),
+    Option(
+        flag="--prometheus",
+        var="TRAINWATCH_PROMETHEUS",
+        field="prometheus",
+        metavar="URL",
+        help="the Prometheus that scrapes every node's daemon: serves GET /story?job=RUN_ID, one "
+        "story of a job across nodes (trainwatch story --help)",
+        default="none: no /story",
+        check=check_prometheus_url,
+        verbs=WATCHING | {STORY},
+    ),
+    Option(
+        flag="--peer-config",
+        var="TRAINWATCH_PEER_CONFIG",
+        field="peer_config",
+        metavar="FILE",
+        help="credentials for reading the other nodes' daemons (and --prometheus) for /story: "
+        "basic_auth and tls_config as in a Prometheus scrape config; needs the web extra (PyYAML)",
+        default="none",
+        check=_existing_file,
+        verbs=WATCHING | {STORY},
+    ),
+    Option(
+        flag="--oom-score-adj",
+        var="TRAINWATCH_OOM_SCORE_ADJ",
+        field="oom_score_adj",
+        metavar="N",
+        help="the daemon's own oom_score_adj, -1000 to 1000, or 'keep' "
+        "(-1000: never the OOM killer's choice)",
+        default="-1000",
+        check=_oom_score_adj,
+    ),
+    Option(
+        flag="--no-self-protection",
+        var="TRAINWATCH_SELF_PROTECTION",
+        field="self_protection",
+        help="do not lock the daemon's memory or raise its death path's priority "
+        "(the variable: TRAINWATCH_SELF_PROTECTION=0)",
+        default="on",
+        switch=True,
+        on=False,
+    ),
+    Option(
+        flag=None,
+        var="TRAINWATCH_CONNECTOR_BUFFER",
+        field="connector_buffer_bytes",
+        metavar="BYTES",
+        help="the process connector's receive buffer: on a node with many thousands of exits a second, "
+        "a larger one overruns less",
+        default=str(8 << 20),
+        check=_buffer,
+    ),
+)
 
-    raw, name = _pick(ns.log_level, env, "TRAINWATCH_LOG_LEVEL", "--log-level")
-    level = "INFO" if raw is None else raw.upper()
-    if level not in LOG_LEVELS:
-        raise ConfigError(f"{name}: expected one of {', '.join(LOG_LEVELS)}, got {raw!r}")
 
-    raw, name = _pick(ns.postmortem_dir, env, "TRAINWATCH_POSTMORTEM_DIR", "--postmortem-dir")
-    pm_dir = default_postmortem_dir() if raw is None else os.path.abspath(os.path.expanduser(raw))
-    if os.path.exists(pm_dir) and not os.path.isdir(pm_dir):
-        raise ConfigError(f"{name}: {pm_dir} exists and is not a directory")
-
-    raw, name = _pick(ns.stall_after, env, "TRAINWATCH_STALL_AFTER", "--stall-after")
-    stall_after = 60.0 if raw is None else _number(raw, name, 1.0, 7 * 86400.0)
-    py_spy: bool | None = ns.py_spy
-    if py_spy is None and env.get("TRAINWATCH_PY_SPY"):
-        py_spy = _truthy(env["TRAINWATCH_PY_SPY"], "TRAINWATCH_PY_SPY")
-
-    raw, name = _pick(ns.oom_score_adj, env, "TRAINWATCH_OOM_SCORE_ADJ", "--oom-score-adj")
-    oom_score_adj: int | None = -1000
-    if raw is not None:
-        if raw.strip() == "keep":
-            oom_score_adj = None
-        elif not raw.strip().lstrip("-").isdigit() or not -1000 <= int(raw) <= 1000:
-            raise ConfigError(f"{name}: expected a number from -1000 to 1000 or 'keep', got {raw!r}")
+def add_options(p: argparse.ArgumentParser, verb: str) -> None:
+    """The table's flags that ``verb`` takes, each with its default and variable in its help."""
+    for o in OPTIONS:
+        if verb not in o.verbs or o.flag is None:
+            continue
+        where = f" (default {o.default}; {o.var})"
+        if o.switch and o.off_flag:
+            group = p.add_mutually_exclusive_group()
+            group.add_argument(o.flag, dest=o.dest, action="store_const", const=True, help=o.help + where)
+            group.add_argument(o.off_flag, dest=o.dest, action="store_const", const=False, help=o.off_help)
+        elif o.switch:
+            p.add_argument(o.flag, dest=o.dest, action="store_const", const=o.on, help=o.help + where)
         else:
-            oom_score_adj = int(raw)
-    protect = not ns.no_self_protection
-    if protect and env.get("TRAINWATCH_SELF_PROTECTION"):
-        protect = _truthy(env["TRAINWATCH_SELF_PROTECTION"], "TRAINWATCH_SELF_PROTECTION")
+            p.add_argument(
+                o.flag,
+                dest=o.dest,
+                metavar=o.metavar,
+                action="append" if o.repeat else "store",
+                help=o.help + where,
+            )
+    p.set_defaults(**{o.dest: None for o in OPTIONS if verb in o.verbs})
 
-    raw, name = _pick(ns.web_config, env, "TRAINWATCH_WEB_CONFIG", "--web-config")
-    web_config = None if raw is None else os.path.abspath(os.path.expanduser(raw))
 
-    raw, name = _pick(ns.prometheus, env, "TRAINWATCH_PROMETHEUS", "--prometheus")
-    prometheus = None if raw is None else check_prometheus_url(raw, name)
-    raw, name = _pick(ns.peer_config, env, "TRAINWATCH_PEER_CONFIG", "--peer-config")
-    peer_config = None if raw is None else os.path.abspath(os.path.expanduser(raw))
-    if peer_config is not None and not os.path.isfile(peer_config):
-        raise ConfigError(f"{name}: {peer_config}: no such file")
+def settings_from(ns: argparse.Namespace, environ: Mapping[str, str], verb: str) -> Settings:
+    """Settings from a namespace that ``add_options(parser, verb)`` filled and the variables:
+    an option wins over its variable; a bad value names whichever gave it."""
+    values: dict[str, Any] = {}
+    for o in OPTIONS:
+        if verb not in o.verbs:
+            continue
+        given = getattr(ns, o.dest, None)
+        raw_env = environ.get(o.var)
+        if given is not None:
+            raws, name = (given if o.repeat else [given]), o.flag or o.var
+        elif raw_env not in (None, ""):
+            assert raw_env is not None
+            raws, name = [raw_env], o.var
+        else:
+            continue
+        if o.switch:  # the flag's constant, or the variable's 1/0 as the field's value
+            values[o.field] = raws[0] if given is not None else _truthy(raws[0], name)
+            continue
+        if o.repeat:
+            checked = [o.check(i, name) for raw in raws for i in raw.replace(",", " ").split()]
+            values[o.field] = tuple(checked) if o.field == "pids" else frozenset(checked)
+        else:
+            values[o.field] = o.check(raws[0], name)
+    if verb == DAEMON and not values.get("attach_torchrun"):
+        raise ConfigError("nothing to do: pass --attach-torchrun to watch training jobs (see --help)")
+    interval = values.get("interval_seconds", DEFAULT_INTERVAL_SECONDS)
+    if values.get("history_seconds", DEFAULT_HISTORY_SECONDS) < interval:
+        name = "--history" if getattr(ns, "history_seconds", None) is not None else "TRAINWATCH_HISTORY"
+        raise ConfigError(f"{name}: must be at least the sampling interval ({interval:g} s)")
+    values["attach_torchrun"] = True
+    if "postmortem_dir" not in values:
+        values["postmortem_dir"] = default_postmortem_dir()
+    return Settings(**values)
 
-    raw = env.get("TRAINWATCH_CONNECTOR_BUFFER")
-    connector_buffer = 8 << 20
-    if raw is not None:
-        if not raw.strip().isdigit() or not 4096 <= int(raw) <= 1 << 30:
-            raise ConfigError(f"TRAINWATCH_CONNECTOR_BUFFER: expected bytes from 4096 to 1 GiB, got {raw!r}")
-        connector_buffer = int(raw)
 
-    disabled: set[str] = set()
-    raw_disabled = [(d, "--disable") for d in ns.disable or []]
-    if not raw_disabled and env.get("TRAINWATCH_DISABLE"):
-        raw_disabled = [(d, "TRAINWATCH_DISABLE") for d in env["TRAINWATCH_DISABLE"].split(",")]
-    for raw_source, source in raw_disabled:
-        for item in raw_source.split(","):
-            if item.strip() not in EVIDENCE_SOURCES:
-                raise ConfigError(
-                    f"{source}: expected one of {', '.join(EVIDENCE_SOURCES)}, got {item.strip()!r}"
-                )
-            disabled.add(item.strip())
+DESCRIPTION = """\
+Watch the distributed training jobs on this machine: per-rank host memory (with DataLoader
+workers), GPU memory (NVML), memory cgroup limits and host memory, served as Prometheus
+metrics on /metrics, with a live JSON view on /ranks and a health check on /healthz; when a
+rank dies, a postmortem that names what killed it, on /postmortem."""
 
-    return Settings(
-        attach_torchrun=True,
-        disabled=frozenset(disabled),
-        stall_after_seconds=stall_after,
-        py_spy=py_spy,
-        oom_score_adj=oom_score_adj,
-        web_config=web_config,
-        prometheus=prometheus,
-        peer_config=peer_config,
-        self_protection=protect,
-        connector_buffer_bytes=connector_buffer,
-        pids=tuple(pids),
-        interval_seconds=interval,
-        host=host,
-        port=port,
-        postmortem_dir=pm_dir,
-        history_seconds=history,
-        log_level=level,
+
+def _epilog() -> str:
+    sources = "\n".join(f"  {name:<11} {what}" for name, what in EVIDENCE_SOURCES.items())
+    return (
+        "Every option can also be set by its environment variable (shown with it); options win.\n"
+        "TRAINWATCH_CONNECTOR_BUFFER (bytes, default 8 MiB) sizes the process connector's receive\n"
+        "buffer. Evidence sources (--disable turns one off; trainwatch doctor says which work here):\n"
+        f"{sources}\n\n"
+        "Run as root (or with CAP_SYS_PTRACE) to read every job's environment; without it, other\n"
+        "users' ranks are numbered by start order. Exit status: 0 after SIGINT/SIGTERM, 1 on a\n"
+        "failure at run time, 2 on a bad option. The other verbs: trainwatch help."
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The daemon's parser (``trainwatch --attach-torchrun ...``)."""
+    p = StrictParser(
+        prog="trainwatch",
+        usage="trainwatch --attach-torchrun [options]",
+        description=DESCRIPTION,
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_options(p, DAEMON)
+    p.add_argument("--version", action="version", version=f"trainwatch {__version__}")
+    return p
+
+
+def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Settings:
+    """Turn the daemon's argv and TRAINWATCH_* variables into Settings. Raises ConfigError
+    whose message names the bad flag or variable."""
+    env = os.environ if environ is None else environ
+    return settings_from(build_parser().parse_args(list(argv)), env, DAEMON)

@@ -29,7 +29,7 @@ import sys
 import termios
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from sidecar.errors import ConfigError
 from sidecar.settings import Settings
@@ -112,52 +112,20 @@ def _pump(fd: int, out: int, keeper: OutputKeeper) -> None:
         os.close(fd)
 
 
-RUN_HELP = """\
-usage: trainwatch run [daemon options] -- COMMAND [ARGS...]
-
-Start COMMAND (torchrun ..., or a script that runs it) and watch only that job: the
-same HTTP (/metrics, /ranks, /postmortem) and postmortems as the daemon. Its output and
-its ranks' output pass through unchanged and the last 8 MiB are kept as evidence, also in
-<postmortem dir>/spool/run-PID.out (named in the job's environment as TRAINWATCH_RUN_OUTPUT),
-where a trainwatch daemon watching the node reads it too. The exit status is COMMAND's
-(128+N after signal N). Signals sent to trainwatch are passed on; Ctrl-C at a terminal
-reaches COMMAND directly.
-
-The daemon options are those of trainwatch --attach-torchrun (see trainwatch --help)
-except --pid. trainwatch's own log is at WARNING unless --log-level says otherwise; the
-port is 9864, or a free one when that is taken and --port was not given.
-"""
-
-
-def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    args = list(argv)
-    if "--" not in args:
-        raise ConfigError(
-            "run: give the command after --, e.g. trainwatch run -- torchrun --nproc-per-node=4 train.py"
-        )
-    i = args.index("--")
-    options, command = args[:i], args[i + 1 :]
-    if not command:
-        raise ConfigError("run: nothing after --: give the command to run (torchrun ...)")
-    if any(a == "--pid" or a.startswith("--pid=") for a in options):
-        raise ConfigError("run: --pid does not apply: run watches the command it starts")
-    return options, command
-
-
-def run_command(argv: Sequence[str], environ: dict[str, str] | None = None) -> int:
-    from sidecar.options import parse_args
+def run_command(
+    settings: Settings,
+    command: Sequence[str],
+    *,
+    explicit_port: bool = False,
+    environ: Mapping[str, str] | None = None,
+) -> int:
+    """Start ``command`` and watch it with ``settings`` (parsed by the CLI from the options
+    before ``--``; its help is ``verbs.RUN_HELP``). ``explicit_port``: the port was asked
+    for (an option or TRAINWATCH_PORT), so a taken one is an error rather than replaced."""
     from sidecar.service import Service, configure_logging
 
     env = dict(os.environ if environ is None else environ)
-    before = list(argv)[: list(argv).index("--")] if "--" in argv else list(argv)
-    if "--help" in before or "-h" in before:
-        sys.stdout.write(RUN_HELP)
-        return 0
-    options, command = _split(argv)
-    if "--log-level" not in " ".join(options) and not env.get("TRAINWATCH_LOG_LEVEL"):
-        options = [*options, "--log-level", "WARNING"]  # the terminal belongs to the job
-    explicit_port = any(a.startswith("--port") for a in options) or bool(env.get("TRAINWATCH_PORT"))
-    settings = parse_args(["--attach-torchrun", *options], env)
+    command = list(command)
     configure_logging(settings.log_level)
     # Block the forwarded signals before any thread exists, so that one thread waits for
     # them (sigwaitinfo tells a terminal's Ctrl-C from a kill); the child unblocks them.

@@ -167,7 +167,7 @@ class Service:
         host, port = self._sock.getsockname()[:2]
         _prepare_postmortem_dir(settings.postmortem_dir)
         # the daemon subscribes to the connector itself and logs how that went
-        log.info("%s", summary_line(checks(settings, connector=False)))
+        log.info("%s", summary_line(checks(settings, connector=False, installation=False)))
         self.daemon = Daemon(settings, job_output=self.job_output)
         app: Any = create_app(self.daemon, peers=peers, web_stats=web_stats)
         if web is not None:

@@ -29,6 +29,7 @@ EVIDENCE_SOURCES = {
     "tracepoint": "the signal:signal_generate tracepoint (who sent a signal)",
     "outputs": "reading the agent's, ranks' and OOM daemons' stdout/stderr files (exit codes, the ranks' "
     "last words, kill lines)",
+    "nvml": "NVML (GPU memory per device and per rank, lost GPUs); off on a machine without NVIDIA GPUs",
     "smaps": "/proc/PID/smaps_rollup (PSS and USS of each rank's tree and its workers; the kernel walks "
     "the process's mappings under its mmap lock)",
 }

@@ -204,12 +204,30 @@ def test_the_monitors_select_the_pods_that_serve_metrics():
 
 
 def test_the_dockerfile_installs_this_package_and_runs_the_daemon():
+    """The image builds the wheel from the context and installs that wheel (with the web
+    extra), as CI's smoke test of the wheel does by running these same lines
+    (scripts/wheel-smoke); the context keeps what the wheel is built from."""
+    import fnmatch
+
     text = (REPO / "deploy" / "docker" / "Dockerfile").read_text()
     for line in text.splitlines():
-        if line.startswith("COPY"):
+        if line.startswith("COPY") and "--from=" not in line:
             for src in line.split()[1:-1]:
                 assert (REPO / src).exists(), src
+    stages = text.split("\nFROM ")[1:]
+    assert len(stages) == 2, "two stages: build the wheel, install it"
+    assert "pip wheel" in stages[0] and "--no-deps" in stages[0]
+    assert "COPY --from=" in stages[1] and re.search(
+        r"pip install .*trainwatchd-\*\.whl\)?\[web\]", stages[1]
+    )
     assert 'ENTRYPOINT ["trainwatch"]' in text and 'CMD ["--attach-torchrun"]' in text
+    ignored = [
+        p.strip()
+        for p in (REPO / ".dockerignore").read_text().splitlines()
+        if p.strip() and not p.startswith("#")
+    ]
+    for needed in ("pyproject.toml", "setup.py", "README.md", "LICENSE", "sidecar"):
+        assert not any(fnmatch.fnmatch(needed, p) for p in ignored), needed
 
 
 def _unit_capabilities() -> list[str]:

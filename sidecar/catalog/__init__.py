@@ -384,14 +384,39 @@ def load(texts: dict[str, str]) -> Catalog:
     return Catalog(messages)
 
 
+# The files the catalog is made of, one per emitter family. A test holds this list equal to
+# the folder's *.toml files; an installation that lacks one is broken (a wheel built without
+# its data), and loading says so instead of reading fewer messages.
+FILES = (
+    "c10d.toml",
+    "cuda.toml",
+    "k8s.toml",
+    "launchers.toml",
+    "libc.toml",
+    "linux.toml",
+    "mpi.toml",
+    "nccl.toml",
+    "nvrm.toml",
+    "oomd.toml",
+    "python.toml",
+    "slurm.toml",
+    "torchelastic.toml",
+)
+
+
 def texts() -> dict[str, str]:
-    """The catalog files shipped with trainwatch: name -> text."""
+    """The catalog files shipped with trainwatch: name -> text. Raises CatalogError when one
+    of ``FILES`` is not installed."""
     here = resources.files(__name__)
-    return {
+    found = {
         entry.name: entry.read_text(encoding="utf-8")
         for entry in here.iterdir()
         if entry.name.endswith(".toml")
     }
+    lost = [name for name in FILES if name not in found]
+    if lost:
+        raise CatalogError(f"not installed: {', '.join(lost)} (a broken installation: reinstall trainwatchd)")
+    return found
 
 
 @cache

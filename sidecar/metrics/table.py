@@ -243,3 +243,33 @@ METRICS: dict[str, Spec] = {
         "1 when the kernel granted the daemon this protection at start (oom_score_adj, mlock, priority), else 0",
     ),
 }
+
+
+def render_metrics() -> str:
+    """docs/metrics.md: the table above as a page (``python -m sidecar.metrics.table``)."""
+    lines = [
+        "# Metrics",
+        "",
+        "<!-- Generated from sidecar/metrics/table.py (METRICS) by",
+        "     `python -m sidecar.metrics.table > docs/metrics.md`; tests/test_metrics_server.py checks it",
+        "     is current. Do not edit by hand. -->",
+        "",
+        f"Every family the daemon exports on `/metrics` ({len(METRICS)} of them), in base units with the",
+        "`trainwatch_` prefix. A series of a rank that is gone disappears with it; a series known to",
+        "exist starts at 0. The same table builds the exposition, the Grafana dashboard",
+        "(`dashboards/trainwatch.json`) and the tests.",
+        "",
+        "| metric | type | labels | what it is |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, spec in METRICS.items():
+        labels = ", ".join(f"`{label}`" for label in spec.labels)
+        text = spec.help.replace("|", "\\|")
+        lines.append(f"| `{name}` | {spec.kind} | {labels} | {text} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.stdout.write(render_metrics())

@@ -73,8 +73,14 @@ class GpuProbe:
     """Samples every GPU NVML can see. Not thread-safe: one sampler thread calls it."""
 
     def __init__(
-        self, loader: Callable[[], Any] = load_pynvml, clock: Callable[[], float] = time.monotonic
+        self,
+        loader: Callable[[], Any] = load_pynvml,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        off: bool = False,
     ) -> None:
+        """``off``: turned off (``--disable nvml``): NVML is never loaded."""
+        self._off = off
         self._loader = loader
         self._clock = clock
         self._nvml: Any = None
@@ -91,6 +97,8 @@ class GpuProbe:
 
     def _init(self) -> str | None:
         """Initialise NVML; return None on success, else why not."""
+        if self._off:
+            return "turned off (--disable nvml): no GPU data"
         try:
             nvml = self._loader()
         except ImportError:

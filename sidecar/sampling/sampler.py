@@ -112,7 +112,7 @@ class Sampler:
         )
         self.cgroups = cgroups if cgroups is not None else CgroupReader.for_host(settings.proc_root)
         self.host = HostReader(settings.proc_root, settings.shm_path)
-        self.gpu = gpu if gpu is not None else GpuProbe()
+        self.gpu = gpu if gpu is not None else GpuProbe(off="nvml" in settings.disabled)
         self.ranks = RankReader(self.proc, self.discovery, self.pss, smaps="smaps" not in settings.disabled)
         self.cgroup_rounds = CgroupRounds(self.cgroups, self.proc, clock)
         self.gpu_attribution = GpuAttribution(settings.proc_root)
