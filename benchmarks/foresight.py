@@ -29,7 +29,7 @@ that loads a 2 GiB checkpoint into each rank once, after a minute, as fast as me
 takes it. Counted: polls with any prediction, episodes (a run of such polls), and the
 daemon's WARNING lines for each job.
 
-Results: ``benchmarks/results/NAME.json`` (default ``foresight``), rendered in the README.
+Results: ``benchmarks/results/NAME.json`` (default ``foresight``), rendered in docs/performance.md.
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ beside this tree's over the same windows on the same processes, and the idle dae
 side too: a change's before and after in one run (these machines are too noisy to compare
 separate runs). The sampler-only figures and the soak are left out then.
 
-Results: ``benchmarks/results/overhead.json`` (machine, kernel, commit); the README's
-tables are rendered from it (``python benchmarks/render.py``). Nothing is asserted.
+Results: ``benchmarks/results/overhead.json`` (machine, kernel, commit); the tables of
+docs/performance.md are rendered from it (``python benchmarks/render.py``). Nothing is asserted.
 """
 
 from __future__ import annotations

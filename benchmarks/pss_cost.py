@@ -13,7 +13,7 @@ each daemon's CPU as a share of one core, their difference (what PSS/USS costs t
 and the daemon's own account of the time it spent reading smaps_rollup
 (``trainwatch_smaps_cpu_seconds_total``). The sampler's budget is 1 % of a core.
 
-Results: ``benchmarks/results/NAME.json`` (machine, kernel, commit), rendered in the README.
+Results: ``benchmarks/results/NAME.json`` (machine, kernel, commit), rendered in docs/performance.md.
 """
 
 from __future__ import annotations

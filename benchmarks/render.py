@@ -1,12 +1,18 @@
-"""Render the README's measured figures from the results files, so they cannot drift.
+"""Render the measured figures of the README and the docs pages from the results files, so
+they cannot drift.
 
-    python benchmarks/render.py          # rewrite the generated parts of README.md
-    python benchmarks/render.py --check  # exit 1 if README.md differs from its rendering
+    python benchmarks/render.py          # rewrite the generated parts of README.md and docs/*.md
+    python benchmarks/render.py --check  # exit 1 if any of them differs from its rendering
 
-Each generated part of the README sits between ``<!-- generated: NAME -->`` and
-``<!-- end generated: NAME -->``; NAME picks the renderer below and the renderer reads
-``benchmarks/results/*.json`` (written by ``make bench`` and, for the GPU figures,
-``make bench-gpu`` on a machine with an NVIDIA GPU). The test suite runs the check.
+Each generated part sits between ``<!-- generated: NAME -->`` and
+``<!-- end generated: NAME -->`` in README.md or one of the pages in docs/ (most are in
+docs/performance.md; the others beside the text they measure: docs/diagnose.md,
+docs/foresight.md, docs/story.md, docs/web-config.md). NAME picks the renderer below and
+the renderer reads ``benchmarks/results/*.json`` (written by ``make bench`` and, for the
+GPU figures, ``make bench-gpu`` on a machine with an NVIDIA GPU). Each renderer's block
+appears exactly once across those files: a missing or repeated one is an error that names
+it. A block whose NAME is no renderer's is left as it is (a page generated elsewhere may use
+the same markers). The test suite runs the check.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 README = REPO / "README.md"
+DOCS = REPO / "docs"
 MIB = 1 << 20
 GIB = 1 << 30
 
@@ -698,36 +705,63 @@ RENDERERS: dict[str, Callable[[], str]] = {
 BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated: \2 -->)", re.S)
 
 
-def render(text: str) -> str:
-    seen: set[str] = set()
+def pages() -> list[Path]:
+    """The files that may hold generated blocks: README.md, then docs/*.md by name."""
+    return [README, *sorted(DOCS.glob("*.md"))]
 
-    def one(m: re.Match[str]) -> str:
-        seen.add(m.group(2))
-        return m.group(1) + RENDERERS[m.group(2)]() + m.group(4)
 
-    out = BLOCK.sub(one, text)
-    missing = set(RENDERERS) - seen
+def _name(path: Path) -> str:
+    return str(path.relative_to(REPO))
+
+
+def render_all(texts: dict[Path, str]) -> dict[Path, str]:
+    """Every file's text with its generated blocks rendered. Raises SystemExit naming each
+    renderer whose block is in no file, or in more than one place."""
+    places: dict[str, list[str]] = {name: [] for name in RENDERERS}
+    out: dict[Path, str] = {}
+    for path, text in texts.items():
+
+        def one(m: re.Match[str], path: Path = path) -> str:
+            name = m.group(2)
+            if name not in RENDERERS:
+                return m.group(0)
+            places[name].append(_name(path))
+            return m.group(1) + RENDERERS[name]() + m.group(4)
+
+        out[path] = BLOCK.sub(one, text)
+    missing = sorted(name for name, where in places.items() if not where)
+    repeated = sorted(f"{name} ({', '.join(where)})" for name, where in places.items() if len(where) > 1)
+    problems = []
     if missing:
-        raise SystemExit(f"README.md has no generated block for: {', '.join(sorted(missing))}")
+        problems.append("no generated block in README.md or docs/*.md for: " + ", ".join(missing))
+    if repeated:
+        problems.append("a generated block appears more than once: " + "; ".join(repeated))
+    if problems:
+        raise SystemExit("\n".join(problems))
     return out
 
 
 def main() -> int:
-    text = README.read_text()
-    new = render(text)
+    texts = {path: path.read_text() for path in pages()}
+    new = render_all(texts)
+    changed = [path for path in texts if new[path] != texts[path]]
     if "--check" in sys.argv[1:]:
-        if new != text:
+        for path in changed:
+            name = _name(path)
             diff = difflib.unified_diff(
-                text.splitlines(), new.splitlines(), "README.md", "rendered", lineterm=""
+                texts[path].splitlines(), new[path].splitlines(), name, f"{name} (rendered)", lineterm=""
             )
             print("\n".join(diff))
+        if changed:
             print(
-                "README.md differs from benchmarks/results/: run `python benchmarks/render.py`",
+                ", ".join(_name(p) for p in changed)
+                + " differ from benchmarks/results/: run `python benchmarks/render.py`",
                 file=sys.stderr,
             )
             return 1
         return 0
-    README.write_text(new)
+    for path in changed:
+        path.write_text(new[path])
     return 0
 
 

@@ -1,9 +1,9 @@
-"""Results files: every figure the README quotes comes from one of these.
+"""Results files: every figure the docs quote comes from one of these.
 
 ``write(name, results)`` saves ``benchmarks/results/<name>.json`` with what makes a figure
 comparable: the machine (CPU model, cores, memory), kernel, Python, date and the commit
 the code was at (``+dirty`` when the tree had uncommitted changes). ``benchmarks/render.py``
-turns them into the README's tables.
+turns them into the tables of docs/*.md.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ timeline each; the Prometheus API answers the story's queries with every node's 
 ranks and four minutes of clock samples. All of it, the simulated cluster and the story,
 shares this machine's cores, so the figures bound what one story costs from above. Each
 repetition asks for another job name, so ``/story``'s 5-second cache never answers.
-Results: ``benchmarks/results/story.json`` (README: "One story across nodes").
+Results: ``benchmarks/results/story.json`` (docs/story.md: "How long a story takes").
 """
 
 from __future__ import annotations

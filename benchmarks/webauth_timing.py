@@ -5,7 +5,7 @@ the cost of a scrape whose good password was checked before (the cache).
 
     python benchmarks/webauth_timing.py [--rounds 40] [--baseline REV]
 
-Results: ``benchmarks/results/webauth-timing.json`` (README: "Exporter-grade endpoint").
+Results: ``benchmarks/results/webauth-timing.json`` (docs/web-config.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""The repository keeps its promises about itself: the README's figures are the results
-files' (benchmarks/render.py), its diagnose example is the command's output, nothing reads
-beside the clone, and a skip the allow-list does not name fails a strict run."""
+"""The repository keeps its promises about itself: the figures of the README and docs/ are the
+results files' (benchmarks/render.py), the diagnose example is the command's output, the
+README's postmortem is lines of a real one, the README stays a front page whose links resolve,
+nothing reads beside the clone, and a skip the allow-list does not name fails a strict run."""
 
 from __future__ import annotations
 
@@ -13,18 +14,39 @@ from pathlib import Path
 
 from tests.e2e import REPO
 
+ELISION = "..."  # a line of its own in the README's excerpt: lines were cut here
 
-def test_the_readme_figures_are_rendered_from_the_results_files():
+
+def _pages() -> list[Path]:
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def _fenced_blocks(text: str) -> list[tuple[int, str]]:
+    """Each fenced block of a Markdown text: (the line its fence opens on, its body)."""
+    blocks, lines, i = [], text.splitlines(keepends=True), 0
+    while i < len(lines):
+        if lines[i].startswith("```"):
+            start, body = i, []
+            i += 1
+            while i < len(lines) and not lines[i].startswith("```"):
+                body.append(lines[i])
+                i += 1
+            blocks.append((start, "".join(body)))
+        i += 1
+    return blocks
+
+
+def test_the_documented_figures_are_rendered_from_the_results_files():
     r = subprocess.run(
         [sys.executable, "benchmarks/render.py", "--check"], cwd=REPO, capture_output=True, text=True
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
 
 
-def test_the_readme_shows_what_diagnose_prints_for_the_opening_story():
-    """The README's example is the command's output, not a copy that drifts from it. The
+def test_the_docs_show_what_diagnose_prints_for_the_opening_story():
+    """docs/diagnose.md's example is the command's output, not a copy that drifts from it. The
     story's logs stamp local time without a zone (dmesg -T, glog), which diagnose reads as
-    this machine's: the README shows them read on a node in UTC, so the command runs so."""
+    this machine's: the page shows them read on a node in UTC, so the command runs so."""
     story = sorted(
         str(p.relative_to(REPO)) for p in (REPO / "tests/fixtures/diagnose/opening-story").iterdir()
     )
@@ -37,8 +59,80 @@ def test_the_readme_shows_what_diagnose_prints_for_the_opening_story():
     )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("trainwatch postmortem ") and len(r.stdout.splitlines()) > 10, r.stdout
-    readme = (REPO / "README.md").read_text()
-    assert f"```\n{r.stdout}```\n" in readme, "README's diagnose example is stale:\n" + r.stdout
+    page = (REPO / "docs/diagnose.md").read_text()
+    assert f"```\n{r.stdout}```\n" in page, "docs/diagnose.md's diagnose example is stale:\n" + r.stdout
+
+
+def _postmortems(text: str) -> list[str]:
+    """The fenced blocks of a page that are a postmortem's text view."""
+    return [body for _, body in _fenced_blocks(text) if body.startswith("trainwatch postmortem ")]
+
+
+def test_the_readme_postmortem_is_lines_of_the_real_one():
+    """The README opens with an excerpt of the real postmortem that docs/verdicts.md keeps
+    whole (`trainwatch demo`'s): each run of lines between two elision lines is a run of
+    consecutive lines of it, the runs in its order, so the excerpt cannot drift into
+    invented text."""
+    excerpts = _postmortems((REPO / "README.md").read_text())
+    wholes = _postmortems((REPO / "docs/verdicts.md").read_text())
+    assert len(excerpts) == 1, "the README shows one postmortem excerpt"
+    assert len(wholes) == 1, "docs/verdicts.md keeps the whole postmortem"
+    excerpt, whole = excerpts[0].splitlines(), wholes[0].splitlines()
+    assert ELISION not in (line.strip() for line in whole), "the whole one has no elision line"
+    assert ELISION in (line.strip() for line in excerpt), "an excerpt marks its cuts"
+    assert excerpt[0] == whole[0], "the excerpt starts where the postmortem does"
+    runs: list[list[str]] = [[]]
+    for line in excerpt:
+        if line.strip() == ELISION:
+            runs.append([])
+        else:
+            runs[-1].append(line)
+    at = 0
+    for run in filter(None, runs):
+        found = next(
+            (i for i in range(at, len(whole) - len(run) + 1) if whole[i : i + len(run)] == run), None
+        )
+        shown = "\n".join(run)
+        assert found is not None, f"not consecutive lines of the real postmortem, in its order:\n{shown}"
+        at = found + len(run)
+    kept = sum(map(len, runs))
+    assert 8 <= kept < len(whole), kept
+
+
+def test_the_readme_is_a_front_page_that_opens_with_a_postmortem():
+    text = (REPO / "README.md").read_text()
+    lines = text.splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines: move the rest to docs/"
+    assert lines[0] == "# trainwatch"
+    first_block = _fenced_blocks(text)[0][0]
+    first_section = next(i for i, line in enumerate(lines) if line.startswith("## "))
+    assert first_block < first_section, "the postmortem comes before the first section"
+    assert _fenced_blocks(text)[0][1].startswith("trainwatch postmortem ")
+    prose = lines[1:first_block]
+    assert sum(line.count(". ") + line.rstrip().endswith(".") for line in prose) == 1, (
+        "one sentence before the postmortem"
+    )
+
+
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def test_every_relative_link_of_the_readme_and_docs_resolves():
+    """Every relative link in README.md and docs/*.md names a file or folder of the
+    repository (an anchor is not checked); links inside code are not links."""
+    broken = []
+    for page in _pages():
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        text = re.sub(r"`[^`\n]*`", "", text)
+        links = LINK.findall(text)
+        assert page.name != "README.md" or len(links) > 10, links  # the pattern finds links
+        for target in links:
+            if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+                continue  # a URL, or an anchor of the same page
+            path = target.split("#", 1)[0]
+            if not (page.parent / path).exists():
+                broken.append(f"{page.relative_to(REPO)}: {target}")
+    assert not broken, broken
 
 
 def test_nothing_reads_beside_the_clone():
@@ -52,12 +146,23 @@ def test_nothing_reads_beside_the_clone():
     assert not offenders, offenders
 
 
-def _strict_run(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
+def _strict_run(tmp_path: Path, body: str, *extra: str) -> subprocess.CompletedProcess[str]:
     probe = tmp_path / "test_probe.py"
     probe.write_text("from tests.skips import left_out, skip\nimport pytest\n\n" + body)
     env = dict(os.environ, TRAINWATCH_STRICT_SKIPS="1")
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest", str(probe)],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "tests.conftest",
+            *extra,
+            str(probe),
+        ],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -76,6 +181,14 @@ def test_a_skip_the_allow_list_does_not_name_fails_a_strict_run(tmp_path):
 def test_a_check_left_out_inside_a_passing_test_fails_a_strict_run(tmp_path):
     r = _strict_run(tmp_path, "def test_x():\n    left_out('tracefs', 'the sender')\n")
     assert r.returncode == 1 and "left out" in r.stdout, r.stdout
+
+
+def test_a_check_left_out_in_a_worker_fails_a_strict_run_side_by_side(tmp_path):
+    """Under pytest-xdist (make test's steps) a check left out in a worker reaches the
+    controller on the test's report and still fails the strict run."""
+    body = "def test_x():\n    left_out('tracefs', 'the sender')\n\ndef test_y():\n    pass\n"
+    r = _strict_run(tmp_path, body, "-n", "2")
+    assert r.returncode == 1 and "left out" in r.stdout and "[tracefs]" in r.stdout, r.stdout
 
 
 def test_an_allowed_skip_passes_a_strict_run(tmp_path):
