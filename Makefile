@@ -1,8 +1,12 @@
 # The two commands of the README:
 #   make demo   set up, then run the demo (a real torchrun job dies; its postmortem is printed)
-#   make test   set up, then lint, type-check and run every test
-# and `make run`: set up, then run the daemon (trainwatch --attach-torchrun).
-.PHONY: setup demo run test lint bench bench-gpu readme dashboard fuzz
+#   make test   set up, then lint, type-check and run every test, in the steps CI runs
+# The quick loop: `make check` (lint, types and the fast tests, side by side; under a minute
+# once set up). `make run`: set up, then run the daemon (trainwatch --attach-torchrun).
+# Setting up installs again only what changed (scripts/dev-setup).
+.PHONY: setup demo run test check lint wheel-smoke bench bench-gpu docs dashboard fuzz
+
+LINT_PATHS = sidecar tests benchmarks setup.py scripts/wheel-smoke
 
 setup:
 	@scripts/dev-setup
@@ -13,17 +17,29 @@ demo: setup
 run: setup
 	.venv/bin/trainwatch --attach-torchrun $(ARGS)
 
+check: setup
+	@scripts/check $(PYTEST_ARGS)
+
 lint:
-	.venv/bin/ruff check sidecar tests benchmarks
-	.venv/bin/ruff format --check sidecar tests benchmarks
+	.venv/bin/ruff check $(LINT_PATHS)
+	.venv/bin/ruff format --check $(LINT_PATHS)
 	.venv/bin/mypy
 
-test: setup lint
+# Every test, in CI's steps (scripts/test-steps): lint and types beside the fast tests in
+# parallel; the end-to-end tests side by side; the wheel's smoke test; the tests that drive
+# the whole machine (a real global OOM) alone, last. Each step says how long it took, and
+# the slowest tests are listed.
+test: setup
 	@scripts/test-prep
-	.venv/bin/python -m pytest -q -ra $(PYTEST_ARGS)
+	@scripts/test-steps $(PYTEST_ARGS)
 
-# Every figure in the README comes from benchmarks/results/*.json: `make bench` writes them
-# (about 45 minutes on 2 cores; as root for the real cgroup and global OOMs) and renders the README.
+# The wheel, built and installed as the container image does, smoke-tested in a clean
+# environment per declared Python (part of `make test`).
+wheel-smoke: setup
+	.venv/bin/python scripts/wheel-smoke
+
+# Every figure in docs/ comes from benchmarks/results/*.json: `make bench` writes them
+# (about 45 minutes on 2 cores; as root for the real cgroup and global OOMs) and renders them.
 bench: setup
 	.venv/bin/python benchmarks/diagnose_accuracy.py
 	.venv/bin/python benchmarks/deaths.py
@@ -40,8 +56,13 @@ bench-gpu:
 	python3 benchmarks/step_overhead.py --steps 5000 --phase 2
 	python3 benchmarks/render.py
 
-readme:
+# The generated pages: the figures (benchmarks/render.py), the options and the metrics
+# (from the code's own tables), the dashboard. The tests check each is current.
+docs: setup
 	.venv/bin/python benchmarks/render.py
+	.venv/bin/python -m sidecar.manual --options > docs/options.md
+	.venv/bin/python -m sidecar.metrics.table > docs/metrics.md
+	.venv/bin/python -m sidecar.dashboard > dashboards/trainwatch.json
 
 # Every parser and input the daemon reads, on many random inputs (tests/fuzz.py); CI runs
 # the same targets on a small budget. EXAMPLES per target (default 5000).

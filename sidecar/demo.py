@@ -127,6 +127,10 @@ def _demo(tmp: Path, child: Path | None) -> int:
             "0.5",
             "--postmortem-dir",
             str(tmp / "postmortems"),
+            # only the job this demo starts (the agents below this process): on a training
+            # node the demo's daemon never attaches to anyone's real job
+            "--pid",
+            str(os.getpid()),
         ],
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -58,12 +58,30 @@ def _keep_postmortems(request: pytest.FixtureRequest) -> Any:
 # (tests/allowed-skips.txt) fails the session.
 
 _SKIPPED: list[tuple[str, str]] = []  # (test id, reason)
+_LEFT_OUT: list[tuple[str, str, str]] = []  # (key, test id, what), from every worker's reports
 _KEY = re.compile(r"^(?:Skipped: )?\[([a-z0-9-]+)\]")
+_LEFT_OUT_PROPERTY = "trainwatch_left_out"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A check left out is recorded where the test ran (tests.skips.LEFT_OUT, in an xdist
+    worker's memory): carry it on the test's report, which reaches the controller."""
+    from tests import skips
+
+    outcome = yield
+    report = outcome.get_result()
+    while skips.LEFT_OUT:
+        report.user_properties.append((_LEFT_OUT_PROPERTY, list(skips.LEFT_OUT.pop(0))))
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.skipped and isinstance(report.longrepr, tuple):
         _SKIPPED.append((report.nodeid, str(report.longrepr[2])))
+    for name, value in report.user_properties:
+        if name == _LEFT_OUT_PROPERTY:
+            key, test, what = value
+            _LEFT_OUT.append((str(key), str(test), str(what)))
 
 
 def _unexpected() -> tuple[list[str], list[str]]:
@@ -78,7 +96,7 @@ def _unexpected() -> tuple[list[str], list[str]]:
         lines.append(line)
         if key not in allowed:
             bad.append(line)
-    for key, nodeid, what in skips.LEFT_OUT:
+    for key, nodeid, what in _LEFT_OUT:
         line = f"left out  {nodeid}: [{key}] {what}"
         lines.append(line)
         if key not in allowed:
@@ -105,5 +123,14 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if hasattr(session.config, "workerinput"):
+        return  # an xdist worker: the controller judges, from every worker's reports
     if os.environ.get("TRAINWATCH_STRICT_SKIPS") == "1" and _unexpected()[1] and exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In an xdist worker, say so to this process only (tests/e2e.py scopes its daemons by
+    it): PYTEST_XDIST_WORKER alone is inherited by every child, a nested pytest's included."""
+    if hasattr(config, "workerinput"):
+        os.environ["TRAINWATCH_XDIST_PID"] = str(os.getpid())

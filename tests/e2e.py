@@ -59,6 +59,12 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
     return None
 
 
+def _in_xdist_worker() -> bool:
+    """Whether this process is a pytest-xdist worker (not merely a child of one, which
+    inherits PYTEST_XDIST_WORKER: the worker's own pid is in its environment's marker)."""
+    return os.environ.get("TRAINWATCH_XDIST_PID") == str(os.getpid())
+
+
 class DaemonProc:
     """``python -m sidecar --attach-torchrun --port 0 ...`` with its log in a file."""
 
@@ -71,7 +77,15 @@ class DaemonProc:
         cwd: Path | None = None,
     ) -> None:
         """``cwd``: the tree whose ``sidecar`` runs (default this repository; a benchmark
-        compares another commit's checkout side by side)."""
+        compares another commit's checkout side by side).
+
+        Under pytest-xdist (tests side by side, ``make test``) the daemon watches only the
+        jobs below this worker (``--pid`` of the worker: the agents below a process), so that
+        another test's job, its deaths and its postmortems never reach this test's daemon;
+        a test that names its own ``--pid`` keeps it. Run alone (the isolated step, a
+        developer's single file) it watches the whole machine, as a deployed daemon does."""
+        if _in_xdist_worker() and "--pid" not in args:
+            args = (*args, "--pid", str(os.getpid()))
         tmp.mkdir(parents=True, exist_ok=True)
         self.log_path = tmp / f"daemon-{time.monotonic_ns()}.log"
         self._log = open(self.log_path, "w")  # noqa: SIM115

@@ -24,6 +24,7 @@ GIB = 1 << 30
 pytestmark = [pytest.mark.slow]
 
 
+@pytest.mark.isolated  # run alone: four ranks fill 6 GiB: beside other tests it would crowd the machine
 @pytest.mark.root
 @requires("memcg", "kmsg")
 def test_the_opening_story_every_rank_loads_its_own_copy(tmp_path):
@@ -265,6 +266,7 @@ def test_the_agents_sigkill_after_an_ignored_sigterm_is_teardown(tmp_path):
         assert daemon.stop() == 0
 
 
+@pytest.mark.isolated  # run alone: the whole machine runs out of memory
 @pytest.mark.root
 @requires("global-oom", "kmsg")
 def test_global_oom_is_kernel_oom(tmp_path):

@@ -183,6 +183,7 @@ def _mem_available() -> int:
     raise AssertionError("no MemAvailable")
 
 
+@pytest.mark.isolated  # run alone: earlyoom's threshold is the machine's free memory
 @requires("earlyoom", "free-memory")
 @pytest.mark.parametrize("tracepoint", [False, True], ids=["by-its-log", "by-the-tracepoint"])
 def test_a_real_earlyoom_is_named(tmp_path, tracepoint):

@@ -197,6 +197,7 @@ def _flood_kmsg(total: int) -> None:
             os.close(fd)
 
 
+@pytest.mark.isolated  # run alone: it floods the kernel log every daemon reads
 @pytest.mark.root
 @requires("memcg", "kmsg", "kmsg-write")
 def test_a_kernel_log_overrun_mid_incident_is_said_and_never_certain(tmp_path):
