@@ -24,7 +24,7 @@ GIB = 1 << 30
 pytestmark = [pytest.mark.slow]
 
 
-@pytest.mark.isolated  # run alone: four ranks fill 6 GiB: beside other tests it would crowd the machine
+@pytest.mark.quiet  # four ranks fill 6 GiB: not beside the whole suite
 @pytest.mark.root
 @requires("memcg", "kmsg")
 def test_the_opening_story_every_rank_loads_its_own_copy(tmp_path):

@@ -139,7 +139,7 @@ def test_exit_status_and_usage():
     assert run("--", "sh", "-c", "kill -TERM $$").returncode == 128 + signal.SIGTERM
     helped = run("--help")
     assert helped.returncode == 0 and helped.stdout.startswith(
-        "usage: trainwatch run [daemon options] -- COMMAND"
+        "usage: trainwatch run [options] -- COMMAND"
     )
     bad = run("sh", "-c", "true")
     assert bad.returncode == 2 and bad.stderr.startswith("trainwatch: error: run: give the command after --")

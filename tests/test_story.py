@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.story import load_peer_config, parse_window, render_html, render_text, tell
-from sidecar.story.clock import Offset, from_rounds, from_stamps
+from sidecar.story.clock import SCHEDULING_S, Offset, from_rounds, from_stamps
 from sidecar.story.fetch import FetchError, get_json
 from sidecar.story.gather import MetricDeath, NodeSeen, RankSeen, Seen
 from sidecar.story.join import join
@@ -45,6 +45,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "story"
             st.floats(0, 0.5),  # the scrape's duration
             st.floats(0, 1),  # where in it the daemon read its clock (share of the duration)
             st.floats(-1, 1),  # Prometheus's alignment of the timestamp (share of the tolerance)
+            st.floats(0, 1),  # its goroutine's wait before timing the scrape (share of the allowance)
         ),
         min_size=1,
         max_size=30,
@@ -52,20 +53,21 @@ FIXTURES = Path(__file__).parent / "fixtures" / "story"
     tolerance=st.sampled_from([0.0, 0.002, 0.025]),
 )
 def test_scrape_stamps_bound_the_true_offset(
-    offset: float, scrapes: list[tuple[float, float, float]], tolerance: float
+    offset: float, scrapes: list[tuple[float, float, float, float]], tolerance: float
 ) -> None:
     stamps, durations = [], {}
-    for i, (d, where, align) in enumerate(scrapes):
-        start = 1_800_000_000.0 + 15 * i  # Prometheus's clock at the real start of the scrape
+    for i, (d, where, align, wait) in enumerate(scrapes):
+        start = 1_800_000_000.0 + 15 * i  # Prometheus's clock when it read the scrape's time
         t = start + align * tolerance  # the timestamp it keeps
-        stamps.append((t, start + where * d + offset))  # the daemon's clock while answering
+        timed = start + wait * SCHEDULING_S  # where scrape_duration_seconds starts
+        stamps.append((t, timed + where * d + offset))  # the daemon's clock while answering
         durations[t] = d
     got = from_stamps(stamps, durations, tolerance)
     assert got.known and not got.stepped
     assert got.low is not None and got.high is not None
     assert got.low - 1e-6 <= offset <= got.high + 1e-6
     # and no wider than one scrape allows
-    assert got.high - got.low <= min(d for d, _, _ in scrapes) + 2 * tolerance + 3e-6
+    assert got.high - got.low <= min(d for d, *_ in scrapes) + 2 * tolerance + SCHEDULING_S + 3e-6
 
 
 @settings(max_examples=200, deadline=None)

@@ -4,9 +4,14 @@ Prometheus stamps every sample of a scrape with the time the scrape started, on 
 clock (``t``), moved by at most its timestamp tolerance ``e`` to align it with the scrape
 interval (``--scrape.timestamp-tolerance``, 2 ms by default, read from its flags), and
 records how long the scrape took (``scrape_duration_seconds``, ``D``). The daemon writes
-its own clock into the answer (``trainwatch_time_seconds``, ``v``) while it answers, so
-``t - e <= v - offset <= t + D + e``: each scrape bounds the node's offset to
-``[v - t - D - e, v - t + e]``, and every scrape near the deaths narrows it further. A daemon
+its own clock into the answer (``trainwatch_time_seconds``, ``v``) while it answers. ``D``
+is timed from a second reading of Prometheus's clock, taken when the scrape goroutine runs
+(scrape.go: the loop reads ``scrapeTime``, ``scrapeAndReport`` then reads ``start``): on a
+loaded machine the goroutine may wait ``s`` between the two, so
+``t - e <= v - offset <= t + s + D + e``: each scrape bounds the node's offset to
+``[v - t - D - e - s, v - t + e]``, and every scrape near the deaths narrows it further.
+``s`` is not recorded anywhere; ``SCHEDULING_S`` allows for it (a loaded 2-core CI machine
+showed 70 us past the other bounds). A daemon
 without that gauge is bounded by its last sampling round instead
 (``trainwatch_last_sample_timestamp_seconds``: finished before the answer, at most one
 round's gap before it), which is wider by a sampling interval.
@@ -21,10 +26,13 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Offset", "from_rounds", "from_stamps"]
+__all__ = ["SCHEDULING_S", "Offset", "from_rounds", "from_stamps"]
 
 # what a scrape that Prometheus kept no duration for may have lasted (its default timeout)
 DEFAULT_SCRAPE_SECONDS = 10.0
+# the wait of Prometheus's scrape goroutine between its timestamp and the start of the
+# scrape's duration, unrecorded: allowed for in the lower bound (see the module's text)
+SCHEDULING_S = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +101,7 @@ def from_stamps(
     fallback = max(durations.values(), default=DEFAULT_SCRAPE_SECONDS)
     for t, v in stamps:
         d = durations.get(t, fallback)
-        bounds.append((v - t - d - tolerance, v - t + tolerance))
+        bounds.append((v - t - d - tolerance - SCHEDULING_S, v - t + tolerance))
     return _intersect(bounds, source)
 
 
@@ -112,5 +120,8 @@ def from_rounds(
     if gap is None:
         return Offset(None, None, 0, "none")
     fallback = max(durations.values(), default=DEFAULT_SCRAPE_SECONDS)
-    bounds = [(v - t - durations.get(t, fallback) - tolerance, v - t + gap + tolerance) for t, v in pairs]
+    bounds = [
+        (v - t - durations.get(t, fallback) - tolerance - SCHEDULING_S, v - t + gap + tolerance)
+        for t, v in pairs
+    ]
     return _intersect(bounds, source)
