@@ -138,9 +138,7 @@ def test_exit_status_and_usage():
     assert done.stdout == "out\n" and done.stderr == "err\n"  # passed through, nothing added
     assert run("--", "sh", "-c", "kill -TERM $$").returncode == 128 + signal.SIGTERM
     helped = run("--help")
-    assert helped.returncode == 0 and helped.stdout.startswith(
-        "usage: trainwatch run [options] -- COMMAND"
-    )
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: trainwatch run [options] -- COMMAND")
     bad = run("sh", "-c", "true")
     assert bad.returncode == 2 and bad.stderr.startswith("trainwatch: error: run: give the command after --")
     missing = run("--", "/nonexistent/torchrun")

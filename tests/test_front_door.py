@@ -284,3 +284,48 @@ def test_run_takes_its_settings_from_the_one_table():
     for argv in (["run", "--pid", "3", "--", "true"], ["run", "--"], ["run", "true"]):
         with pytest.raises(ConfigError):
             cli._dispatch(list(argv), {})
+
+
+def test_the_version_is_written_once():
+    """sidecar/__init__.py holds it; pyproject reads it from there, and nothing else that
+    ships or deploys repeats it (a captured log line in docs/ is history, not a source)."""
+    import re as re_
+
+    import sidecar
+
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert 'dynamic = ["version"]' in pyproject and 'attr = "sidecar.__version__"' in pyproject
+    assert not re_.search(r"^version\s*=\s*[\"']", pyproject, re_.M)
+    pattern = re_.compile(re_.escape(sidecar.__version__))
+    offenders = []
+    for folder in ("sidecar", "deploy", "scripts", "dashboards", ".ci"):
+        for path in (REPO / folder).rglob("*"):
+            if "__pycache__" in path.parts or not path.is_file() or path.name == "__init__.py":
+                continue
+            if pattern.search(path.read_text(errors="replace")):
+                offenders.append(str(path.relative_to(REPO)))
+    for name in ("pyproject.toml", "setup.py", "Makefile", "README.md"):
+        if pattern.search((REPO / name).read_text()):
+            offenders.append(name)
+    assert not offenders, offenders
+
+
+def test_no_install_line_names_another_projects_package():
+    """`trainwatch` and `sidecar` on PyPI are other projects': every pip line in the docs,
+    the deployment and the code names this distribution, a path, a wheel or the image."""
+    import re as re_
+
+    line = re_.compile(r"pip3? install[^\n`]*")
+    bad = []
+    places = [REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "deploy").rglob("*")]
+    places += [*(REPO / "sidecar").rglob("*.py"), REPO / "SECURITY.md", REPO / "CHANGELOG.md"]
+    for path in places:
+        if not path.is_file():
+            continue
+        for m in line.finditer(path.read_text(errors="replace")):
+            words = re_.findall(r"['\"]?([A-Za-z0-9_.\-/$()*\[\]]+)", m.group(0).split("install", 1)[1])
+            for w in words:
+                w = w.strip("'\"")
+                if re_.fullmatch(r"(trainwatch|sidecar)(\[.*\])?", w):
+                    bad.append(f"{path.relative_to(REPO)}: {m.group(0)}")
+    assert not bad, bad
