@@ -134,6 +134,21 @@ def run_command(
     spool, spool_path = _open_spool(settings.postmortem_dir)
     keeper = OutputKeeper(spool=spool)
     child_env = dict(env, TRAINWATCH_RUN_OUTPUT=spool_path) if spool_path else env
+    # Watching starts before the job does, for the agents below this process (the command,
+    # or what it starts): a rank that dies in its first second is seen like any other. (Started
+    # after the command, a daemon slowed by a loaded node attached too late to see it.)
+    service: Service | None = Service(
+        _with_job(settings, explicit_port), job_output=lambda _agent_pid: keeper.text()
+    )
+    try:
+        assert service is not None
+        service.start()
+    except ConfigError as exc:
+        log.error("trainwatch run: not watching (%s); the job runs on", exc)
+        service = None
+    except Exception:  # whatever breaks in trainwatch, the job it starts runs on
+        log.exception("trainwatch run: not watching; the job runs on")
+        service = None
     try:
         if tty:
             master, slave = os.openpty()
@@ -155,6 +170,8 @@ def run_command(
         except OSError as exc:
             raise ConfigError(f"run: cannot start {command[0]}: {exc.strerror}") from None
     except BaseException:
+        if service is not None:
+            service.stop()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
         raise
     pumps: list[threading.Thread] = []
@@ -180,18 +197,6 @@ def run_command(
                 os.kill(child.pid, info.si_signo)
 
     threading.Thread(target=forward, name="trainwatch-signals", daemon=True).start()
-    service: Service | None = Service(
-        _with_job(settings, child.pid, explicit_port), job_output=lambda _agent_pid: keeper.text()
-    )
-    try:
-        assert service is not None
-        service.start()
-    except ConfigError as exc:
-        log.error("trainwatch run: not watching (%s); the job runs on", exc)
-        service = None
-    except Exception:  # whatever breaks in trainwatch, the job it started runs on
-        log.exception("trainwatch run: not watching; the job runs on")
-        service = None
     code = child.wait()
     for p in pumps:
         p.join(5)  # ranks left behind may hold the output open: do not wait for them forever
@@ -229,7 +234,9 @@ def _open_spool(postmortem_dir: str) -> tuple[int | None, str | None]:
     return fd, path
 
 
-def _with_job(settings: Settings, pid: int, explicit_port: bool) -> Settings:
+def _with_job(settings: Settings, explicit_port: bool) -> Settings:
+    """The settings of run's own daemon: the agents below this process, and the default port
+    unless another trainwatch holds it (then a free one)."""
     import dataclasses
     import socket
 
@@ -240,7 +247,7 @@ def _with_job(settings: Settings, pid: int, explicit_port: bool) -> Settings:
                 s.bind((settings.host, port))
             except OSError:
                 port = 0
-    return dataclasses.replace(settings, pids=(pid,), port=port)
+    return dataclasses.replace(settings, pids=(os.getpid(),), port=port)
 
 
 def _report(service: object, agent_pid: int) -> None:
