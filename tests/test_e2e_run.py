@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -253,12 +255,15 @@ def test_an_agent_signalled_from_outside_is_the_job_s_killer_not_its_teardown(tm
 
     cmd = [
         sys.executable, "-m", "sidecar", "run", "--postmortem-dir", str(tmp_path / "pm"), "--interval", "0.5",
+        "--port", "0", "--log-level", "INFO",
         *([] if traced else ["--disable", "tracepoint"]),
         "--", TORCHRUN, "--standalone", "--nproc-per-node=2", "--monitor-interval=0.1", str(WORKLOAD),
         "--hold-mb=30", "--workers=0", "--duration=120", f"--ready-dir={tmp_path}",
     ]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    job = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err_path = tmp_path / "run.err"
+    with open(err_path, "w") as err_file:
+        job = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err_file)
     try:
 
         def agent() -> int | None:
@@ -272,12 +277,29 @@ def test_an_agent_signalled_from_outside_is_the_job_s_killer_not_its_teardown(tm
 
         agent_pid = wait_for(agent, 60, "the torchrun agent")
         wait_for(lambda: len(list(tmp_path.glob("rank*.r0"))) == 2, 60, "both ranks in their loop")
+        # and run's daemon sees both (on a loaded machine it may attach after the ranks are ready)
+        base = wait_for(
+            lambda: re.search(r"serving (http://[\d.]+:\d+)/metrics", err_path.read_text()),
+            60,
+            "run's server",
+        ).group(1)
+
+        def sampled() -> bool:
+            with urllib.request.urlopen(base + "/ranks", timeout=10) as r:
+                jobs = json.loads(r.read())["jobs"]
+            return any(
+                j["agent_pid"] == agent_pid and sum(1 for x in j["ranks"] if x["rss_bytes"]) == 2
+                for j in jobs
+            )
+
+        wait_for(sampled, 60, "run's daemon to sample both ranks")
         os.kill(agent_pid, signal.SIGTERM)
-        _out, err = job.communicate(timeout=120)
+        job.wait(timeout=120)
     finally:
         if job.poll() is None:
             job.kill()
             job.wait()
+    err = err_path.read_text()
     doc = _postmortem(tmp_path)
     killer = doc["killer"]
     assert killer["kind"] == "external_signal", killer
@@ -292,4 +314,4 @@ def test_an_agent_signalled_from_outside_is_the_job_s_killer_not_its_teardown(tm
             "death signal" in e["detail"] or "SignalException" in e["detail"] for e in killer["evidence"]
         )
     assert "terminated_by_agent" in _fates(doc).values(), doc["ranks"]
-    assert "external_signal" in err
+    assert re.search(r"^trainwatch: rank \S+ \(pid \d+\): external_signal", err, re.M), err[-3000:]
