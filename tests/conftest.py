@@ -9,6 +9,11 @@ from typing import Any
 
 import pytest
 
+# Every process of the real jobs the tests start imports torch (agent and ranks: about 80 jobs
+# of three each), and torch scans every installed distribution's entry points for device
+# backends at import: none is installed here, and the scan is about an eighth of the import.
+os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+
 FIXTURES = Path(__file__).parent / "fixtures"
 PROC_TORCHRUN = FIXTURES / "proc-torchrun"
 # The capture in fixtures/proc-torchrun: a real `torchrun --standalone --nproc-per-node=2`
