@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import fcntl
 import logging
 import os
@@ -29,10 +30,14 @@ import sys
 import termios
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from sidecar.errors import ConfigError
 from sidecar.settings import Settings
+
+if TYPE_CHECKING:
+    from sidecar.service import Service
 
 __all__ = ["OutputKeeper", "run_command"]
 
@@ -122,7 +127,7 @@ def run_command(
     """Start ``command`` and watch it with ``settings`` (parsed by the CLI from the options
     before ``--``; its help is ``verbs.RUN_HELP``). ``explicit_port``: the port was asked
     for (an option or TRAINWATCH_PORT), so a taken one is an error rather than replaced."""
-    from sidecar.service import Service, configure_logging
+    from sidecar.service import configure_logging
 
     env = dict(os.environ if environ is None else environ)
     command = list(command)
@@ -137,18 +142,7 @@ def run_command(
     # Watching starts before the job does, for the agents below this process (the command,
     # or what it starts): a rank that dies in its first second is seen like any other. (Started
     # after the command, a daemon slowed by a loaded node attached too late to see it.)
-    service: Service | None = Service(
-        _with_job(settings, explicit_port), job_output=lambda _agent_pid: keeper.text()
-    )
-    try:
-        assert service is not None
-        service.start()
-    except ConfigError as exc:
-        log.error("trainwatch run: not watching (%s); the job runs on", exc)
-        service = None
-    except Exception:  # whatever breaks in trainwatch, the job it starts runs on
-        log.exception("trainwatch run: not watching; the job runs on")
-        service = None
+    service = _start_watching(settings, explicit_port, lambda _agent_pid: keeper.text())
     try:
         if tty:
             master, slave = os.openpty()
@@ -234,20 +228,30 @@ def _open_spool(postmortem_dir: str) -> tuple[int | None, str | None]:
     return fd, path
 
 
-def _with_job(settings: Settings, explicit_port: bool) -> Settings:
-    """The settings of run's own daemon: the agents below this process, and the default port
-    unless another trainwatch holds it (then a free one)."""
-    import dataclasses
-    import socket
+def _start_watching(
+    settings: Settings, explicit_port: bool, job_output: Callable[[int], str]
+) -> Service | None:
+    """run's own daemon, started: the agents below this process, on the default port unless
+    another trainwatch holds it (then a free one; not when the port was asked for). None when
+    it cannot start: whatever breaks in trainwatch, the job it starts runs on."""
+    from sidecar.service import Service
 
-    port = settings.port
-    if not explicit_port:  # another trainwatch may hold the default port on this node
-        with socket.socket() as s:
-            try:
-                s.bind((settings.host, port))
-            except OSError:
-                port = 0
-    return dataclasses.replace(settings, pids=(os.getpid(),), port=port)
+    mine = dataclasses.replace(settings, pids=(os.getpid(),))
+    for attempt in (mine, dataclasses.replace(mine, port=0)):
+        service = Service(attempt, job_output=job_output)
+        try:
+            service.start()
+            return service
+        except ConfigError as exc:
+            # the port taken, by a daemon or another run starting at the same moment
+            if str(exc).startswith("--port") and not explicit_port and attempt.port != 0:
+                continue
+            log.error("trainwatch run: not watching (%s); the job runs on", exc)
+            return None
+        except Exception:
+            log.exception("trainwatch run: not watching; the job runs on")
+            return None
+    return None
 
 
 def _report(service: object, agent_pid: int) -> None:

@@ -285,3 +285,27 @@ def test_sigterm_stops_the_daemon_whichever_thread_receives_it(tmp_path, which):
         )
         assert daemon.proc.returncode == 0
         assert "received SIGTERM, shutting down" in daemon.log() and "stopped" in daemon.log()
+
+
+def test_run_takes_a_free_port_when_the_default_is_taken_at_its_bind(monkeypatch):
+    """Two `trainwatch run` starting at once both find the default port free; the second's
+    bind then fails. It must watch on a free port, not leave its job unwatched (seen on the
+    parallel CI: no postmortem). A port that was asked for is an error, as before."""
+    import sidecar.run as run
+    import sidecar.service as service
+
+    tried: list[int] = []
+
+    def start(self: service.Service) -> None:
+        tried.append(self.settings.port)
+        if self.settings.port != 0:
+            raise ConfigError(
+                f"--port: cannot listen on 127.0.0.1:{self.settings.port}: Address already in use"
+            )
+
+    monkeypatch.setattr(service.Service, "start", start)
+    got = run._start_watching(Settings(), explicit_port=False, job_output=lambda pid: "")
+    assert got is not None and tried == [9864, 0] and got.settings.pids == (os.getpid(),)
+    tried.clear()
+    assert run._start_watching(Settings(), explicit_port=True, job_output=lambda pid: "") is None
+    assert tried == [9864]

@@ -401,3 +401,16 @@ def test_a_round_between_detailed_ones_reads_every_usage_and_nothing_else(proc_t
     assert not fast.detail
     by = {c.path: c for c in fast.cgroups}
     assert (by[CAPTURED_CGROUP].usage_bytes, by[CAPTURED_CGROUP].peak_bytes) == (2400 * MIB, 3000 * MIB)
+
+
+def test_nvml_turned_off_is_never_loaded_and_has_no_probe_series(proc_tree, tmp_path):
+    """--disable nvml: the GPU probe is neither loaded nor reported (no probe_success 0 that
+    would read as a failure); the GPUs a working NVML shows are not sampled."""
+    import dataclasses
+
+    on = _sampler(proc_tree, tmp_path, gpu="two_gpus").sample()
+    assert on.probes["gpu"].success and on.gpus
+    settings = dataclasses.replace(_settings(proc_tree, tmp_path), disabled=frozenset({"nvml"}))
+    off = Sampler(settings, cgroups=CgroupReader(MOUNTINFO_HYBRID, fs_prefix=str(tmp_path))).sample()
+    assert "gpu" not in off.probes and not off.gpus
+    assert off.probes["proc"].success

@@ -112,7 +112,8 @@ class Sampler:
         )
         self.cgroups = cgroups if cgroups is not None else CgroupReader.for_host(settings.proc_root)
         self.host = HostReader(settings.proc_root, settings.shm_path)
-        self.gpu = gpu if gpu is not None else GpuProbe(off="nvml" in settings.disabled)
+        self._gpu_off = "nvml" in settings.disabled  # --disable nvml: no probe, no series
+        self.gpu = gpu if gpu is not None else GpuProbe(off=self._gpu_off)
         self.ranks = RankReader(self.proc, self.discovery, self.pss, smaps="smaps" not in settings.disabled)
         self.cgroup_rounds = CgroupRounds(self.cgroups, self.proc, clock)
         self.gpu_attribution = GpuAttribution(settings.proc_root)
@@ -234,7 +235,8 @@ class Sampler:
         except Exception as exc:
             log.exception("probe=gpu failed")
             gpus, gpu_ok, gpu_msg = (), False, f"NVML failed: {exc}"
-        self._timed("gpu", statuses, t, gpu_ok, gpu_msg)
+        if not self._gpu_off:
+            self._timed("gpu", statuses, t, gpu_ok, gpu_msg)
 
         t = self.clock()
         host: HostSample | None = self._host
