@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from sidecar.errors import ConfigError
 from sidecar.manual import render_options
 from sidecar.options import OPTIONS
 from sidecar.verbs import VERBS, parser_for
-from tests.e2e import REPO
+from tests.e2e import REPO, free_port
 
 VERB_NAMES = [v.name for v in VERBS if v.name]
 
@@ -222,20 +223,12 @@ def test_postmortem_asks_the_daemon_at_trainwatch_port(tmp_path):
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["id"] == doc["id"]
         assert _trainwatch("postmortem", "--port", port, env=env).returncode == 0
-        free = _free_port()
+        free = str(free_port())
         r = _trainwatch("postmortem", env={**env, "TRAINWATCH_PORT": free})
         assert r.returncode == 2 and f"127.0.0.1:{free}/postmortem" in r.stderr
     finally:
         server.shutdown()
         server.server_close()
-
-
-def _free_port() -> str:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
 
 
 def test_doctor_checks_the_options_it_is_given(tmp_path):
@@ -289,14 +282,12 @@ def test_run_takes_its_settings_from_the_one_table():
 def test_the_version_is_written_once():
     """sidecar/__init__.py holds it; pyproject reads it from there, and nothing else that
     ships or deploys repeats it (a captured log line in docs/ is history, not a source)."""
-    import re as re_
-
     import sidecar
 
     pyproject = (REPO / "pyproject.toml").read_text()
     assert 'dynamic = ["version"]' in pyproject and 'attr = "sidecar.__version__"' in pyproject
-    assert not re_.search(r"^version\s*=\s*[\"']", pyproject, re_.M)
-    pattern = re_.compile(re_.escape(sidecar.__version__))
+    assert not re.search(r"^version\s*=\s*[\"']", pyproject, re.M)
+    pattern = re.compile(re.escape(sidecar.__version__))
     offenders = []
     for folder in ("sidecar", "deploy", "scripts", "dashboards", ".ci"):
         for path in (REPO / folder).rglob("*"):
@@ -313,9 +304,7 @@ def test_the_version_is_written_once():
 def test_no_install_line_names_another_projects_package():
     """`trainwatch` and `sidecar` on PyPI are other projects': every pip line in the docs,
     the deployment and the code names this distribution, a path, a wheel or the image."""
-    import re as re_
-
-    line = re_.compile(r"pip3? install[^\n`]*")
+    line = re.compile(r"pip3? install[^\n`]*")
     bad = []
     places = [REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "deploy").rglob("*")]
     places += [*(REPO / "sidecar").rglob("*.py"), REPO / "SECURITY.md", REPO / "CHANGELOG.md"]
@@ -323,9 +312,9 @@ def test_no_install_line_names_another_projects_package():
         if not path.is_file():
             continue
         for m in line.finditer(path.read_text(errors="replace")):
-            words = re_.findall(r"['\"]?([A-Za-z0-9_.\-/$()*\[\]]+)", m.group(0).split("install", 1)[1])
+            words = re.findall(r"['\"]?([A-Za-z0-9_.\-/$()*\[\]]+)", m.group(0).split("install", 1)[1])
             for w in words:
                 w = w.strip("'\"")
-                if re_.fullmatch(r"(trainwatch|sidecar)(\[.*\])?", w):
+                if re.fullmatch(r"(trainwatch|sidecar)(\[.*\])?", w):
                     bad.append(f"{path.relative_to(REPO)}: {m.group(0)}")
     assert not bad, bad
