@@ -17,9 +17,9 @@ from sidecar.watch.exits import (
 from tests.e2e import wait_for
 
 
-def test_lost_exit_events_give_an_unknown_verdict(tmp_path):
-    """After ENOBUFS the rank that vanished is dead with an unknown exit status: the
-    postmortem says 'unknown', never a guess."""
+def _vanished_while_events_were_lost(tmp_path):
+    """A DeathWatch that knew one rank (pid 10, not this process's) and, after a loss of
+    exit events, finds it gone: its exit status is unknown."""
     from sidecar.deaths.engine import DeathWatch
     from sidecar.sampling.timeline import Timeline
     from tests.test_daemon_loop import _job, _snapshot
@@ -27,18 +27,36 @@ def test_lost_exit_events_give_an_unknown_verdict(tmp_path):
     store = PostmortemStore(str(tmp_path))
     watch = DeathWatch(store, Timeline(60, 1), hostname="h")
     watch.start()
+    watch.observe(_snapshot(1, (_job("a", 100),)))
+    assert PostmortemStore(str(tmp_path)).newest() is None  # nothing on disk before the resync
+    watch.resync(proc_root=str(tmp_path / "no-proc"))
+    return watch, store
+
+
+def test_lost_exit_events_give_an_unknown_verdict(tmp_path):
+    """After ENOBUFS the rank that vanished is dead with an unknown exit status: once the
+    wait for the agent's exit or log (a clean end?) has passed with neither, the
+    postmortem says 'unknown', never a guess."""
+    watch, store = _vanished_while_events_were_lost(tmp_path)
     try:
-        watch.observe(_snapshot(1, (_job("a", 100),)))  # a rank whose pid (10) is not this one's
-        live = PostmortemStore(str(tmp_path))
-        watch.resync(proc_root=str(tmp_path / "no-proc"))
-        deadline = time.monotonic() + 5
-        while store.newest() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
+        doc = wait_for(store.newest, 60, "the postmortem of the rank that vanished")
     finally:
         watch.stop()
+    assert doc["killer"]["kind"] == "unknown" and doc["victim"]["exit_code"] is None, doc["killer"]
+
+
+def test_a_death_still_undecided_when_the_daemon_stops_is_written(tmp_path):
+    """The daemon stopped while such a death still waited for the agent (a node drained
+    right after a rank vanished): its postmortem is written then, with what is known. It
+    used to be due again at once round after round, a core spun until the stop gave up
+    on the thread, and the postmortem was lost."""
+    watch, store = _vanished_while_events_were_lost(tmp_path)
+    worker = watch.autopsies.thread
+    watch.stop()
+    assert worker is not None and not worker.is_alive()  # it ended; the stop did not give up on it
     doc = store.newest()
-    assert doc is not None and doc["killer"]["kind"] == "unknown" and doc["victim"]["exit_code"] is None
-    assert live.newest() is None  # nothing was on disk before the resync
+    assert doc is not None, "no postmortem after the stop"
+    assert doc["killer"]["kind"] == "unknown" and doc["victim"]["exit_code"] is None, doc["killer"]
 
 
 def test_each_worker_generation_gets_its_own_postmortem(tmp_path):

@@ -223,7 +223,12 @@ class Autopsies:
                     else "the agent's exit and log say it was a clean end",
                 )
                 return
-            if clean is None and self.clock_ns() - inc.last_death_ns < 4 * UNKNOWN_EXIT_WAIT_S * 1e9:
+            # Undecided (the agent's exit or log may yet tell a clean end): wait for them,
+            # unless this is the last round before the daemon stops. Rescheduled then, the
+            # death would be due again at once, round after round (a core spun until the join
+            # gave up) and its postmortem lost: it is written with what is known.
+            waiting = self.clock_ns() - inc.last_death_ns < 4 * UNKNOWN_EXIT_WAIT_S * 1e9
+            if clean is None and waiting and not self._stop:
                 with self.state.cv:
                     self.state.schedule(inc, self.clock_ns() + int(UNKNOWN_EXIT_WAIT_S * 1e9))
                 return
