@@ -388,3 +388,34 @@ def vm_rss(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise AssertionError(f"no VmRSS for {pid}")
+
+
+@contextlib.contextmanager
+def less_host_memory(leave_bytes: int) -> Any:
+    """Hold back all but about ``leave_bytes`` of the memory available now, for a real
+    global OOM that need not fill the whole machine: the kernel's huge page pool
+    (/proc/sys/vm/nr_hugepages) is grown by that much, and the pages it holds are taken
+    from the free memory every other allocation uses (reserving them touches nothing,
+    unlike filling it, which on a virtual machine runs at the speed the host backs fresh
+    pages). The pool is given back to its size before, whatever happens. Where the pool
+    cannot grow (no hugetlb, no root, fragmented memory) less or nothing is held back and
+    the OOM simply comes later. Yields the bytes held back."""
+    knob = Path("/proc/sys/vm/nr_hugepages")
+    meminfo = {
+        line.split(":")[0]: int(line.split()[1]) * 1024 for line in Path("/proc/meminfo").read_text().splitlines()
+    }
+    page = meminfo.get("Hugepagesize", 0)
+    before = None
+    try:
+        before = int(knob.read_text())
+        want = max(0, (meminfo["MemAvailable"] - leave_bytes) // page) if page else 0
+        if want:
+            knob.write_text(str(before + want))
+    except (OSError, ValueError):
+        before = None
+    try:
+        held = (int(knob.read_text()) - before) * page if before is not None else 0
+        yield held
+    finally:
+        if before is not None:
+            knob.write_text(str(before))

@@ -16,7 +16,7 @@ import pytest
 
 from sidecar.demo import join_cgroup, memory_cgroup, memory_hierarchy
 from tests.browser import screenshot
-from tests.e2e import DaemonProc, TorchrunJob, job_postmortem
+from tests.e2e import DaemonProc, TorchrunJob, job_postmortem, less_host_memory
 from tests.skips import left_out, met, requires
 
 GIB = 1 << 30
@@ -271,8 +271,11 @@ def test_the_agents_sigkill_after_an_ignored_sigterm_is_teardown(tmp_path):
 @requires("global-oom", "kmsg")
 def test_global_oom_is_kernel_oom(tmp_path):
     """The whole machine runs out of memory; the growing rank has oom_score_adj=1000, so
-    the kernel's OOM killer takes it and nothing else."""
+    the kernel's OOM killer takes it and nothing else. All but 3 GiB of the available
+    memory is held back in the huge page pool first (less_host_memory), so the rank
+    fills 3 GiB rather than the whole machine."""
     with (
+        less_host_memory(3 * GIB),
         DaemonProc(tmp_path) as daemon,
         TorchrunJob(
             tmp_path, "global", hold_mb=50, workers=0, grow_rank=1, grow_after=2, duration=600

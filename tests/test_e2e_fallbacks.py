@@ -197,7 +197,7 @@ def test_a_real_earlyoom_is_named(tmp_path, tracepoint):
     log_path = tmp_path / "earlyoom.log"
     with (
         DaemonProc(tmp_path, *(() if tracepoint else ("--disable", "tracepoint"))) as daemon,
-        TorchrunJob(tmp_path, "eo", hold_mb=50, workers=0, grow_rank=1, grow_after=3, grow_mb=4) as job,
+        TorchrunJob(tmp_path, "eo", hold_mb=50, workers=0, grow_rank=1, grow_after=3, grow_mb=16) as job,
     ):
         pids = job.ready()
         with open(log_path, "w") as out:
