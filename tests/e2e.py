@@ -401,9 +401,8 @@ def less_host_memory(leave_bytes: int) -> Any:
     cannot grow (no hugetlb, no root, fragmented memory) less or nothing is held back and
     the OOM simply comes later. Yields the bytes held back."""
     knob = Path("/proc/sys/vm/nr_hugepages")
-    meminfo = {
-        line.split(":")[0]: int(line.split()[1]) * 1024 for line in Path("/proc/meminfo").read_text().splitlines()
-    }
+    lines = Path("/proc/meminfo").read_text().splitlines()
+    meminfo = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in lines}
     page = meminfo.get("Hugepagesize", 0)
     before = None
     try:
