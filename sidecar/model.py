@@ -338,6 +338,9 @@ class RankSample:
     gpu_sm_percent: float | None = None
     gpu_memory_percent: float | None = None
     progress: RankProgress | None = None  # sampling/stalls.py's judgement of this rank
+    # where its rank number came from: the launcher's variable (RANK, LOCAL_RANK), or
+    # "order" (its place among the launcher's children, its environment unreadable)
+    rank_source: str = "RANK"
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,7 +358,8 @@ class RankProgress:
 
 @dataclass(frozen=True, slots=True)
 class JobSample:
-    """A torchrun job (one agent on this machine) and its live ranks."""
+    """A distributed job (one launching process, its "agent", on this machine) and its live
+    ranks. ``launcher``: which launcher started them (sampling/jobs.py)."""
 
     key: str
     agent: ProcKey
@@ -374,6 +378,7 @@ class JobSample:
     # /dev/shm as the job sees it (its mount namespace): (size, used) bytes and the
     # monotonic time of the detailed round that read it; None where it could not be read
     shm: tuple[int, int, float] | None = None
+    launcher: str = "torchrun"
 
 
 @dataclass(frozen=True, slots=True)

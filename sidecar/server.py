@@ -258,6 +258,7 @@ def ranks_view(
                     "rank": r.rank,
                     "label": r.rank_label,
                     "local_rank": r.local_rank,
+                    "rank_source": r.rank_source,
                     "restart": r.restart,
                     "pid": r.key.pid,
                     "ns_pids": list(r.ns_pids),
@@ -300,6 +301,7 @@ def ranks_view(
             redact_doc(
                 {
                     "job": job.key,
+                    "launcher": job.launcher,
                     "agent_pid": job.agent.pid,
                     "run_id": job.run_id,
                     "world_size": job.world_size,

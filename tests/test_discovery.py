@@ -3,6 +3,7 @@ simulate what happens next (a worker between fork and exec, pid reuse, a restart
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,11 +13,21 @@ from sidecar.probes.cgroup import CgroupReader
 from sidecar.probes.gpu import GpuProbe
 from sidecar.probes.proc import ProcReader, parse_stat, parse_status
 from sidecar.sampling.discovery import Discovery
-from sidecar.sampling.jobs import is_agent_argv, job_key_for
+from sidecar.sampling.jobs import is_agent_argv, job_key_for, launcher_of_argv
 from sidecar.settings import Settings
 from tests import cgtrees
 from tests.cgtrees import MIB, MOUNTINFO_HYBRID
-from tests.conftest import AGENT, KTHREADD, RANK0, RANK0_WORKERS, RANK1, RANK1_WORKERS, RUN_ID, SHELL
+from tests.conftest import (
+    AGENT,
+    FIXTURES,
+    KTHREADD,
+    RANK0,
+    RANK0_WORKERS,
+    RANK1,
+    RANK1_WORKERS,
+    RUN_ID,
+    SHELL,
+)
 from tests.fakes import GIB, scenario
 from tests.skips import met, skip
 
@@ -414,3 +425,56 @@ def test_nvml_turned_off_is_never_loaded_and_has_no_probe_series(proc_tree, tmp_
     off = Sampler(settings, cgroups=CgroupReader(MOUNTINFO_HYBRID, fs_prefix=str(tmp_path))).sample()
     assert "gpu" not in off.probes and not off.gpus
     assert off.probes["proc"].success
+
+
+# The capture in fixtures/proc-deepspeed: DeepSpeed's runner, its per-node launcher, two ranks
+# and one forked worker each (fixtures/README.md).
+DS_RUNNER, DS_LAUNCHER, DS_RANK0, DS_RANK1, DS_WORKER0, DS_WORKER1 = 32635, 32638, 32640, 32641, 32651, 32652
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (("/opt/venv/bin/python", "/opt/venv/bin/torchrun", "train.py"), "torchrun"),
+        (("python", "-m", "torch.distributed.run", "t.py"), "torchrun"),
+        (
+            ("/usr/bin/python3", "-u", "-m", "deepspeed.launcher.launch", "--world_info=e30=", "t.py"),
+            "deepspeed",
+        ),
+        (("python", "-mdeepspeed.launcher.launch", "t.py"), "deepspeed"),
+        # the runner (the `deepspeed` command) starts the launcher; it is not one itself
+        (("/opt/venv/bin/python", "/opt/venv/bin/deepspeed", "--num_gpus", "2", "t.py"), None),
+        (("python", "-m", "deepspeed.launcher.runner", "t.py"), None),
+        (("python", "train.py", "-m", "deepspeed.launcher.launch"), None),  # the script's argument
+        (("python", "-X", "dev", "-m", "torch.distributed.run", "t.py"), "torchrun"),
+    ],
+)
+def test_launcher_forms(argv, expected):
+    assert launcher_of_argv(argv) == expected
+
+
+def test_a_deepspeed_launch_is_a_job_its_ranks_by_their_rank_variable(tmp_path):
+    """DeepSpeed's per-node launcher is the job's launching process; its children with RANK
+    are its ranks, their forked workers part of their trees; the runner above it is not a
+    job. The job's key is the launcher's pid (no run id), its launcher 'deepspeed'."""
+    root = tmp_path / "proc"
+    shutil.copytree(FIXTURES / "proc-deepspeed", root)
+    d = Discovery(ProcReader(str(root)))
+    (job,) = d.tick()
+    assert job.agent.pid == DS_LAUNCHER and job.launcher == "deepspeed" and job.key == str(DS_LAUNCHER)
+    assert job.world_size == 2 and job.run_id is None and job.entrypoint == "tests/workloads/rank.py"
+    ranks = {r.rank: (pid, r.rank_source) for pid, r in job.ranks.items()}
+    assert ranks == {0: (DS_RANK0, "RANK"), 1: (DS_RANK1, "RANK")}
+    assert d.tree(DS_RANK0) == [DS_RANK0, DS_WORKER0] and d.tree(DS_RANK1) == [DS_RANK1, DS_WORKER1]
+    assert d.entries[DS_RUNNER].kind == "other"
+
+
+def test_a_child_of_deepspeed_s_launcher_without_rank_is_no_rank(tmp_path):
+    """A child of the launcher that still has the launcher's own environment (between its
+    fork and its exec) waits; it is no rank until its environment says RANK."""
+    root = tmp_path / "proc"
+    shutil.copytree(FIXTURES / "proc-deepspeed", root)
+    (root / str(DS_RANK1) / "environ").write_bytes((root / str(DS_LAUNCHER) / "environ").read_bytes())
+    d = Discovery(ProcReader(str(root)))
+    (job,) = d.tick()
+    assert set(job.ranks) == {DS_RANK0} and d.entries[DS_RANK1].kind == "pending"

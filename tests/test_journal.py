@@ -238,3 +238,25 @@ def test_a_new_rank_is_journaled_in_its_round_and_the_rest_once_a_second(tmp_pat
     clock[0] = 1_200_000_000
     watch.observe(_snapshot(4, (a,)))
     assert journaled() == {10}  # the next tidy, a second after the last
+
+
+def test_a_journal_saved_before_jobs_named_their_launcher_reads_back_as_torchrun():
+    """A daemon upgraded mid-incident reads the journal its predecessor wrote: generations
+    of six fields (no launcher) and ranks without rank_source were torchrun's, numbered by
+    RANK; what is saved now reads back as it was."""
+    from sidecar.deaths.incidents import Generation, Known
+    from sidecar.deaths.saved import decode, encode
+
+    job = _job("a", 100)
+    rank0 = replace(job.ranks[0], rank_source="order")
+    gen = Generation("a", 9, None, 2, 0, "t.py", "deepspeed")
+    state = State("b", 1.0, 100, (Known(gen, rank0, None, 100),), {9: 1}, {}, {}, (), None, (), {})
+    doc = json.loads(json.dumps(encode(state)))
+    back = decode(doc)
+    assert back.ranks[0].gen == gen and back.ranks[0].sample.rank_source == "order"
+    old = json.loads(
+        json.dumps(doc).replace('"t.py", "deepspeed"]', '"t.py"]').replace(', "rank_source": "order"', "")
+    )
+    assert old != doc
+    was = decode(old)
+    assert was.ranks[0].gen == replace(gen, launcher="torchrun") and was.ranks[0].sample.rank_source == "RANK"

@@ -42,7 +42,14 @@ def test_metrics_exposition(daemon):
         m[
             (
                 "trainwatch_rank_info",
-                (("job", job), ("local_rank", "0"), ("pid", str(RANK0)), ("rank", "0"), ("restart", "0")),
+                (
+                    ("job", job),
+                    ("launcher", "torchrun"),
+                    ("local_rank", "0"),
+                    ("pid", str(RANK0)),
+                    ("rank", "0"),
+                    ("restart", "0"),
+                ),
             )
         ]
         == 1

@@ -74,7 +74,13 @@ class Feeds:
                     gen = gens.get(r.restart)
                     if gen is None:
                         gen = gens[r.restart] = Generation(
-                            job.key, job.agent.pid, job.run_id, job.world_size, r.restart, job.entrypoint
+                            job.key,
+                            job.agent.pid,
+                            job.run_id,
+                            job.world_size,
+                            r.restart,
+                            job.entrypoint,
+                            job.launcher,
                         )
                     self.state.known[r.key.pid] = Known(gen, r, cg.limited_by if cg else None, now)
             new_ranks = [

@@ -41,6 +41,7 @@ class Generation:
     world_size: int | None
     restart: int
     entrypoint: str | None
+    launcher: str = "torchrun"
 
 
 @dataclass(slots=True)

@@ -73,6 +73,8 @@ def live_parts(
                 tree_pss_bytes=s.tree_pss_bytes if s else None,
                 tree_uss_bytes=s.tree_uss_bytes if s else None,
                 gpu_memory_bytes=sum(s.gpu_memory_bytes.values()) if s and s.gpu_memory_bytes else None,
+                rank_source=s.rank_source if s else None,
+                launcher=inc.gen.launcher,
             )
         )
     host = before.host if before else None
@@ -101,6 +103,7 @@ def live_parts(
             restart_count=inc.gen.restart,
             entrypoint=inc.gen.entrypoint,
             key=inc.gen.job,
+            launcher=inc.gen.launcher,
         ),
         verdict=v,
         summary=None,

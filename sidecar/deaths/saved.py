@@ -82,11 +82,12 @@ def _sample(s: RankSample) -> dict[str, Any]:
         "flight": list(s.flight_recorder) if s.flight_recorder is not None else None,
         "error_file": s.error_file,
         "uid": s.uid,
+        "rank_source": s.rank_source,
     }
 
 
 def _gen(g: Generation) -> list[Any]:
-    return [g.job, g.agent_pid, g.run_id, g.world_size, g.restart, g.entrypoint]
+    return [g.job, g.agent_pid, g.run_id, g.world_size, g.restart, g.entrypoint, g.launcher]
 
 
 def _cgroup(c: CgroupSample) -> list[Any]:
@@ -222,8 +223,13 @@ def _int_map(v: Any) -> dict[str, int]:
 
 
 def _ungen(v: Any) -> Generation:
-    job, agent, run_id, world, restart, entry = _list(v)
-    return Generation(_str(job), _int(agent), _ostr(run_id), _oint(world), _int(restart), _ostr(entry))
+    fields = _list(v)
+    if len(fields) == 6:  # saved before jobs named their launcher: torchrun's, the only one then
+        fields = [*fields, "torchrun"]
+    job, agent, run_id, world, restart, entry, launcher = fields
+    return Generation(
+        _str(job), _int(agent), _ostr(run_id), _oint(world), _int(restart), _ostr(entry), _str(launcher)
+    )
 
 
 def _unfiles(v: Any) -> tuple[OutputFile, ...]:
@@ -259,6 +265,7 @@ def _unsample(d: Any) -> RankSample:
         flight_recorder=(_int(flight[0]), _str(flight[1])) if flight is not None else None,
         error_file=_ostr(d["error_file"]),
         uid=_oint(d["uid"]),
+        rank_source=_str(d.get("rank_source", "RANK")),  # saved before it was kept: torchrun's RANK
     )
 
 

@@ -109,6 +109,7 @@ class TrainwatchCollector(Collector):
                     "" if r.local_rank is None else str(r.local_rank),
                     str(r.key.pid),
                     str(r.restart),
+                    job.launcher,
                 )
                 f.add("trainwatch_rank_resident_memory_bytes", r.rss_bytes, *labels)
                 f.add("trainwatch_rank_tree_resident_memory_bytes", r.tree_rss_bytes, *labels)

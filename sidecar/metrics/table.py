@@ -23,8 +23,9 @@ METRICS: dict[str, Spec] = {
     "trainwatch_build_info": Spec("gauge", ("version",), "trainwatch build, always 1"),
     "trainwatch_rank_info": Spec(
         "gauge",
-        ("job", "rank", "local_rank", "pid", "restart"),
-        "A live torchrun rank (worker process), always 1; pid is the rank's pid as seen by trainwatch",
+        ("job", "rank", "local_rank", "pid", "restart", "launcher"),
+        "A live rank (worker process), always 1; pid is the rank's pid as seen by trainwatch; "
+        "launcher: what started it (torchrun, deepspeed)",
     ),
     "trainwatch_job_info": Spec(
         "gauge",

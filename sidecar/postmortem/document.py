@@ -72,6 +72,7 @@ class JobInfo:
     restart_count: int | None = None
     entrypoint: str | None = None
     key: str | None = None  # the job label of the metrics; the daemon's only
+    launcher: str | None = None  # what started the ranks (sampling/jobs.py); the daemon's only
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,6 +94,10 @@ class RankRow:
     tree_uss_bytes: int | None = None
     gpu_memory_bytes: int | None = None
     local_rank_inferred: bool = False  # a log gave the pid only; the local rank is a guess
+    # the daemon's: where the rank's number came from (its launcher's variable, or "order"),
+    # and the launcher whose rank it was (a fate is the same word whatever the launcher)
+    rank_source: str | None = None
+    launcher: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,6 +177,10 @@ def _rank(r: RankRow) -> dict[str, Any]:
         "tree_uss_bytes": r.tree_uss_bytes,
         "gpu_memory_bytes": r.gpu_memory_bytes,
     }
+    if r.rank_source is not None:
+        row["rank_source"] = r.rank_source
+    if r.launcher is not None:
+        row["launcher"] = r.launcher
     if r.local_rank_inferred:
         row["local_rank_inferred"] = True
     return row
@@ -241,6 +250,7 @@ def build(p: Parts) -> dict[str, Any]:
             "restart_count": p.job.restart_count,
             "entrypoint": p.job.entrypoint,
             "key": p.job.key,
+            **({"launcher": p.job.launcher} if p.job.launcher is not None else {}),
         },
         "victim": {
             "rank": v.victim.rank if v else None,

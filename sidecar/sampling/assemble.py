@@ -56,6 +56,7 @@ def _rank_sample(
         workers_uss=read.workers_uss,
         flight_pipe=env.flight_pipe if env else None,
         slurm_times=env.slurm_times if env else None,
+        rank_source=tracked.rank_source,
         gpu_sm_percent=sm,
         gpu_memory_percent=mem,
         binding_limit=None if judged is None else judged.binding_limit,
@@ -112,6 +113,7 @@ def job_samples(
                 stalled_seconds=0.0 if was is None else was.stalled_seconds,
                 suspected_missing=() if was is None else was.suspected_missing,
                 shm=shm.get(job.key or ""),
+                launcher=job.launcher,
             )
         )
     return samples

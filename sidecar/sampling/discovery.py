@@ -1,14 +1,17 @@
-"""Finding torchrun jobs and their ranks in /proc, incrementally.
+"""Finding distributed jobs and their ranks in /proc, incrementally.
 
 Every tick lists /proc and reads ``stat`` of *new* pids only (parent, start time, comm).
 A new process is
 
-* an **agent** when its comm is ``pt_elastic`` (the name torchrun's ``run()`` gives its
-  main thread, whatever launched it) or its argv is a known launch form: the
-  ``torchrun`` script, ``python -m torch.distributed.run`` or ``torch.distributed.launch``;
-* a **rank** when its parent is an agent and its environment is a worker's (RANK,
-  LOCAL_RANK, TORCHELASTIC_RUN_ID, ...). A child caught between fork and exec still has
-  the agent's environment; it is retried on the next ticks;
+* an **agent** (the job's launching process) when its comm is ``pt_elastic`` (the name
+  torchrun's ``run()`` gives its main thread, whatever launched it) or its argv is a known
+  launch form (``jobs.launcher_of_argv``): the ``torchrun`` script, ``python -m
+  torch.distributed.run`` or ``torch.distributed.launch``, DeepSpeed's per-node ``python
+  -m deepspeed.launcher.launch``;
+* a **rank** when its parent is an agent and its environment is a worker's of that
+  launcher (``jobs.is_worker``: RANK, LOCAL_RANK, TORCHELASTIC_RUN_ID, ...). A child
+  caught between fork and exec still has the agent's environment; it is retried on the
+  next ticks;
 * part of a rank's **tree** (DataLoader workers, compile workers) when it descends from a
   rank: membership is a walk of parent links, so late arrivals and grandchildren count;
 * anything else. Young processes are re-checked every tick and old ones every few
@@ -39,7 +42,7 @@ from sidecar.errors import AccessDenied, NoSuchProcess, ParseError, ProbeError
 from sidecar.model import ProcKey, RankEnv
 from sidecar.probes.proc import TICKS_PER_SECOND, ProcReader, entrypoint_of, parse_rank_env
 from sidecar.redact import redact_argv
-from sidecar.sampling.jobs import AGENT_COMM, TrackedJob, attach_rank, is_agent_argv
+from sidecar.sampling.jobs import AGENT_COMM, TORCHRUN, TrackedJob, attach_rank, is_worker, launcher_of_argv
 
 __all__ = ["Discovery"]
 
@@ -307,8 +310,9 @@ class Discovery:
         if parent is not None and parent.kind in ("rank", "pending"):
             entry.kind = "other"  # part of a rank's tree; found by tree()
             return
-        if entry.comm == AGENT_COMM or self._argv_is_agent(entry):
-            self._make_agent(entry)
+        launcher = TORCHRUN if entry.comm == AGENT_COMM else self._launcher_of(entry)
+        if launcher is not None:
+            self._make_agent(entry, launcher)
             return
         if entry.kind == "new":
             entry.kind = "other"
@@ -326,16 +330,17 @@ class Discovery:
         if entry.kind == "pending":
             self._pending.add(entry.key.pid)
 
-    def _argv_is_agent(self, entry: _Entry) -> bool:
+    def _launcher_of(self, entry: _Entry) -> str | None:
+        """The launcher this process's command line starts, if any."""
         try:
             argv = self.reader.cmdline(entry.key.pid)
         except ProbeError:
-            return False
+            return None
         # An empty cmdline is not a kernel thread (those are known by their parent, kthreadd):
         # a process in the middle of execve() reads empty between the switch to its new
         # memory and the copy of its arguments. Taking that for a kernel thread once lost a
         # torchrun agent for good (exec'd behind a wrapper while the CPUs were busy).
-        return bool(argv) and is_agent_argv(argv)
+        return launcher_of_argv(argv) if argv else None
 
     def _recheck(self, entry: _Entry, young: bool) -> None:
         """Has this process exec'd into an agent? Young processes get their argv read
@@ -352,8 +357,12 @@ class Discovery:
             return
         changed = st.comm != entry.comm
         entry.comm = st.comm
-        if st.comm == AGENT_COMM or ((changed or young) and self._argv_is_agent(entry)):
-            self._make_agent(entry)
+        if st.comm == AGENT_COMM:
+            self._make_agent(entry, TORCHRUN)
+        elif changed or young:
+            launcher = self._launcher_of(entry)
+            if launcher is not None:
+                self._make_agent(entry, launcher)
 
     def _allowed(self, entry: _Entry) -> bool:
         if not self.only:
@@ -375,7 +384,7 @@ class Discovery:
             seen += 1
         return False
 
-    def _make_agent(self, entry: _Entry) -> None:
+    def _make_agent(self, entry: _Entry, launcher: str) -> None:
         # An agent inside another agent's tree (a pre-exec worker still named pt_elastic)
         # is not a new job.
         parent = self.entries.get(entry.ppid)
@@ -389,9 +398,13 @@ class Discovery:
             argv = self.reader.cmdline(entry.key.pid)
         except ProbeError:
             argv = ()
-        self.jobs[entry.key.pid] = TrackedJob(entry.key, argv, self._started_at(entry.key))
+        self.jobs[entry.key.pid] = TrackedJob(entry.key, argv, self._started_at(entry.key), launcher=launcher)
         log.info(
-            "found torchrun agent pid %d: %s", entry.key.pid, " ".join(redact_argv(argv))[:300] or entry.comm
+            "found %s %s pid %d: %s",
+            launcher,
+            "agent" if launcher == TORCHRUN else "launcher",
+            entry.key.pid,
+            " ".join(redact_argv(argv))[:300] or entry.comm,
         )
         if self.feed is not None:  # a child forked before the connector's filter knew the agent
             self._rescan_soon = True
@@ -430,7 +443,7 @@ class Discovery:
             return
         except (NoSuchProcess, ParseError):
             return
-        if env.is_worker:
+        if is_worker(job.launcher, env):
             self._attach(job, entry, env)
         elif now - entry.first_seen > PENDING_RANK_SECONDS:
             entry.kind = "other"

@@ -1,7 +1,19 @@
-"""What discovery tracks: a torchrun job (its agent, run id, world size, restarts) and its
-ranks; how an agent's command line is known; the job's short key; and a rank attached to its
-job (its label, and what its environment tells of the job). Discovery itself (``discovery.py``)
-finds the processes.
+"""What discovery tracks: a job (its launching process, the "agent"; run id, world size,
+restarts) and its ranks; how a launcher's command line is known; the job's short key; and a
+rank attached to its job (its label, where its number came from, and what its environment
+tells of the job). Discovery itself (``discovery.py``) finds the processes.
+
+The launchers known by their own process (each, the mechanism that makes it one):
+
+* ``torchrun``: torch.distributed.elastic's agent. Its ``run()`` names its main thread
+  ``pt_elastic`` whatever started it (``torchrun``, ``python -m torch.distributed.run``,
+  ``accelerate launch``); the command lines are known too, for a launcher that never
+  renames. Its workers carry TORCHELASTIC_RUN_ID beside RANK and LOCAL_RANK.
+* ``deepspeed``: DeepSpeed's per-node launcher, which its runner (the ``deepspeed``
+  command) starts on every node as ``python -u -m deepspeed.launcher.launch`` (directly on
+  one node, through pdsh or ssh on several). It starts each rank with ``subprocess.Popen``,
+  RANK, LOCAL_RANK and WORLD_SIZE in its environment (``deepspeed/launcher/launch.py``),
+  and when one exits non-zero it SIGTERMs every other rank's tree, SIGKILL after 30 s.
 """
 
 from __future__ import annotations
@@ -14,29 +26,68 @@ from dataclasses import dataclass, field
 
 from sidecar.model import ProcKey, RankEnv
 
-__all__ = ["AGENT_COMM", "TrackedJob", "TrackedRank", "attach_rank", "is_agent_argv", "job_key_for"]
+__all__ = [
+    "AGENT_COMM",
+    "TORCHRUN",
+    "TrackedJob",
+    "TrackedRank",
+    "attach_rank",
+    "is_agent_argv",
+    "job_key_for",
+    "launcher_of_argv",
+]
 
 log = logging.getLogger("sidecar.discovery")
 
 AGENT_COMM = "pt_elastic"
-_AGENT_MODULES = {"torch.distributed.run", "torch.distributed.launch"}
+TORCHRUN = "torchrun"
+DEEPSPEED = "deepspeed"
+# python -m MODULE: the launcher it makes
+_LAUNCHER_MODULES = {
+    "torch.distributed.run": TORCHRUN,
+    "torch.distributed.launch": TORCHRUN,
+    "deepspeed.launcher.launch": DEEPSPEED,
+}
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
-def is_agent_argv(argv: tuple[str, ...]) -> bool:
-    """True for the command lines of a torchrun agent: ``torchrun ...``, ``python
-    /path/bin/torchrun ...``, ``python -m torch.distributed.run|launch ...``."""
+def launcher_of_argv(argv: tuple[str, ...]) -> str | None:
+    """The launcher a command line starts, None for anything else: ``torchrun ...``,
+    ``python /path/bin/torchrun ...``, ``python -m torch.distributed.run|launch ...``
+    (torchrun); ``python -u -m deepspeed.launcher.launch ...`` (deepspeed)."""
     if not argv:
-        return False
+        return None
     head = argv[:3]
     if any(os.path.basename(a) == "torchrun" for a in head):
-        return True
-    for i, arg in enumerate(argv[:6]):
-        if arg == "-m" and i + 1 < len(argv) and argv[i + 1] in _AGENT_MODULES:
-            return True
-        if arg.startswith("-m") and arg[2:] in _AGENT_MODULES:
-            return True
-    return False
+        return TORCHRUN
+    # python's own options, up to the module (-m) or the script: an argument of the script
+    # that happens to read "-m deepspeed.launcher.launch" starts no launcher
+    i = 1
+    while i < min(len(argv), 8):
+        arg = argv[i]
+        if arg == "-m":
+            return _LAUNCHER_MODULES.get(argv[i + 1]) if i + 1 < len(argv) else None
+        if arg.startswith("-m"):
+            return _LAUNCHER_MODULES.get(arg[2:])
+        if arg == "-c" or not arg.startswith("-"):
+            return None  # a command string, or the script
+        i += 2 if arg in ("-W", "-X", "-Q") else 1  # an option, and its value if it takes one
+    return None
+
+
+def is_agent_argv(argv: tuple[str, ...]) -> bool:
+    """True for the command line of a launcher (``launcher_of_argv``)."""
+    return launcher_of_argv(argv) is not None
+
+
+def is_worker(launcher: str, env: RankEnv) -> bool:
+    """Whether a child of ``launcher`` with this environment is one of its ranks (not a
+    helper it started, nor a process between fork and exec that still has the launcher's
+    own environment): torchrun's workers carry its run id; DeepSpeed's their RANK or
+    LOCAL_RANK, which the launcher's own environment lacks."""
+    if launcher == TORCHRUN:
+        return env.is_worker
+    return env.rank is not None or env.local_rank is not None
 
 
 def job_key_for(run_id: str | None, agent_pid: int) -> str:
@@ -55,6 +106,9 @@ class TrackedRank:
     label: str
     entrypoint: str | None
     attached_at: float
+    # where its number came from: the variable of its environment (RANK, LOCAL_RANK), or
+    # "order" (its environment unreadable: its place among the launcher's children)
+    rank_source: str = "order"
 
     @property
     def rank(self) -> int | None:
@@ -82,6 +136,7 @@ class TrackedJob:
     entrypoint: str | None = None
     ranks: dict[int, TrackedRank] = field(default_factory=dict)
     agent_alive: bool = True
+    launcher: str = TORCHRUN
 
 
 def attach_rank(
@@ -97,11 +152,11 @@ def attach_rank(
     ``jobs``: every tracked job (two jobs never share a key)."""
     pid = key.pid
     if env is not None and env.rank is not None:
-        label = str(env.rank)
+        label, source = str(env.rank), "RANK"
     elif env is not None and env.local_rank is not None:
-        label = f"local{env.local_rank}"
+        label, source = f"local{env.local_rank}", "LOCAL_RANK"
     else:
-        label = f"local{len(job.ranks)}"
+        label, source = f"local{len(job.ranks)}", "order"
     if job.key is None:
         run_id = env.run_id if env else None
         job_key = job_key_for(run_id, job.agent.pid)
@@ -116,14 +171,15 @@ def attach_rank(
             log.info("job %s: restart %d, a new generation of workers", job.key, env.restart_count)
         job.restart_count = max(job.restart_count, env.restart_count)
     job.entrypoint = job.entrypoint or entrypoint
-    rank = job.ranks[pid] = TrackedRank(key, env, label, entrypoint, now)
+    rank = job.ranks[pid] = TrackedRank(key, env, label, entrypoint, now, source)
     log.info(
-        "job %s: attached rank %s (local_rank %s, restart %d) pid %d%s",
+        "job %s: attached rank %s (local_rank %s, restart %d) pid %d%s%s",
         job.key,
         label,
         env.local_rank if env else "?",
         env.restart_count if env else 0,
         pid,
         f" running {entrypoint}" if entrypoint else "",
+        "" if job.launcher == TORCHRUN else f" (launched by {job.launcher})",
     )
     return rank

@@ -229,11 +229,14 @@ def main() -> int:
 
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # A store prefix per attempt: the agent's store outlives a restart, and gloo would
-    # otherwise find the first attempt's (dead) peer addresses in it.
+    # otherwise find the first attempt's (dead) peer addresses in it. torchrun's agent
+    # serves the store (it says so: TORCHELASTIC_USE_AGENT_STORE); under any other launcher
+    # (DeepSpeed's, ...) rank 0 serves it at MASTER_PORT, as init_process_group's env://
+    # would.
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),
-        is_master=False,
+        is_master=os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and rank == 0,
         timeout=__import__("datetime").timedelta(seconds=60),
     )
     world = int(os.environ["WORLD_SIZE"])
