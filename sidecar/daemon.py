@@ -45,6 +45,10 @@ PRESSURE_SHARE = 0.9
 # often (a rescan of /proc for launchers that never name themselves pt_elastic, and the
 # host's figures): an idle daemon costs almost nothing.
 IDLE_INTERVAL_SECONDS = 10.0
+# A wake (a process that named itself pt_elastic, an exec that may have started a launcher)
+# starts a round at once, but never sooner than this after the last one began: a storm of
+# execs on a busy node costs at most two rounds a second.
+WAKE_GAP_SECONDS = 0.5
 
 
 def under_pressure(snapshot: Snapshot) -> bool:
@@ -182,8 +186,8 @@ class Daemon:
                     discovery.feed, discovery.watch = connector.drain, connector.watch
                 log.info(
                     "exits: process connector subscribed (%s)",
-                    "forks, renames and exits of watched processes, filtered in the kernel; /proc "
-                    "listed every few seconds"
+                    "forks, renames and exits of watched processes, filtered in the kernel, and "
+                    "execs; /proc listed every few seconds"
                     if connector.discovering
                     else "non-zero exits only"
                     if connector.filtered
@@ -316,6 +320,7 @@ class Daemon:
         deadline = clock()
         while not self._stop.is_set():
             snapshot = None
+            began = time.monotonic()
             try:
                 snapshot = self.sampler.sample(self._plan())
                 self._publish(snapshot)
@@ -344,5 +349,9 @@ class Daemon:
                 self.overruns_total += missed
                 deadline += missed * interval
             if self._wake.wait(max(0.0, deadline - now)) and not self._stop.is_set():
-                self._wake.clear()  # a new agent: a round now, the schedule from here
+                self._wake.clear()  # a new agent, an exec: a round now, the schedule from here
+                gap = WAKE_GAP_SECONDS - (time.monotonic() - began)
+                if gap > 0 and self._stop.wait(gap):
+                    break
+                self._wake.clear()  # what woke it meanwhile is seen by this round too
                 deadline = clock()

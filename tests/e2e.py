@@ -342,6 +342,59 @@ class TorchrunJob:
         self._out.close()
 
 
+class DeepSpeedJob(TorchrunJob):
+    """A real job of tests/workloads/rank.py started by DeepSpeed's own launcher, as its
+    users do: ``deepspeed --num_gpus N script`` (gloo on CPU: ``DS_ACCELERATOR=cpu``). The
+    runner (``self.proc``) starts the per-node launcher, which starts the ranks; the
+    launcher is the job's launching process (``agent_pid``)."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        name: str,
+        *,
+        nproc: int = 2,
+        wrap: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        **workload: Any,
+    ) -> None:
+        self.dir = tmp / name
+        self.dir.mkdir(parents=True)
+        self.stop_file = self.dir / "stop"
+        self.nproc = nproc
+        args = [f"--ready-dir={self.dir}", f"--stop-file={self.stop_file}"]
+        args += [f"--{k.replace('_', '-')}={v}" for k, v in workload.items()]
+        cmd = [
+            str(Path(sys.executable).parent / "deepspeed"),
+            f"--num_gpus={nproc}",
+            "--no_local_rank",  # rank.py reads LOCAL_RANK from its environment
+            f"--master_port={free_port()}",
+            str(WORKLOAD),
+            *args,
+        ]
+        if wrap:
+            cmd = [*wrap, *cmd]
+        self._out = open(self.dir / "torchrun.log", "w")  # noqa: SIM115
+        run_env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", **(env or {}))
+        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, cwd=REPO, env=run_env)
+        self._launcher: int | None = None
+
+    @property
+    def agent_pid(self) -> int:
+        """The per-node launcher (``python -u -m deepspeed.launcher.launch``), below the runner."""
+        if self._launcher is None:
+
+            def launcher() -> int | None:
+                for pid in descendants(self.proc.pid):
+                    with contextlib.suppress(OSError):
+                        if b"deepspeed.launcher.launch" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                            return pid
+                return None
+
+            self._launcher = int(wait_for(launcher, 60, "DeepSpeed's per-node launcher"))
+        return self._launcher
+
+
 def python_for_user(uid: int) -> tuple[str, str] | None:
     """An interpreter of this Python version that user ``uid`` may execute, and the
     PYTHONPATH that gives it this environment's packages (torch): (python, pythonpath).

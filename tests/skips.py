@@ -267,6 +267,10 @@ REQUIREMENTS = {
         lambda: bool(shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))),
         lambda: "needs py-spy (a test extra)",
     ),
+    "deepspeed": (
+        lambda: (Path(sys.executable).parent / "deepspeed").exists(),
+        lambda: "needs DeepSpeed's launcher (the test group of pyproject.toml installs it)",
+    ),
     "systemd-analyze": (
         lambda: shutil.which("systemd-analyze") is not None,
         lambda: "needs systemd-analyze",

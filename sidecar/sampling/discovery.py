@@ -186,7 +186,8 @@ class Discovery:
 
     def _apply(self, events: list[tuple[str, int, int]], now: float) -> None:
         """The connector's events since the last tick, in the order they happened: a fork
-        of a watched process, a process that named itself pt_elastic, a watched exit."""
+        of a watched process, a process that named itself pt_elastic, an exec anywhere (a
+        launcher known by its command line starts so), a watched exit."""
         fresh: list[_Entry] = []
         gone: list[int] = []
         for kind, pid, _parent in events:
@@ -202,10 +203,15 @@ class Discovery:
                     entry = self._add(pid, now)
                     if entry is not None:
                         fresh.append(entry)
-            elif entry is None:  # "agent": renamed itself pt_elastic
+            elif entry is None:  # "agent" (renamed itself pt_elastic), or "exec"
                 entry = self._add(pid, now)
                 if entry is not None:
                     fresh.append(entry)
+            elif kind == "exec":
+                # a known process that exec'd: its command line is new (a process in a
+                # rank's tree, or one already a job's, stays what it is)
+                if entry.kind in ("new", "other") and pid not in self._watched:
+                    self._recheck(entry, young=True)
             elif entry.kind in ("new", "other"):
                 self._recheck(entry, young=False)
         # ranks before agents, as in a scan
