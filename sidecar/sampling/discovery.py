@@ -48,7 +48,13 @@ __all__ = ["Discovery"]
 
 log = logging.getLogger("sidecar.discovery")  # the log keeps its names across the move
 
-RESCAN_SECONDS = 5.0  # how often /proc is listed when the connector tells what changes
+# How often /proc is listed when the connector tells what changes: a launcher known only by
+# its command line (DeepSpeed's) is found by a listing, so a rank that dies in its first
+# seconds is seen. A listing reads the stat of new pids only: a storm of short-lived
+# processes costs what is alive at the instant, not every exec (the connector's exec events,
+# which pass no filter, cost 7.4 % of a core at 1,400 processes a second against 0.17 %:
+# benchmarks/results/overhead-ab-exec.json).
+RESCAN_SECONDS = 1.0
 PENDING_RANK_SECONDS = 30.0  # how long a child of an agent may take to exec before it is "other"
 YOUNG_SECONDS = 10.0  # processes this young are re-checked every tick
 RECHECK_SECONDS = 5.0  # older ones this often
@@ -186,8 +192,7 @@ class Discovery:
 
     def _apply(self, events: list[tuple[str, int, int]], now: float) -> None:
         """The connector's events since the last tick, in the order they happened: a fork
-        of a watched process, a process that named itself pt_elastic, an exec anywhere (a
-        launcher known by its command line starts so), a watched exit."""
+        of a watched process, a process that named itself pt_elastic, a watched exit."""
         fresh: list[_Entry] = []
         gone: list[int] = []
         for kind, pid, _parent in events:
@@ -203,15 +208,10 @@ class Discovery:
                     entry = self._add(pid, now)
                     if entry is not None:
                         fresh.append(entry)
-            elif entry is None:  # "agent" (renamed itself pt_elastic), or "exec"
+            elif entry is None:  # "agent": renamed itself pt_elastic
                 entry = self._add(pid, now)
                 if entry is not None:
                     fresh.append(entry)
-            elif kind == "exec":
-                # a known process that exec'd: its command line is new (a process in a
-                # rank's tree, or one already a job's, stays what it is)
-                if entry.kind in ("new", "other") and pid not in self._watched:
-                    self._recheck(entry, young=True)
             elif entry.kind in ("new", "other"):
                 self._recheck(entry, young=False)
         # ranks before agents, as in a scan

@@ -62,13 +62,12 @@ PROC_CN_MCAST_LISTEN = 1
 PROC_CN_MCAST_IGNORE = 2
 PROC_EVENT_NONE = 0
 PROC_EVENT_FORK = 0x00000001
-PROC_EVENT_EXEC = 0x00000002
 PROC_EVENT_COMM = 0x00000200
 PROC_EVENT_EXIT = 0x80000000
 PROC_EVENT_NONZERO_EXIT = 0x20000000
 # what the death watch needs, and what discovery needs on top (6.6+ per-socket filter)
 DEATH_EVENTS = PROC_EVENT_NONZERO_EXIT
-DISCOVERY_EVENTS = PROC_EVENT_FORK | PROC_EVENT_EXEC | PROC_EVENT_COMM | PROC_EVENT_EXIT
+DISCOVERY_EVENTS = PROC_EVENT_FORK | PROC_EVENT_COMM | PROC_EVENT_EXIT
 QUEUE_LIMIT = 20000  # discovery events waiting for the sampler; past it: lost, rescan
 
 _NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
@@ -119,19 +118,18 @@ def subscribe_message(op: int, events: int | None, seq: int = 1) -> bytes:
 def parse_messages(data: bytes) -> tuple[list[ExitEvent], list[int]]:
     """Parse one datagram (possibly several netlink messages). Returns the exits of
     thread-group leaders and the error codes of any subscription ACKs seen."""
-    exits, _forks, _comms, _execs, acks = parse_events(data)
+    exits, _forks, _comms, acks = parse_events(data)
     return exits, acks
 
 
 def parse_events(
     data: bytes,
-) -> tuple[list[ExitEvent], list[tuple[int, int]], list[tuple[int, bytes]], list[int], list[int]]:
+) -> tuple[list[ExitEvent], list[tuple[int, int]], list[tuple[int, bytes]], list[int]]:
     """Parse one datagram: exits of leaders, forks of new processes as (parent tgid,
-    child), renames of processes as (tgid, comm), execs (tgid), and subscription ACKs."""
+    child), renames of processes as (tgid, comm), and subscription ACKs."""
     exits: list[ExitEvent] = []
     forks: list[tuple[int, int]] = []
     comms: list[tuple[int, bytes]] = []
-    execs: list[int] = []
     acks: list[int] = []
     offset = 0
     while offset + _NLMSGHDR.size <= len(data):
@@ -153,17 +151,13 @@ def parse_events(
                     _ppid, ptgid, child, ctgid = _FORK.unpack_from(data, payload)
                     if child == ctgid:
                         forks.append((ptgid, child))
-                elif what == PROC_EVENT_EXEC and payload + 8 <= offset + length:
-                    pid, tgid = struct.unpack_from("=ii", data, payload)
-                    if pid == tgid:
-                        execs.append(tgid)
                 elif what == PROC_EVENT_COMM and payload + _COMM.size <= offset + length:
                     _pid, tgid, comm = _COMM.unpack_from(data, payload)
                     comms.append((tgid, comm.split(b"\0", 1)[0]))
                 elif what == PROC_EVENT_NONE and payload + 4 <= offset + length:
                     acks.append(struct.unpack_from("=I", data, payload)[0])
         offset += (length + 3) & ~3
-    return exits, forks, comms, execs, acks
+    return exits, forks, comms, acks
 
 
 class ProcConnector:
@@ -173,8 +167,7 @@ class ProcConnector:
 
     ``discovery=True``: also queue, for ``drain()``, the events that find and follow jobs
     (see the module's text); ``on_agent`` is called when a process names itself
-    ``pt_elastic`` or execs (either may have started a job). ``discovering`` says whether
-    that works here (the socket filter)."""
+    ``pt_elastic``. ``discovering`` says whether that works here (the socket filter)."""
 
     def __init__(
         self,
@@ -198,7 +191,7 @@ class ProcConnector:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._watched: frozenset[int] = frozenset()  # what the attached filter passes
-        # ("fork", child, parent), ("agent", pid, 0), ("exec", pid, 0), ("exit", pid, 0)
+        # ("fork", child, parent), ("agent", pid, 0), ("exit", pid, 0)
         self._queue: list[tuple[str, int, int]] = []
         self._lost = False
         self.filter_updates = 0
@@ -313,8 +306,8 @@ class ProcConnector:
         self.filter_updates += 1
 
     def _queue_events(self, data: bytes) -> list[ExitEvent]:
-        exits, forks, comms, execs, _ = parse_events(data)
-        if not self.discovering or not (exits or forks or comms or execs):
+        exits, forks, comms, _ = parse_events(data)
+        if not self.discovering or not (exits or forks or comms):
             return exits
         agent = False
         with self._lock:
@@ -329,12 +322,6 @@ class ProcConnector:
                     queue.append(("agent", pid, 0))
                     added.add(pid)
                     agent = True
-            for pid in execs:
-                queue.append(("exec", pid, 0))
-            # an exec may have started a launcher known by its command line: wake the
-            # sampler (the daemon spaces the rounds a wake starts: a storm of execs costs
-            # at most two rounds a second)
-            agent = agent or bool(execs)
             for event in exits:  # the filter passed it: a watched process's, or its child's
                 queue.append(("exit", event.pid, 0))
             if len(queue) > QUEUE_LIMIT:

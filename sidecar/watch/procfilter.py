@@ -13,9 +13,6 @@ program passes
   watched agent, a DataLoader worker of a watched rank;
 * a process renaming itself ``pt_elastic``: how torchrun's agent names its main thread,
   which is how a new job is found without listing /proc;
-* the exec of a process (its leader): a launcher known only by its command line
-  (DeepSpeed's ``python -m deepspeed.launcher.launch``) starts so, and is found at once;
-  the kernel's event carries no name to filter on, so every exec passes;
 
 and drops everything else. Loads (``ld [k]``) read big-endian words: a native ``u32`` is
 compared as the word its bytes make when read big-endian (``_word``). Classic BPF allows
@@ -34,7 +31,6 @@ __all__ = ["AGENT_COMM_BYTES", "MAX_WATCHED", "attach", "program"]
 
 PROC_EVENT_NONE = 0x00000000
 PROC_EVENT_FORK = 0x00000001
-PROC_EVENT_EXEC = 0x00000002
 PROC_EVENT_COMM = 0x00000200
 PROC_EVENT_EXIT = 0x80000000
 
@@ -48,7 +44,6 @@ WHAT = 36
 DATA = 52
 EXIT_PID, EXIT_TGID, EXIT_PARENT_TGID = DATA, DATA + 4, DATA + 20
 FORK_PARENT_TGID, FORK_CHILD_PID, FORK_CHILD_TGID = DATA + 4, DATA + 8, DATA + 12
-EXEC_PID, EXEC_TGID = DATA, DATA + 4
 COMM_TEXT = DATA + 8
 
 # classic BPF opcodes
@@ -127,12 +122,7 @@ def program(watched: Iterable[int], pass_exits: bool = False) -> bytes:
     limited = len(words) > MAX_WATCHED
     a = _Asm()
     a.load(WHAT)
-    for what, where in (
-        (PROC_EVENT_EXIT, "exit"),
-        (PROC_EVENT_FORK, "fork"),
-        (PROC_EVENT_EXEC, "exec"),
-        (PROC_EVENT_COMM, "comm"),
-    ):
+    for what, where in ((PROC_EVENT_EXIT, "exit"), (PROC_EVENT_FORK, "fork"), (PROC_EVENT_COMM, "comm")):
         a.op(JEQ_K, _word(what), 0, 1)
         a.op(JA, where)
     a.op(JEQ_K, _word(PROC_EVENT_NONE), 0, 1)
@@ -157,10 +147,6 @@ def program(watched: Iterable[int], pass_exits: bool = False) -> bytes:
         a.load(FORK_PARENT_TGID)
         a.any_of(words)
         a.ret(REJECT)
-
-    a.label("exec")
-    a.is_leader(EXEC_PID, EXEC_TGID)
-    a.ret(ACCEPT)
 
     a.label("comm")
     name = AGENT_COMM_BYTES.ljust(12, b"\0")  # the kernel pads comm with zeros
