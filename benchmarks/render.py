@@ -187,6 +187,17 @@ AB_CHANGES = (  # results name, what changed (the commits are in each file)
         " while its limit grows; light rounds read a rank's statm; the death watch tidies once a"
         " second (this session's changes together, beside the last commit of the one before)",
     ),
+    (
+        "overhead-ab-exec",
+        "issue 39, tried and reverted: every exec passes the connector's filter (a launcher found at"
+        " its exec)",
+    ),
+    (
+        "overhead-ab-rescan",
+        "issue 39: /proc listed every second, a daemon with no job rounds every second (a launcher"
+        " found by its command line)",
+    ),
+    ("overhead-ab-rescan-1x8x8", "the same, on a job of 73 processes"),
 )
 
 
@@ -200,7 +211,7 @@ def overhead_ab() -> str:
             continue
         r = doc["results"]
         row = next((row for row in r["rows"] if row["processes"] == 21), r["rows"][0])
-        cells = [what, f"`{doc['commit']}` vs `{r['baseline']}`"]
+        cells = [what, f"`{doc['commit']}` vs `{r['baseline']}`", str(row["processes"])]
         for rate in ("1hz", "10hz"):
             m = row[rate]
             cells.append(
@@ -222,15 +233,16 @@ def overhead_ab() -> str:
     return (
         "\n".join(
             [
-                "Each change of issue 18 beside the commit before it, in the same run, on the same"
-                f" processes (1 agent × 4 ranks × (1 + 4 workers) = 21; {_provenance(first)} for the first"
-                " row, each file has its own). Per watched process per round, after / before; idle and"
+                "Each change beside the commit before it, in the same run, on the same processes (those"
+                " of issue 18: 1 agent × 4 ranks × (1 + 4 workers) = 21; later rows say how many are"
+                f" watched; {_provenance(first)} for the first row, each file has its own). Per watched"
+                " process per round, after / before; idle and"
                 " churn in share of one core. `+dirty`: that commit's daemon measured by the newest"
                 " benchmark script (schedstat CPU time, the churn row). The noise floor's row predates"
                 " it and counts 10 ms ticks: its 1 Hz and idle figures are coarse.",
                 "",
-                "| change | commits | 1 Hz | 10 Hz | idle | churn |",
-                "| --- | --- | ---: | ---: | ---: | ---: |",
+                "| change | commits | watched | 1 Hz | 10 Hz | idle | churn |",
+                "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
                 *rows,
             ]
         )
