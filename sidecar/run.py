@@ -143,6 +143,10 @@ def run_command(
     # or what it starts): a rank that dies in its first second is seen like any other. (Started
     # after the command, a daemon slowed by a loaded node attached too late to see it.)
     service = _start_watching(settings, explicit_port, lambda _agent_pid: keeper.text())
+    # the postmortems already in the directory (earlier runs'): every later one is this job's,
+    # as this daemon watches only the launchers below this process (the job's agent may be
+    # the command itself, or below it: DeepSpeed's runner starts its launcher)
+    earlier = {d["id"] for d in service.daemon.store.documents()} if service is not None else set()
     try:
         if tty:
             master, slave = os.openpty()
@@ -196,7 +200,7 @@ def run_command(
         p.join(5)  # ranks left behind may hold the output open: do not wait for them forever
     if service is not None:
         service.stop()  # finishes the postmortems in flight
-        _report(service, child.pid)
+        _report(service, earlier)
     return 128 - code if code < 0 else code
 
 
@@ -254,12 +258,13 @@ def _start_watching(
     return None
 
 
-def _report(service: object, agent_pid: int) -> None:
-    """One line per postmortem of this job on stderr, after the job's own output."""
+def _report(service: object, earlier: set[str]) -> None:
+    """One line per postmortem of this job on stderr, after the job's own output: those
+    written since the job started (``earlier``: the ids already there)."""
     from sidecar.service import Service
 
     assert isinstance(service, Service)
-    docs = [d for d in service.daemon.store.documents() if d.get("job", {}).get("agent_pid") == agent_pid]
+    docs = [d for d in service.daemon.store.documents() if d.get("id") not in earlier]
     for doc in docs:
         v, k = doc["victim"], doc["killer"]
         where = service.daemon.store.path_of(doc["id"]) or f"{service.url}/postmortems/{doc['id']}"

@@ -216,7 +216,9 @@ class Service:
         log.info(
             "trainwatch %s: watching %s every %gs; serving %s/metrics (also /ranks, /healthz)",
             __version__,
-            f"agents {', '.join(map(str, settings.pids))}" if settings.pids else "every torchrun job",
+            f"agents {', '.join(map(str, settings.pids))}"
+            if settings.pids
+            else "every torchrun and DeepSpeed job",
             settings.interval_seconds,
             self.url,
         )

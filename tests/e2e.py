@@ -395,6 +395,18 @@ class DeepSpeedJob(TorchrunJob):
         return self._launcher
 
 
+def survivor_fate_right(row: dict) -> bool:
+    """A survivor's fate (its row in the postmortem) after another rank's death, checked
+    against how it ended: SIGTERMed (or SIGKILLed) by its launcher, terminated_by_agent; or,
+    when its collective failed first for the peer that died (gloo: the connection closed),
+    an exit of its own that its output ties to that death, same_cause. Which comes first is
+    a race (DeepSpeed's launcher polls its ranks every second, torchrun's every
+    --monitor-interval); each outcome has its word."""
+    if row["signal"] in ("SIGTERM", "SIGKILL"):
+        return bool(row["fate"] == "terminated_by_agent")
+    return row["exit_code"] not in (0, None) and row["fate"] == "same_cause"
+
+
 def python_for_user(uid: int) -> tuple[str, str] | None:
     """An interpreter of this Python version that user ``uid`` may execute, and the
     PYTHONPATH that gives it this environment's packages (torch): (python, pythonpath).

@@ -270,6 +270,7 @@ def test_unreadable_environment_is_reported_once_and_ranks_inferred(proc_tree, t
     jobs = d.tick()
     d.tick()
     assert sorted(r.label for r in jobs[0].ranks.values()) == ["local0", "local1"]
+    assert {r.rank_source for r in jobs[0].ranks.values()} == {"order"}  # where the number came from
     assert len(d.unreadable) == 2
     msgs = [r for r in caplog.records if "cannot read the environment" in r.getMessage()]
     assert len(msgs) == 2 and "CAP_SYS_PTRACE" in msgs[0].getMessage()

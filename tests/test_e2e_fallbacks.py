@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.demo import join_cgroup, memory_cgroup
-from tests.e2e import REPO, DaemonProc, TorchrunJob, job_postmortem, wait_for
+from tests.e2e import REPO, DaemonProc, TorchrunJob, job_postmortem, survivor_fate_right, wait_for
 from tests.skips import met, requires, skip
 
 pytestmark = [pytest.mark.slow]
@@ -230,7 +230,8 @@ def test_a_real_earlyoom_is_named(tmp_path, tracepoint):
                 killer
             )
         assert doc["victim"]["signal"] == "SIGTERM"
-        assert _fates(doc) == {0: "terminated_by_agent", 1: "root_cause"}
+        rows = {r["rank"]: r for r in doc["ranks"]}
+        assert rows[1]["fate"] == "root_cause" and survivor_fate_right(rows[0]), doc["ranks"]
         assert daemon.stop() == 0
 
 

@@ -5,33 +5,29 @@ the killer and every other rank's fate as that launcher's teardown makes it.
 - DeepSpeed's launcher (``deepspeed --num_gpus 2 script``, CPU): the runner starts the
   per-node launcher ``python -u -m deepspeed.launcher.launch``, which starts each rank with
   RANK and LOCAL_RANK in its environment, and SIGTERMs every other rank's tree when one
-  exits non-zero (``deepspeed/launcher/launch.py``).
+  exits non-zero (``deepspeed/launcher/launch.py``). Under ``trainwatch run`` too, where
+  the launcher is below the command.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from sidecar.demo import join_cgroup, memory_cgroup
-from tests.e2e import DaemonProc, DeepSpeedJob, job_postmortem
+from tests.e2e import REPO, WORKLOAD, DaemonProc, DeepSpeedJob, free_port, job_postmortem, survivor_fate_right
 from tests.skips import requires
 
 pytestmark = [pytest.mark.slow]
 
 GIB = 1 << 30
-
-
-def _torn_down_or_failed_with_it(row: dict) -> bool:
-    """A survivor's fate under a launcher that polls its ranks (DeepSpeed's: every second):
-    SIGTERMed by the launcher (terminated_by_agent), or, when its collective failed first
-    for the peer that died (gloo: the connection closed), an exit of its own that its
-    output ties to that death (same_cause). Which comes first is a race; each has its word."""
-    if row["signal"] in ("SIGTERM", "SIGKILL"):
-        return row["fate"] == "terminated_by_agent"
-    return row["exit_code"] not in (0, None) and row["fate"] == "same_cause"
 
 
 @requires("deepspeed")
@@ -62,7 +58,7 @@ def test_a_deepspeed_rank_killed_from_outside_is_named_and_the_launcher_s_teardo
     assert killer["kind"] == "external_signal", killer
     assert doc["victim"]["pid"] == pids[1][0] and doc["victim"]["signal"] == "SIGKILL", doc["victim"]
     rows = {r["rank"]: r for r in doc["ranks"]}
-    assert rows[1]["fate"] == "root_cause" and _torn_down_or_failed_with_it(rows[0]), doc["ranks"]
+    assert rows[1]["fate"] == "root_cause" and survivor_fate_right(rows[0]), doc["ranks"]
     assert doc["job"]["launcher"] == "deepspeed" and {r["launcher"] for r in doc["ranks"]} == {"deepspeed"}
     assert {r["rank_source"] for r in doc["ranks"]} == {"RANK"}
 
@@ -94,5 +90,28 @@ def test_a_deepspeed_rank_at_its_cgroup_limit_is_named_with_certainty(tmp_path):
     assert f"/{parent.name}" in killer["summary"], killer
     assert doc["victim"]["pid"] == pids[1][0] and doc["victim"]["signal"] == "SIGKILL", doc["victim"]
     rows = {r["rank"]: r for r in doc["ranks"]}
-    assert rows[1]["fate"] == "root_cause" and _torn_down_or_failed_with_it(rows[0]), doc["ranks"]
+    assert rows[1]["fate"] == "root_cause" and survivor_fate_right(rows[0]), doc["ranks"]
     assert doc["job"]["launcher"] == "deepspeed"
+
+
+@requires("deepspeed")
+def test_trainwatch_run_names_the_death_of_a_job_deepspeed_launched(tmp_path):
+    """`trainwatch run -- deepspeed ...`: the launcher is below the command (the runner starts
+    it), and the job's postmortem is still this run's: named on stderr after the job's own
+    output, the exit status the runner's."""
+    cmd = [
+        sys.executable, "-m", "sidecar", "run", "--postmortem-dir", str(tmp_path / "pm"), "--interval", "0.5",
+        "--", str(Path(sys.executable).parent / "deepspeed"), "--num_gpus=2", "--no_local_rank",
+        f"--master_port={free_port()}", str(WORKLOAD), "--hold-mb=30", "--workers=0", "--duration=120",
+        "--raise-rank=1", "--raise-after=1",
+    ]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO, env=env)
+    assert out.returncode != 0, out.stderr[-3000:]
+    assert "a bad batch on purpose" in out.stderr  # the rank's own words passed through
+    lines = out.stderr.rstrip().splitlines()
+    assert lines[-1].startswith("trainwatch: postmortem: trainwatch postmortem "), lines[-5:]
+    assert re.match(r"trainwatch: rank 1 \(pid \d+\): python_exception \(certain\)", lines[-2]), lines[-5:]
+    (doc,) = [json.loads(p.read_text()) for p in (tmp_path / "pm").glob("*.json")]
+    assert doc["job"]["launcher"] == "deepspeed" and doc["victim"]["rank"] == 1
+    assert "ValueError: rank 1: a bad batch on purpose" in doc["killer"]["summary"], doc["killer"]
