@@ -44,8 +44,8 @@ PRESSURE_SHARE = 0.9
 # With no job to watch and the connector telling when one starts, the sampler wakes this
 # often (a rescan of /proc for launchers that never name themselves pt_elastic, DeepSpeed's
 # among them, and the host's figures): an idle daemon costs almost nothing (a listing of
-# /proc and the stat of new pids: 0.07 % of a core here, with or without a storm of
-# short-lived processes).
+# /proc and the stat of new pids: 0.105 % of a core here, against 0.024 % when it slept
+# 10 s and found such launchers late; benchmarks/results/overhead-ab-rescan.json).
 IDLE_INTERVAL_SECONDS = 1.0
 
 
