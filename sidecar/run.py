@@ -258,12 +258,9 @@ def _start_watching(
     return None
 
 
-def _report(service: object, earlier: set[str]) -> None:
+def _report(service: Service, earlier: set[str]) -> None:
     """One line per postmortem of this job on stderr, after the job's own output: those
     written since the job started (``earlier``: the ids already there)."""
-    from sidecar.service import Service
-
-    assert isinstance(service, Service)
     docs = [d for d in service.daemon.store.documents() if d.get("id") not in earlier]
     for doc in docs:
         v, k = doc["victim"], doc["killer"]

@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 REPO = Path(__file__).resolve().parents[1]
 WORKLOAD = REPO / "tests" / "workloads" / "rank.py"
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")  # DeepSpeed's runner
 
 
 def free_port() -> int:
@@ -258,15 +259,7 @@ class TorchrunJob:
         (whose run id is random): jobs that share it are one job's nodes; with ``nnodes``
         over 1 and one ``rdzv_endpoint``, one job's agents ("nodes") on this machine, the
         first of them hosting the rendezvous store."""
-        self.dir = tmp / name
-        self.dir.mkdir(parents=True)
-        if mode is not None:  # a job run as another user writes its ready files here
-            self.dir.chmod(mode)
-        self.stop_file = self.dir / "stop"
-        self.nproc = nproc
-        args = [f"--ready-dir={self.dir}", f"--stop-file={self.stop_file}"]
-        for k, v in workload.items():
-            args.append(f"--{k.replace('_', '-')}={v}")
+        args = self._prepare(tmp, name, nproc, mode, workload)
         if rdzv_id is None:
             rendezvous = ["--standalone"]
         else:
@@ -293,10 +286,28 @@ class TorchrunJob:
             str(WORKLOAD),
             *args,
         ]
+        self._start(cmd, wrap, env or {})
+
+    def _prepare(
+        self, tmp: Path, name: str, nproc: int, mode: int | None, workload: dict[str, Any]
+    ) -> list[str]:
+        """The job's folder (its ready files, its stop file, its output) and the workload's
+        arguments."""
+        self.dir = tmp / name
+        self.dir.mkdir(parents=True)
+        if mode is not None:  # a job run as another user writes its ready files here
+            self.dir.chmod(mode)
+        self.stop_file = self.dir / "stop"
+        self.nproc = nproc
+        args = [f"--ready-dir={self.dir}", f"--stop-file={self.stop_file}"]
+        return args + [f"--{k.replace('_', '-')}={v}" for k, v in workload.items()]
+
+    def _start(self, cmd: list[str], wrap: list[str] | None, env: dict[str, str]) -> None:
+        """Start the launcher's command (behind ``wrap``), its output to the job's folder."""
         if wrap:
             cmd = [*wrap, *cmd]
         self._out = open(self.dir / "torchrun.log", "w")  # noqa: SIM115
-        run_env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+        run_env = dict(os.environ, OMP_NUM_THREADS="1", **env)
         self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, cwd=REPO, env=run_env)
 
     @property
@@ -358,26 +369,17 @@ class DeepSpeedJob(TorchrunJob):
         env: dict[str, str] | None = None,
         **workload: Any,
     ) -> None:
-        self.dir = tmp / name
-        self.dir.mkdir(parents=True)
-        self.stop_file = self.dir / "stop"
-        self.nproc = nproc
-        args = [f"--ready-dir={self.dir}", f"--stop-file={self.stop_file}"]
-        args += [f"--{k.replace('_', '-')}={v}" for k, v in workload.items()]
+        self._launcher: int | None = None
+        args = self._prepare(tmp, name, nproc, None, workload)
         cmd = [
-            str(Path(sys.executable).parent / "deepspeed"),
+            DEEPSPEED,
             f"--num_gpus={nproc}",
             "--no_local_rank",  # rank.py reads LOCAL_RANK from its environment
             f"--master_port={free_port()}",
             str(WORKLOAD),
             *args,
         ]
-        if wrap:
-            cmd = [*wrap, *cmd]
-        self._out = open(self.dir / "torchrun.log", "w")  # noqa: SIM115
-        run_env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", **(env or {}))
-        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, cwd=REPO, env=run_env)
-        self._launcher: int | None = None
+        self._start(cmd, wrap, {"DS_ACCELERATOR": "cpu", **(env or {})})
 
     @property
     def agent_pid(self) -> int:

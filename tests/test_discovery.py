@@ -13,7 +13,7 @@ from sidecar.probes.cgroup import CgroupReader
 from sidecar.probes.gpu import GpuProbe
 from sidecar.probes.proc import ProcReader, parse_stat, parse_status
 from sidecar.sampling.discovery import Discovery
-from sidecar.sampling.jobs import is_agent_argv, job_key_for, launcher_of_argv
+from sidecar.sampling.jobs import job_key_for, launcher_of_argv
 from sidecar.settings import Settings
 from tests import cgtrees
 from tests.cgtrees import MIB, MOUNTINFO_HYBRID
@@ -57,7 +57,7 @@ class Clock:
     ],
 )
 def test_agent_launch_forms(argv, expected):
-    assert is_agent_argv(argv) is expected
+    assert (launcher_of_argv(argv) == "torchrun") is expected
 
 
 def test_job_keys():

@@ -17,12 +17,20 @@ import re
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from sidecar.demo import join_cgroup, memory_cgroup
-from tests.e2e import REPO, WORKLOAD, DaemonProc, DeepSpeedJob, free_port, job_postmortem, survivor_fate_right
+from tests.e2e import (
+    DEEPSPEED,
+    REPO,
+    WORKLOAD,
+    DaemonProc,
+    DeepSpeedJob,
+    free_port,
+    job_postmortem,
+    survivor_fate_right,
+)
 from tests.skips import requires
 
 pytestmark = [pytest.mark.slow]
@@ -98,10 +106,10 @@ def test_a_deepspeed_rank_at_its_cgroup_limit_is_named_with_certainty(tmp_path):
 def test_trainwatch_run_names_the_death_of_a_job_deepspeed_launched(tmp_path):
     """`trainwatch run -- deepspeed ...`: the launcher is below the command (the runner starts
     it), and the job's postmortem is still this run's: named on stderr after the job's own
-    output, the exit status the runner's."""
+    output, the run failing as the runner does."""
     cmd = [
         sys.executable, "-m", "sidecar", "run", "--postmortem-dir", str(tmp_path / "pm"), "--interval", "0.5",
-        "--", str(Path(sys.executable).parent / "deepspeed"), "--num_gpus=2", "--no_local_rank",
+        "--", DEEPSPEED, "--num_gpus=2", "--no_local_rank",
         f"--master_port={free_port()}", str(WORKLOAD), "--hold-mb=30", "--workers=0", "--duration=120",
         "--raise-rank=1", "--raise-after=1",
     ]  # fmt: skip

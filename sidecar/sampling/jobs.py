@@ -32,7 +32,6 @@ __all__ = [
     "TrackedJob",
     "TrackedRank",
     "attach_rank",
-    "is_agent_argv",
     "job_key_for",
     "launcher_of_argv",
 ]
@@ -73,11 +72,6 @@ def launcher_of_argv(argv: tuple[str, ...]) -> str | None:
             return None  # a command string, or the script
         i += 2 if arg in ("-W", "-X", "-Q") else 1  # an option, and its value if it takes one
     return None
-
-
-def is_agent_argv(argv: tuple[str, ...]) -> bool:
-    """True for the command line of a launcher (``launcher_of_argv``)."""
-    return launcher_of_argv(argv) is not None
 
 
 def is_worker(launcher: str, env: RankEnv) -> bool:
