@@ -218,7 +218,7 @@ class Service:
             __version__,
             f"agents {', '.join(map(str, settings.pids))}"
             if settings.pids
-            else "every torchrun and DeepSpeed job",
+            else "every torchrun, DeepSpeed and torch.multiprocessing.spawn job",
             settings.interval_seconds,
             self.url,
         )

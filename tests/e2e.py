@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[1]
 WORKLOAD = REPO / "tests" / "workloads" / "rank.py"
+SPAWNED = REPO / "tests" / "workloads" / "spawned.py"  # rank.py under torch.multiprocessing.spawn
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")  # DeepSpeed's runner
 
@@ -395,6 +396,27 @@ class DeepSpeedJob(TorchrunJob):
 
             self._launcher = int(wait_for(launcher, 60, "DeepSpeed's per-node launcher"))
         return self._launcher
+
+
+class SpawnJob(TorchrunJob):
+    """A real job of tests/workloads/rank.py started by ``torch.multiprocessing.spawn``
+    (tests/workloads/spawned.py): the script that calls spawn is the job's launching process
+    (``agent_pid``), each spawned child a rank that sets its identity in its own
+    ``os.environ``."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        name: str,
+        *,
+        nproc: int = 2,
+        wrap: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        **workload: Any,
+    ) -> None:
+        args = self._prepare(tmp, name, nproc, None, workload)
+        cmd = [sys.executable, str(SPAWNED), f"--nprocs={nproc}", f"--port={free_port()}", *args]
+        self._start(cmd, wrap, env or {})
 
 
 def survivor_fate_right(row: dict) -> bool:

@@ -14,6 +14,7 @@ from sidecar.probes.gpu import GpuProbe
 from sidecar.probes.proc import ProcReader, parse_stat, parse_status
 from sidecar.sampling.discovery import Discovery
 from sidecar.sampling.jobs import job_key_for, launcher_of_argv
+from sidecar.sampling.spawned import SPAWN_JOIN_SECONDS, is_spawned, joined_group
 from sidecar.settings import Settings
 from tests import cgtrees
 from tests.cgtrees import MIB, MOUNTINFO_HYBRID
@@ -479,3 +480,106 @@ def test_a_child_of_deepspeed_s_launcher_without_rank_is_no_rank(tmp_path):
     d = Discovery(ProcReader(str(root)))
     (job,) = d.tick()
     assert set(job.ranks) == {DS_RANK0} and d.entries[DS_RANK1].kind == "pending"
+
+
+# The capture in fixtures/proc-spawn: a script calling torch.multiprocessing.spawn, its
+# resource tracker, two spawned ranks in a gloo group and two spawn-context workers each.
+SP_PARENT, SP_TRACKER, SP_RANK0, SP_RANK1 = 29836, 29838, 29839, 29840
+SP_WORKERS = {SP_RANK0: [29850, 29851], SP_RANK1: [29852, 29853]}
+SP_STARTED = 1708001 / 100  # the ranks' start, s after boot (their stat's field 22)
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (("/usr/bin/python3", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=4, "
+          "pipe_handle=6)", "--multiprocessing-fork"), True),
+        (("python", "-B", "-s", "-c", "from multiprocessing.spawn import spawn_main; spawn_main(9)",
+          "--multiprocessing-fork"), True),
+        # the resource tracker, the forkserver, a script that mentions the flag
+        (("python", "-c", "from multiprocessing.resource_tracker import main;main(3)"), False),
+        (("python", "-c", "from multiprocessing.forkserver import main", "--multiprocessing-fork"), False),
+        (("python", "train.py", "--multiprocessing-fork"), False),
+        ((), False),
+    ],
+)  # fmt: skip
+def test_spawned_forms(argv, expected):
+    assert is_spawned(argv) == expected
+
+
+def test_a_process_group_is_known_by_its_threads():
+    assert joined_group(["python", "pt_gloo_runloop"]) and joined_group(["pt_nccl_watchdg"])
+    assert joined_group(["pt_tcpstore_uv"]) and not joined_group(["python", "pt_autograd_0", "pool-1"])
+
+
+def _spawn_tree(tmp_path, grouped: bool = True):
+    root = tmp_path / "proc"
+    shutil.copytree(FIXTURES / "proc-spawn", root)
+    if not grouped:  # the same tree, no child in a process group: a pool of the spawn context
+        for comm in root.glob("*/task/*/comm"):
+            comm.write_bytes(b"python\n")
+    return root
+
+
+def test_an_mp_spawn_launch_is_a_job_its_ranks_numbered_by_their_order(tmp_path):
+    """The script that called spawn is the job's launching process; its spawned children in a
+    process group are its ranks, numbered by their order (nothing in their environment says
+    they are ranks); their own spawn-context workers are part of their trees, never ranks;
+    the resource tracker is nothing."""
+    d = Discovery(ProcReader(str(_spawn_tree(tmp_path))))
+    (job,) = d.tick()
+    assert job.agent.pid == SP_PARENT and job.launcher == "spawn" and job.key == str(SP_PARENT)
+    assert job.entrypoint == "/work/main/tests/workloads/spawned.py" and job.run_id is None
+    ranks = {pid: (r.label, r.rank, r.local_rank, r.rank_source) for pid, r in job.ranks.items()}
+    assert ranks == {SP_RANK0: ("local0", None, 0, "order"), SP_RANK1: ("local1", None, 1, "order")}
+    for rank, workers in SP_WORKERS.items():
+        assert d.tree(rank) == [rank, *workers]
+    assert d.entries[SP_TRACKER].kind == "other"
+
+
+def test_spawned_children_with_a_rank_in_their_inherited_environment_are_numbered_by_order(tmp_path):
+    """A spawned child's environment is its parent's: a RANK there (the parent's own, from a
+    wrapper) is not the child's number."""
+    root = _spawn_tree(tmp_path)
+    for pid in (SP_PARENT, SP_RANK0, SP_RANK1):
+        (root / str(pid) / "environ").write_bytes(b"RANK=7\0LOCAL_RANK=3\0WORLD_SIZE=16\0")
+    (job,) = Discovery(ProcReader(str(root))).tick()
+    assert {r.label: (r.rank, r.local_rank) for r in job.ranks.values()} == {
+        "local0": (None, 0),
+        "local1": (None, 1),
+    }
+    assert job.world_size is None
+
+
+def test_spawned_children_outside_a_process_group_are_no_ranks(tmp_path):
+    """Children of the spawn context that never join a group (DataLoader workers, a pool)
+    wait while young, then are nothing; their parent is no job."""
+    now = [SP_STARTED + 5]
+    d = Discovery(ProcReader(str(_spawn_tree(tmp_path, grouped=False))), uptime=lambda: now[0])
+    assert d.tick() == []
+    assert d.entries[SP_RANK0].kind == "spawned" and d.entries[SP_PARENT].kind == "other"
+    now[0] = SP_STARTED + SPAWN_JOIN_SECONDS + 1
+    assert d.tick() == []
+    assert d.entries[SP_RANK0].kind == "other" and d.entries[SP_RANK1].kind == "other"
+
+
+def test_a_spawned_child_joins_its_group_later(tmp_path):
+    """A spawned child found before its imports end becomes a rank at the listing after it
+    joined its group, with the index of its start."""
+    root = _spawn_tree(tmp_path)
+    comms = {p: (root / str(p) / "task").glob("*/comm") for p in (SP_RANK0, SP_RANK1)}
+    saved = {c: c.read_bytes() for cs in comms.values() for c in cs}
+    for comm in saved:
+        comm.write_bytes(b"python\n")
+    now = [SP_STARTED + 3]
+    d = Discovery(ProcReader(str(root)), uptime=lambda: now[0])
+    assert d.tick() == []
+    for comm, data in saved.items():
+        if f"/{SP_RANK1}/" in str(comm):
+            comm.write_bytes(data)  # rank 1 joined first
+    (job,) = d.tick()
+    assert {r.label for r in job.ranks.values()} == {"local1"}
+    for comm, data in saved.items():
+        comm.write_bytes(data)
+    (job,) = d.tick()
+    assert {pid: r.label for pid, r in job.ranks.items()} == {SP_RANK0: "local0", SP_RANK1: "local1"}

@@ -7,6 +7,10 @@ the killer and every other rank's fate as that launcher's teardown makes it.
   RANK and LOCAL_RANK in its environment, and SIGTERMs every other rank's tree when one
   exits non-zero (``deepspeed/launcher/launch.py``). Under ``trainwatch run`` too, where
   the launcher is below the command.
+- ``torch.multiprocessing.spawn`` (tests/workloads/spawned.py, as PyTorch's DDP tutorial
+  launches): the script that calls spawn is the launcher; each spawned child sets its rank in
+  its own ``os.environ``, so it is found by the process group it joins and numbered by its
+  order. When one exits non-zero, spawn's ``join`` SIGTERMs the others.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from tests.e2e import (
     WORKLOAD,
     DaemonProc,
     DeepSpeedJob,
+    SpawnJob,
     free_port,
     job_postmortem,
     survivor_fate_right,
@@ -123,3 +128,66 @@ def test_trainwatch_run_names_the_death_of_a_job_deepspeed_launched(tmp_path):
     (doc,) = [json.loads(p.read_text()) for p in (tmp_path / "pm").glob("*.json")]
     assert doc["job"]["launcher"] == "deepspeed" and doc["victim"]["rank"] == 1
     assert "ValueError: rank 1: a bad batch on purpose" in doc["killer"]["summary"], doc["killer"]
+
+
+def test_an_mp_spawn_rank_killed_from_outside_is_named_and_the_parent_s_teardown_is_told(tmp_path):
+    """Spawned ranks are found by the group they join, numbered by their order; their own
+    spawn-context workers (fresh interpreters, as a DataLoader with the spawn context starts)
+    are in their trees, never ranks. Rank 1 is then SIGKILLed from outside."""
+    with (
+        DaemonProc(tmp_path) as daemon,
+        SpawnJob(tmp_path, "spawn-kill", hold_mb=50, workers=2, worker_mb=8, worker_context="spawn") as job,
+    ):
+        pids = job.ready()
+        seen = daemon.wait_sampled(job, pids)
+        assert seen["launcher"] == "spawn" and seen["job"] == str(job.agent_pid), seen
+        ranks = {r["local_rank"]: r for r in seen["ranks"]}
+        assert sorted(ranks) == [0, 1], seen["ranks"]  # four workers, no rank among them
+        for rank, rank_pids in pids.items():
+            row = ranks[rank]
+            assert row["pid"] == rank_pids[0] and row["rank_source"] == "order" and row["rank"] is None, row
+            assert row["tree_processes"] == len(rank_pids) == 3, row
+        info = [
+            labels for labels, _ in daemon.metrics()["trainwatch_rank_info"] if labels["job"] == seen["job"]
+        ]
+        assert sorted((i["rank"], i["launcher"]) for i in info) == [("local0", "spawn"), ("local1", "spawn")]
+        os.kill(pids[1][0], signal.SIGKILL)
+        doc = job_postmortem(daemon, victim_rank=None, want_fates=2, job=job)
+        assert job.proc.wait(60) != 0  # spawn's join raised ProcessExitedException
+    killer = doc["killer"]
+    assert killer["kind"] == "external_signal", killer
+    assert doc["victim"]["pid"] == pids[1][0] and doc["victim"]["signal"] == "SIGKILL", doc["victim"]
+    rows = {r["pid"]: r for r in doc["ranks"]}
+    assert rows[pids[1][0]]["fate"] == "root_cause" and survivor_fate_right(rows[pids[0][0]]), doc["ranks"]
+    assert doc["job"]["launcher"] == "spawn" and {r["rank_source"] for r in doc["ranks"]} == {"order"}
+
+
+@pytest.mark.root
+@requires("memcg", "kmsg")
+def test_an_mp_spawn_rank_at_its_cgroup_limit_is_named_with_certainty(tmp_path):
+    """The whole spawn job in a 1.5 GiB memory cgroup; rank 1 grows until the kernel kills it."""
+    with memory_cgroup(int(1.5 * GIB), "trainwatch-spawn-oom") as (_version, parent, child):
+        wrap = join_cgroup(child)  # the script that spawns, and so every rank
+        with (
+            DaemonProc(tmp_path) as daemon,
+            SpawnJob(
+                tmp_path,
+                "spawn-oom",
+                wrap=wrap,
+                hold_mb=50,
+                workers=0,
+                grow_rank=1,
+                grow_after=2,
+                grow_interval=0.1,
+            ) as job,
+        ):
+            pids = job.ready()
+            doc = job_postmortem(daemon, victim_rank=None, want_fates=2, job=job)
+            job.proc.wait(60)
+    killer = doc["killer"]
+    assert killer["kind"] == "cgroup_oom" and killer["confidence"] == "certain", killer
+    assert f"/{parent.name}" in killer["summary"], killer
+    assert doc["victim"]["pid"] == pids[1][0] and doc["victim"]["signal"] == "SIGKILL", doc["victim"]
+    rows = {r["pid"]: r for r in doc["ranks"]}
+    assert rows[pids[1][0]]["fate"] == "root_cause" and survivor_fate_right(rows[pids[0][0]]), doc["ranks"]
+    assert doc["job"]["launcher"] == "spawn"

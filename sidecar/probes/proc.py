@@ -442,6 +442,23 @@ class ProcReader:
     def cmdline(self, pid: int) -> tuple[str, ...]:
         return parse_cmdline(read_bytes(f"{self.root}/{pid}/cmdline", limit=256 << 10))
 
+    def thread_names(self, pid: int, limit: int = 512) -> list[str]:
+        """The names (``comm``) of the process's threads, at most ``limit`` of them (a
+        process with thousands of threads costs no more than that)."""
+        task = f"{self.root}/{pid}/task"
+        try:
+            tids = [t for t in os.listdir(task) if t.isdigit()][:limit]
+        except OSError as exc:
+            raise translate_os_error(exc, task) from None
+        names = []
+        for tid in tids:
+            try:
+                comm = read_bytes(f"{task}/{tid}/comm", limit=64)
+                names.append(comm.decode("utf-8", "replace").rstrip("\n"))
+            except NoSuchProcess:
+                continue  # that thread ended
+        return names
+
     def cgroup(self, pid: int) -> bytes:
         return read_bytes(f"{self.root}/{pid}/cgroup")
 

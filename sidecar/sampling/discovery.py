@@ -12,6 +12,10 @@ A new process is
   launcher (``jobs.is_worker``: RANK, LOCAL_RANK, TORCHELASTIC_RUN_ID, ...). A child
   caught between fork and exec still has the agent's environment; it is retried on the
   next ticks;
+* **spawned** when it is a child of multiprocessing's spawn start method outside every
+  job's tree: a rank of ``torch.multiprocessing.spawn`` once it has joined a process group
+  (looked at every listing), its parent then the job's launching process; a helper of the
+  spawn context if it never does (``spawned.py``);
 * part of a rank's **tree** (DataLoader workers, compile workers) when it descends from a
   rank: membership is a walk of parent links, so late arrivals and grandchildren count;
 * anything else. Young processes are re-checked every tick and old ones every few
@@ -42,7 +46,9 @@ from sidecar.errors import AccessDenied, NoSuchProcess, ParseError, ProbeError
 from sidecar.model import ProcKey, RankEnv
 from sidecar.probes.proc import TICKS_PER_SECOND, ProcReader, entrypoint_of, parse_rank_env
 from sidecar.redact import redact_argv
-from sidecar.sampling.jobs import AGENT_COMM, TORCHRUN, TrackedJob, attach_rank, is_worker, launcher_of_argv
+from sidecar.sampling import jobs
+from sidecar.sampling.jobs import TrackedJob, attach_rank, launcher_of_argv
+from sidecar.sampling.spawned import Spawned, is_spawned
 
 __all__ = ["Discovery"]
 
@@ -70,7 +76,7 @@ class _Entry:
     ppid: int
     comm: str
     first_seen: float
-    kind: str = "new"  # new | agent | rank | pending | other | kthread
+    kind: str = "new"  # new | agent | rank | pending | spawned | other | kthread
 
 
 class Discovery:
@@ -102,6 +108,7 @@ class Discovery:
         self._watched: set[int] = set()
         self.trees: dict[int, list[int]] = {}  # rank pid -> its tree, as of the last tick
         self._pending: set[int] = set()  # agent children waiting for their exec
+        self.spawned = Spawned(reader)  # spawned children waiting to join a group
         self._young: set[int] = set()  # "other" processes re-checked every tick
         self._next_sweep = 0.0  # when every older "other" process is re-checked
         self._self_pid = os.getpid()
@@ -183,6 +190,12 @@ class Discovery:
                 self._young.discard(pid)
             elif pid not in self._watched:
                 self._recheck(entry, young=True)
+        for pid in list(self.spawned.waiting):
+            entry = entries.get(pid)
+            if entry is None or entry.kind != "spawned":
+                self.spawned.waiting.pop(pid, None)
+            else:
+                self._check_spawned(entry)
         if now >= self._next_sweep:
             self._next_sweep = now + (RECHECK_SECONDS if self.feed is None else RECHECK_WITH_EVENTS_SECONDS)
             for entry in list(entries.values()):
@@ -255,32 +268,11 @@ class Discovery:
         self.unreadable.pop(entry.key, None)
         self._pending.discard(pid)
         self._young.discard(pid)
+        self.spawned.forget(pid)
         if entry.kind == "agent":
-            job = self.jobs.get(pid)
-            if job is None:
-                return
-            if job.ranks:
-                # Workers are session leaders of their own: they outlive a killed agent, and
-                # still hold their memory. Keep watching them until they exit.
-                job.agent_alive = False
-                log.warning(
-                    "job %s: the agent (pid %d) exited but %d rank(s) still run; watching them until "
-                    "they exit",
-                    job.key,
-                    pid,
-                    len(job.ranks),
-                )
-            else:
-                del self.jobs[pid]
-                log.info("job %s: agent pid %d exited, detached", job.key or f"(agent {pid})", pid)
+            jobs.agent_gone(self.jobs, pid)
         elif entry.kind == "rank":
-            job = self.jobs.get(entry.ppid)
-            rank = job.ranks.pop(pid, None) if job else None
-            if job is not None and rank is not None:
-                log.info("job %s: rank %s (pid %d) exited", job.key, rank.label, pid)
-                if not job.agent_alive and not job.ranks:
-                    del self.jobs[entry.ppid]
-                    log.info("job %s: the last orphaned rank exited, detached", job.key)
+            jobs.rank_gone(self.jobs, entry.ppid, pid)
 
     # -- internals ----------------------------------------------------------------------
 
@@ -311,14 +303,24 @@ class Discovery:
             return  # a kernel thread, or already taken as a rank by its agent
         parent = self.entries.get(entry.ppid)
         if parent is not None and parent.kind == "agent":
-            self._make_pending(entry, now)
+            job = self.jobs.get(entry.ppid)
+            if job is None or job.launcher != jobs.SPAWN:
+                self._make_pending(entry, now)
+                return
+            # a spawn job's parent: only its spawned children that join a group are ranks
+        if parent is not None and parent.kind in ("rank", "pending", "spawned"):
+            entry.kind = "other"  # part of a rank's tree (or a rank's to be); found by tree()
             return
-        if parent is not None and parent.kind in ("rank", "pending"):
-            entry.kind = "other"  # part of a rank's tree; found by tree()
+        if entry.comm == jobs.AGENT_COMM:
+            self._make_agent(entry, jobs.TORCHRUN)
             return
-        launcher = TORCHRUN if entry.comm == AGENT_COMM else self._launcher_of(entry)
+        argv = self._argv(entry)
+        launcher = launcher_of_argv(argv)
         if launcher is not None:
             self._make_agent(entry, launcher)
+            return
+        if is_spawned(argv) and self._spawn_parent(entry):
+            self._make_spawned(entry)
             return
         if entry.kind == "new":
             entry.kind = "other"
@@ -336,17 +338,56 @@ class Discovery:
         if entry.kind == "pending":
             self._pending.add(entry.key.pid)
 
-    def _launcher_of(self, entry: _Entry) -> str | None:
-        """The launcher this process's command line starts, if any."""
+    def _argv(self, entry: _Entry) -> tuple[str, ...]:
+        """The process's command line (empty when unreadable). An empty cmdline is not a
+        kernel thread (those are known by their parent, kthreadd): a process in the middle
+        of execve() reads empty between the switch to its new memory and the copy of its
+        arguments. Taking that for a kernel thread once lost a torchrun agent for good
+        (exec'd behind a wrapper while the CPUs were busy)."""
         try:
-            argv = self.reader.cmdline(entry.key.pid)
+            return self.reader.cmdline(entry.key.pid)
         except ProbeError:
-            return None
-        # An empty cmdline is not a kernel thread (those are known by their parent, kthreadd):
-        # a process in the middle of execve() reads empty between the switch to its new
-        # memory and the copy of its arguments. Taking that for a kernel thread once lost a
-        # torchrun agent for good (exec'd behind a wrapper while the CPUs were busy).
-        return launcher_of_argv(argv) if argv else None
+            return ()
+
+    # -- spawned children (torch.multiprocessing.spawn) ----------------------------------
+
+    def _spawn_parent(self, entry: _Entry) -> bool:
+        """Whether a spawned child's parent could be a launching process: known, outside
+        every job's tree (a rank's spawn-context DataLoader workers are its tree's)."""
+        parent = self.entries.get(entry.ppid)
+        if parent is None or entry.ppid in self._watched:
+            return False
+        if parent.kind == "agent":  # a spawn job's parent starting one more
+            job = self.jobs.get(entry.ppid)
+            return job is not None and job.launcher == jobs.SPAWN
+        return parent.kind in ("new", "other")
+
+    def _make_spawned(self, entry: _Entry) -> None:
+        entry.kind = "spawned"
+        self._young.discard(entry.key.pid)
+        self.spawned.wait(entry.key.pid, entry.ppid)
+        self._check_spawned(entry)
+
+    def _check_spawned(self, entry: _Entry) -> None:
+        """A rank once it joined a group (its parent then the job's launching process);
+        a helper once it has taken too long."""
+        joined = self.spawned.check(entry.key.pid, self._age(entry))
+        if joined is None:
+            if entry.key.pid not in self.spawned.waiting:
+                entry.kind = "other"  # it took too long: a helper of the spawn context
+            return
+        index, env = joined
+        parent = self.entries.get(entry.ppid)
+        if parent is not None and parent.kind != "agent":
+            self._make_agent(parent, jobs.SPAWN)
+        job = self.jobs.get(entry.ppid)
+        if job is None or job.launcher != jobs.SPAWN:  # its parent is no launching process after all
+            entry.kind = "other"
+            return
+        entry.kind = "rank"
+        entrypoint = entrypoint_of(job.agent_argv)  # the script that called spawn
+        attach_rank(job, self.jobs.values(), entry.key, env, entrypoint, self.wall(), index)
+        self._dirty = True
 
     def _recheck(self, entry: _Entry, young: bool) -> None:
         """Has this process exec'd into an agent? Young processes get their argv read
@@ -363,38 +404,31 @@ class Discovery:
             return
         changed = st.comm != entry.comm
         entry.comm = st.comm
-        if st.comm == AGENT_COMM:
-            self._make_agent(entry, TORCHRUN)
+        if st.comm == jobs.AGENT_COMM:
+            self._make_agent(entry, jobs.TORCHRUN)
         elif changed or young:
-            launcher = self._launcher_of(entry)
+            argv = self._argv(entry)
+            launcher = launcher_of_argv(argv)
             if launcher is not None:
                 self._make_agent(entry, launcher)
+            elif is_spawned(argv) and self._spawn_parent(entry):
+                self._make_spawned(entry)
 
     def _allowed(self, entry: _Entry) -> bool:
-        if not self.only:
-            return True
-        pid: int | None = entry.key.pid
-        seen = 0
-        while pid is not None and seen < 64:
-            if pid in self.only:
-                return True
-            parent = self.entries.get(pid)
-            if parent is not None:
-                ppid = parent.ppid
-            else:  # not listed since the last scan (found by an event): ask /proc
-                try:
-                    ppid = self.reader.stat(pid).ppid
-                except ProbeError:
-                    return False
-            pid = ppid if ppid != pid and ppid > 0 else None
-            seen += 1
-        return False
+        """Whether the process is, or descends from, one of the pids watched (all without)."""
+        return not self.only or jobs.descends_from(entry.key.pid, self.only, self._parent_of)
+
+    def _parent_of(self, pid: int) -> int:
+        entry = self.entries.get(pid)
+        if entry is not None:
+            return entry.ppid
+        return self.reader.stat(pid).ppid  # not listed since the last scan (found by an event)
 
     def _make_agent(self, entry: _Entry, launcher: str) -> None:
         # An agent inside another agent's tree (a pre-exec worker still named pt_elastic)
         # is not a new job.
         parent = self.entries.get(entry.ppid)
-        if parent is not None and parent.kind in ("agent", "rank", "pending"):
+        if parent is not None and parent.kind in ("agent", "rank", "pending", "spawned"):
             return
         if not self._allowed(entry):
             entry.kind = "kthread"  # never look at it again
@@ -408,12 +442,14 @@ class Discovery:
         log.info(
             "found %s %s pid %d: %s",
             launcher,
-            "agent" if launcher == TORCHRUN else "launcher",
+            "agent" if launcher == jobs.TORCHRUN else "launcher",
             entry.key.pid,
             " ".join(redact_argv(argv))[:300] or entry.comm,
         )
         if self.feed is not None:  # a child forked before the connector's filter knew the agent
             self._rescan_soon = True
+        if launcher == jobs.SPAWN:
+            return  # its ranks are its spawned children that join a group (_check_spawned)
         # Children seen before their parent was known to be an agent.
         now = self.clock()
         for child_pid in sorted(self.children.get(entry.key.pid, ())):
@@ -449,7 +485,7 @@ class Discovery:
             return
         except (NoSuchProcess, ParseError):
             return
-        if is_worker(job.launcher, env):
+        if jobs.is_worker(job.launcher, env):
             self._attach(job, entry, env)
         elif now - entry.first_seen > PENDING_RANK_SECONDS:
             entry.kind = "other"

@@ -14,6 +14,8 @@ The launchers known by their own process (each, the mechanism that makes it one)
   one node, through pdsh or ssh on several). It starts each rank with ``subprocess.Popen``,
   RANK, LOCAL_RANK and WORLD_SIZE in its environment (``deepspeed/launcher/launch.py``),
   and when one exits non-zero it SIGTERMs every other rank's tree, SIGKILL after 30 s.
+* ``spawn``: ``torch.multiprocessing.spawn``, from a script of any name: its children are
+  ranks once they join a process group (``spawned.py`` says how they are told).
 """
 
 from __future__ import annotations
@@ -21,19 +23,24 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from sidecar.errors import ProbeError
 from sidecar.model import ProcKey, RankEnv
 
 __all__ = [
     "AGENT_COMM",
+    "SPAWN",
     "TORCHRUN",
     "TrackedJob",
     "TrackedRank",
+    "agent_gone",
     "attach_rank",
+    "descends_from",
     "job_key_for",
     "launcher_of_argv",
+    "rank_gone",
 ]
 
 log = logging.getLogger("sidecar.discovery")
@@ -41,6 +48,7 @@ log = logging.getLogger("sidecar.discovery")
 AGENT_COMM = "pt_elastic"
 TORCHRUN = "torchrun"
 DEEPSPEED = "deepspeed"
+SPAWN = "spawn"
 # python -m MODULE: the launcher it makes
 _LAUNCHER_MODULES = {
     "torch.distributed.run": TORCHRUN,
@@ -81,6 +89,8 @@ def is_worker(launcher: str, env: RankEnv) -> bool:
     LOCAL_RANK, which the launcher's own environment lacks."""
     if launcher == TORCHRUN:
         return env.is_worker
+    if launcher == SPAWN:
+        return False  # its environment is its parent's: a group's threads tell (spawned.py)
     return env.rank is not None or env.local_rank is not None
 
 
@@ -140,12 +150,16 @@ def attach_rank(
     env: RankEnv | None,
     entrypoint: str | None,
     now: float,
+    order: int | None = None,
 ) -> TrackedRank:
     """The rank ``key`` joins ``job``: its label (its RANK, else its local rank, else its
     order), and the job's key, world size and restarts as its environment tells them.
-    ``jobs``: every tracked job (two jobs never share a key)."""
+    ``jobs``: every tracked job (two jobs never share a key). ``order``: its place among
+    the launcher's children, where the launcher gives it no other number (spawn's)."""
     pid = key.pid
-    if env is not None and env.rank is not None:
+    if order is not None:
+        label, source = f"local{order}", "order"
+    elif env is not None and env.rank is not None:
         label, source = str(env.rank), "RANK"
     elif env is not None and env.local_rank is not None:
         label, source = f"local{env.local_rank}", "LOCAL_RANK"
@@ -177,3 +191,51 @@ def attach_rank(
         "" if job.launcher == TORCHRUN else f" (launched by {job.launcher})",
     )
     return rank
+
+
+def agent_gone(jobs: dict[int, TrackedJob], pid: int) -> None:
+    """The job's launching process exited: the job ends with it, or (its ranks still
+    running: torchrun's workers are session leaders of their own, they outlive a killed
+    agent and still hold their memory) when the last of them exits."""
+    job = jobs.get(pid)
+    if job is None:
+        return
+    if job.ranks:
+        job.agent_alive = False
+        log.warning(
+            "job %s: the agent (pid %d) exited but %d rank(s) still run; watching them until they exit",
+            job.key,
+            pid,
+            len(job.ranks),
+        )
+    else:
+        del jobs[pid]
+        log.info("job %s: agent pid %d exited, detached", job.key or f"(agent {pid})", pid)
+
+
+def rank_gone(jobs: dict[int, TrackedJob], agent_pid: int, pid: int) -> None:
+    """A rank exited; the job ends with its last rank once its agent is gone."""
+    job = jobs.get(agent_pid)
+    rank = job.ranks.pop(pid, None) if job else None
+    if job is not None and rank is not None:
+        log.info("job %s: rank %s (pid %d) exited", job.key, rank.label, pid)
+        if not job.agent_alive and not job.ranks:
+            del jobs[agent_pid]
+            log.info("job %s: the last orphaned rank exited, detached", job.key)
+
+
+def descends_from(pid: int, pids: frozenset[int], parent_of: Callable[[int], int]) -> bool:
+    """Whether ``pid`` or one of its ancestors (up to 64 levels) is in ``pids``.
+    ``parent_of`` raises ProbeError for a process gone."""
+    at: int | None = pid
+    for _ in range(64):
+        if at is None:
+            return False
+        if at in pids:
+            return True
+        try:
+            ppid = parent_of(at)
+        except ProbeError:
+            return False
+        at = ppid if ppid != at and ppid > 0 else None
+    return False

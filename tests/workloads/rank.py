@@ -124,6 +124,12 @@ def main() -> int:
     )
     ap.add_argument("--worker-mb", type=int, default=32)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument(
+        "--worker-context",
+        default="fork",
+        help="the multiprocessing start method of the workers (spawn: fresh interpreters, as a "
+        "DataLoader with multiprocessing_context='spawn' starts)",
+    )
     ap.add_argument("--duration", type=float, default=60.0)
     ap.add_argument("--stop-file", default=None)
     ap.add_argument("--ready-dir", default=None)
@@ -252,7 +258,7 @@ def main() -> int:
     if args.gpu_mb and torch.cuda.is_available():  # GPU memory NVML attributes to this rank
         device = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
         on_gpu = torch.ones(args.gpu_mb << 20, dtype=torch.uint8, device=f"cuda:{device}")
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context(args.worker_context)
     if rank == args.cow_rank and restart == 0:
         DATASET.extend(range(10**6, 10**6 + args.cow_mb * 2**20 // 36))  # 28 B an int, 8 B its slot
     held = [ctx.Event() for _ in range(args.workers)]
