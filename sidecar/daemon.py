@@ -26,6 +26,7 @@ from sidecar.probes.zombies import ask_zombie_status
 from sidecar.sampling.foresight import Foresight
 from sidecar.sampling.sampler import CGROUP_LINGER_SECONDS, RoundPlan, Sampler
 from sidecar.sampling.stalls import StallTracker
+from sidecar.sampling.stranded import StrandTracker
 from sidecar.sampling.timeline import Timeline
 from sidecar.settings import PRESSURE_INTERVAL_SECONDS, Settings
 from sidecar.watch.exits import ProcConnector
@@ -99,6 +100,9 @@ class Daemon:
             warnings_of=self.foresight.warnings,
             journal=Journal(settings.postmortem_dir),
             boot_id=read_boot_id(settings.proc_root),
+        )
+        self.stranded = StrandTracker(
+            lambda: self.deaths.death_times, self.deaths.on_stranded, window=self.stalls.window
         )
         self.watch_deaths = watch_deaths
         self.connector: ProcConnector | None = None
@@ -298,6 +302,7 @@ class Daemon:
         if snapshot.detail or self._snapshot is None:
             snapshot = self.foresight.update(snapshot)
             snapshot = self.stalls.update(snapshot)
+            snapshot = self.stranded.update(snapshot)
         self._judged = snapshot
         with self._lock:
             self._snapshot = snapshot

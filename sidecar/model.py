@@ -31,6 +31,7 @@ __all__ = [
     "RankProgress",
     "RankSample",
     "Snapshot",
+    "Stranding",
     "TimelinePoint",
     "decode_wait_status",
     "evolve",
@@ -111,6 +112,8 @@ class Fate(_Word):
     TERMINATED_BY_AGENT = "terminated_by_agent"
     EXITED_CLEANLY = "exited_cleanly"
     RUNNING = "running"
+    # alive, making no progress, after another rank of its job died (sampling/stranded.py)
+    STRANDED = "stranded"
     UNKNOWN = "unknown"
 
 
@@ -357,6 +360,20 @@ class RankProgress:
 
 
 @dataclass(frozen=True, slots=True)
+class Stranding:
+    """Ranks of a job left alive and making no progress after another rank of it died
+    (``sidecar/sampling/stranded.py``). ``since``: wall-clock seconds, the earliest of the
+    stranded ranks'; ``dead_ranks``/``ranks``: labels; ``pids``: the stranded ranks';
+    ``gpu_memory_bytes``: what NVML attributes to their trees, held for nothing."""
+
+    since: float
+    dead_ranks: tuple[str, ...]
+    ranks: tuple[str, ...]
+    pids: tuple[int, ...]
+    gpu_memory_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class JobSample:
     """A distributed job (one launching process, its "agent", on this machine) and its live
     ranks. ``launcher``: which launcher started them (sampling/jobs.py)."""
@@ -379,6 +396,7 @@ class JobSample:
     # monotonic time of the detailed round that read it; None where it could not be read
     shm: tuple[int, int, float] | None = None
     launcher: str = "torchrun"
+    stranded: Stranding | None = None  # sidecar/sampling/stranded.py
 
 
 @dataclass(frozen=True, slots=True)

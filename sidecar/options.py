@@ -70,6 +70,26 @@ def _seconds(lo: float, hi: float) -> Callable[[str, str], float]:
     return check
 
 
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _duration(lo: float, hi: float) -> Callable[[str, str], float]:
+    """Seconds, or a number with s, m or h: ``90``, ``90s``, ``5m``, ``1h``."""
+
+    def check(raw: str, name: str) -> float:
+        text = raw.strip()
+        unit = _DURATION_UNITS.get(text[-1:].lower(), 0.0)
+        try:
+            value = float(text[:-1] if unit else text) * (unit or 1.0)
+        except ValueError:
+            raise ConfigError(f"{name}: expected a duration (90, 90s, 5m, 1h), got {raw!r}") from None
+        if not (lo <= value <= hi):
+            raise ConfigError(f"{name}: must be between {lo:g} and {hi:g} seconds, got {raw}")
+        return value
+
+    return check
+
+
 def _truthy(raw: str, name: str) -> bool:
     if raw.lower() in ("1", "true", "yes", "on"):
         return True
@@ -269,6 +289,18 @@ OPTIONS: tuple[Option, ...] = (
         "peer's is silent) has its job reported stalled, and the stall snapshot taken",
         default="60",
         check=_seconds(1.0, WEEK_SECONDS),
+    ),
+    Option(
+        flag="--end-stranded-after",
+        var="TRAINWATCH_END_STRANDED_AFTER",
+        field="end_stranded_after_seconds",
+        metavar="DURATION",
+        help="once ranks of this job have been stranded this long (alive and making no progress after "
+        "another rank died: 90, 90s, 5m), end the job: SIGTERM to the command and every rank, SIGKILL "
+        "to what is left 10 s later; run then exits with status 124",
+        default="off: a stranded job is reported, never ended",
+        check=_duration(1.0, WEEK_SECONDS),
+        verbs=frozenset({RUN}),
     ),
     Option(
         flag="--py-spy",

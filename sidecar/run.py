@@ -14,6 +14,12 @@ Signals: Ctrl-C at a terminal reaches the command's process group directly, as w
 trainwatch; a signal sent to trainwatch itself (``kill``, Slurm's ``scancel``, a
 container's stop) is passed on to the command once. Ranks are in sessions of their own
 (torchrun starts them so), so neither reaches them except through torchrun.
+
+``--end-stranded-after DURATION`` (off by default): once ranks of the job have been stranded
+that long (alive and making no progress after another rank died: ``sampling/stranded.py``),
+run ends its own job: SIGTERM to the command and to every rank it watches (through pidfds, so
+a pid reused meanwhile is never signalled), SIGKILL to what is left ``STRANDED_GRACE_S``
+later; it then exits with ``ENDED_STRANDED``. The daemon itself never signals a job.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import dataclasses
 import fcntl
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -34,6 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from sidecar.errors import ConfigError
+from sidecar.model import ProcKey
 from sidecar.settings import Settings
 
 if TYPE_CHECKING:
@@ -46,6 +54,8 @@ log = logging.getLogger("trainwatch")
 KEEP_BYTES = 8 << 20  # the output kept as evidence: the last 8 MiB
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 SI_KERNEL = 0x80  # si_code of a signal the kernel generated (a terminal's Ctrl-C, Ctrl-\)
+STRANDED_GRACE_S = 10.0  # --end-stranded-after: SIGTERM, then SIGKILL this much later
+ENDED_STRANDED = 124  # the exit status when run ended a stranded job (as timeout(1) does)
 
 
 class OutputKeeper:
@@ -195,13 +205,96 @@ def run_command(
                 os.kill(child.pid, info.si_signo)
 
     threading.Thread(target=forward, name="trainwatch-signals", daemon=True).start()
+    ended = threading.Event()
+    if service is not None and settings.end_stranded_after_seconds is not None:
+        threading.Thread(
+            target=_end_when_stranded,
+            args=(service, child, settings.end_stranded_after_seconds, ended),
+            name="trainwatch-stranded",
+            daemon=True,
+        ).start()
     code = child.wait()
     for p in pumps:
         p.join(5)  # ranks left behind may hold the output open: do not wait for them forever
     if service is not None:
         service.stop()  # finishes the postmortems in flight
         _report(service, earlier)
+    if ended.is_set():
+        return ENDED_STRANDED
     return 128 - code if code < 0 else code
+
+
+def _end_when_stranded(
+    service: Service, child: subprocess.Popen[bytes], after: float, ended: threading.Event
+) -> None:
+    """``--end-stranded-after``: look at the run's own snapshot every second; once a
+    stranding has lasted ``after`` seconds, end the job."""
+    while child.poll() is None:
+        snap = service.daemon.snapshot
+        jobs = snap.jobs if snap is not None else ()
+        for job in jobs:
+            s = job.stranded
+            if s is None or time.time() - s.since < after:
+                continue
+            log.warning(
+                "trainwatch run: job %s: rank(s) %s stranded for %.0f s after rank(s) %s died: "
+                "ending the job (--end-stranded-after)",
+                job.key,
+                ", ".join(s.ranks),
+                time.time() - s.since,
+                ", ".join(s.dead_ranks),
+            )
+            ended.set()
+            _end_job(child, [r.key for j in jobs for r in j.ranks])
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(1.0)
+
+
+def _end_job(child: subprocess.Popen[bytes], ranks: list[ProcKey]) -> None:
+    """SIGTERM to the command and the ranks, SIGKILL to what is left after the grace. A rank
+    is signalled through a pidfd opened and then checked against its start time: never a
+    process that took its pid since."""
+    from sidecar.probes.proc import ProcReader
+
+    reader = ProcReader()
+    fds = []
+    for key in ranks:
+        try:
+            fd = os.pidfd_open(key.pid)
+        except OSError:
+            continue  # gone
+        if reader.alive(key):
+            fds.append(fd)
+        else:
+            os.close(fd)
+    try:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(sig)
+            for fd in fds:
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(fd, sig)
+            deadline = time.monotonic() + STRANDED_GRACE_S
+            while time.monotonic() < deadline and (child.poll() is None or _any_alive(fds)):
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(0.2)
+            if child.poll() is not None and not _any_alive(fds):
+                return
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _any_alive(fds: list[int]) -> bool:
+    """Whether a process of these pidfds is still running (a pidfd polls readable once its
+    process has exited)."""
+    if not fds:
+        return False
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return len(poller.poll(0)) < len(fds)
 
 
 SPOOL_KEEP_S = 86_400.0  # spools of earlier runs are removed after a day

@@ -315,6 +315,15 @@ def ranks_view(
                     "suspected_missing": list(job.suspected_missing) if stalled else [],
                     # the snapshot taken when the stall reached --stall-after (sampling/stalls.py)
                     "stall": stall_of(job.key) if stall_of is not None and stalled else None,
+                    # ranks alive and making no progress after another's death (sampling/stranded.py)
+                    "stranded": None
+                    if job.stranded is None
+                    else {
+                        "since": job.stranded.since,
+                        "dead_ranks": list(job.stranded.dead_ranks),
+                        "ranks": list(job.stranded.ranks),
+                        "gpu_memory_bytes": job.stranded.gpu_memory_bytes,
+                    },
                     "ranks": ranks,
                 }
             )

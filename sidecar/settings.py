@@ -57,6 +57,8 @@ class Settings:
     shm_path: str = "/dev/shm"
     disabled: frozenset[str] = frozenset()
     stall_after_seconds: float = 60.0  # a job whose ranks all idle this long is "stalled"
+    # run: end the job once ranks have been stranded this long (sampling/stranded.py); None: never
+    end_stranded_after_seconds: float | None = None
     # py-spy stacks in the stall snapshot: True required, False off, None where installed and permitted
     py_spy: bool | None = None
     oom_score_adj: int | None = -1000  # set at start; None leaves it as inherited

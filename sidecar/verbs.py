@@ -35,7 +35,8 @@ free one when that is taken and neither --port nor TRAINWATCH_PORT was given.
   trainwatch run -- torchrun --nproc-per-node=4 train.py
   trainwatch run --port 0 --postmortem-dir ./pm -- torchrun --standalone --nproc-per-node=2 train.py
 
-Exit status: COMMAND's (128+N after signal N); 2 on a bad option."""
+Exit status: COMMAND's (128+N after signal N); 124 when --end-stranded-after ended the job;
+2 on a bad option."""
 
 DIAGNOSE_HELP = """\
 Name what killed a training job from its logs, after the fact.

@@ -416,3 +416,38 @@ def test_only_a_process_that_is_gone_reads_as_dead(tmp_path, monkeypatch):
 
     monkeypatch.setattr(gather_mod, "read_stat", denied)
     assert gather.alive(ProcKey(10, 500))  # hidepid: a living rank is not a death
+
+
+def test_a_survivor_found_stranded_gets_that_fate_in_the_death_s_postmortem(tmp_path):
+    """The death's postmortem is written at once (the survivor 'running'); when the sampler
+    finds the survivor stranded, the document is rewritten with its fate 'stranded' and since
+    when. A stranded rank that later dies has its death's fate."""
+    from dataclasses import replace
+
+    from sidecar.deaths.engine import DeathWatch
+    from sidecar.model import ProcKey
+    from sidecar.sampling.timeline import Timeline
+    from tests.test_daemon_loop import _job, _snapshot
+
+    store = PostmortemStore(str(tmp_path))
+    watch = DeathWatch(store, Timeline(60, 1), hostname="h")
+    job = _job("a", 100)
+    survivor = replace(job.ranks[0], rank=1, rank_label="1", local_rank=1, key=ProcKey(11, 1))
+    job = replace(job, world_size=2, ranks=(job.ranks[0], survivor))
+    watch.start()
+    try:
+        watch.observe(_snapshot(1, (job,)))
+        watch.on_exit(ExitEvent(10, 9, 9, time.monotonic_ns()))  # rank 0 SIGKILLed
+        doc = wait_for(store.newest, 10, "the postmortem")
+        assert {r["rank"]: r["fate"] for r in doc["ranks"]} == {0: "root_cause", 1: "running"}
+        watch.on_stranded("a", 0, {11: 1234.5})
+        doc = wait_for(
+            lambda: (d := store.newest()) and d["ranks"][1]["fate"] == "stranded" and d, 10, "rewrite"
+        )
+        assert doc["ranks"][1]["stranded_since"] == "1970-01-01T00:20:34.500+00:00"
+        watch.on_stranded("a", 1, {11: 99.0})  # another generation's: not this incident's
+        watch.on_exit(ExitEvent(11, 15, 9, time.monotonic_ns()))  # then SIGTERMed
+        doc = wait_for(lambda: (d := store.newest()) and d["ranks"][1]["signal"] and d, 10, "its death")
+    finally:
+        watch.stop()
+    assert doc["ranks"][1]["fate"] != "stranded" and "stranded_since" not in doc["ranks"][1], doc["ranks"]

@@ -59,6 +59,16 @@ def _overrides(extra: dict[str, Any]) -> list[dict[str, Any]]:
                     ],
                 }
             )
+    if "rightAxisBytes" in extra:  # a series in bytes beside counts: its own axis, on the right
+        out.append(
+            {
+                "matcher": {"id": "byRegexp", "options": f".*{extra['rightAxisBytes']}"},
+                "properties": [
+                    {"id": "custom.axisPlacement", "value": "right"},
+                    {"id": "unit", "value": "bytes"},
+                ],
+            }
+        )
     return out
 
 

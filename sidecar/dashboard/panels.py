@@ -205,7 +205,7 @@ def panels() -> list[Panel]:
             "Processes per rank (DataLoader workers)",
             "timeseries",
             (Target(f"trainwatch_rank_tree_processes{{{SEL_RANK}}}", "rank {{rank}}"),),
-            w=12,
+            w=8,
             h=6,
         ),
         Panel(
@@ -215,8 +215,22 @@ def panels() -> list[Panel]:
                 Target(f"trainwatch_job_ranks{{{SEL_JOB}}}", "{{job}} live ranks"),
                 Target(f"trainwatch_job_restarts{{{SEL_JOB}}}", "{{job}} restarts"),
             ),
-            w=12,
+            w=8,
             h=6,
+        ),
+        Panel(
+            "Stranded after a death",
+            "timeseries",
+            (
+                Target(f"trainwatch_job_stranded_ranks{{{SEL_JOB}}}", "{{job}} stranded ranks"),
+                Target(f"trainwatch_job_stranded_gpu_memory_bytes{{{SEL_JOB}}}", "{{job}} GPU memory held"),
+            ),
+            w=8,
+            h=6,
+            description="Ranks left alive and making no progress after another rank of their job died "
+            "(a Slurm step without --kill-on-bad-exit, an orphaned Lightning rank, another node's "
+            "peers), and the GPU memory they hold until a collective timeout ends them; 0 otherwise.",
+            extra={"rightAxisBytes": "GPU memory held$"},
         ),
         _row("Cgroups and host"),
         Panel(

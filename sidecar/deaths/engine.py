@@ -40,7 +40,7 @@ __all__ = ["TIMELINE_WINDOW_S", "DeathWatch"]
 
 class DeathWatch:
     """The feeds (``observe``, ``on_exit``, ``on_unknown``, ``resync``, ``on_signal``,
-    ``on_kmsg``, ``on_kmsg_loss``), the worker (``start``, ``stop``) and the journal
+    ``on_kmsg``, ``on_kmsg_loss``, ``on_stranded``), the worker (``start``, ``stop``) and the journal
     (``restore``) of one node's deaths, sharing one state."""
 
     def __init__(
@@ -97,6 +97,7 @@ class DeathWatch:
         self.on_signal: Callable[[SignalEvent], None] = self.feeds.on_signal
         self.on_kmsg: Callable[[KmsgRecord], None] = self.feeds.on_kmsg
         self.on_kmsg_loss = self.feeds.on_kmsg_loss
+        self.on_stranded = self.feeds.on_stranded
         self.restore: Callable[[State], int] = self.memory.restore
         self.start = self.autopsies.start
         self.stop = self.autopsies.stop

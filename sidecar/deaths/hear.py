@@ -254,6 +254,19 @@ class Feeds:
                 if inc.deaths and (touched == EVERY_INCIDENT or touched in inc.deaths):
                     self.state.schedule(inc, self.clock_ns())
 
+    def on_stranded(self, job: str, restart: int, pids: dict[int, float]) -> None:
+        """Sampler thread: ranks of ``job`` alive and making no progress after a death
+        (pid -> since, wall): their fate in the death's postmortem, rewritten now."""
+        with self.state.cv:
+            for inc in self.state.incidents.values():
+                if inc.gen.job != job or inc.gen.restart != restart:
+                    continue
+                fresh = {p: t for p, t in pids.items() if p in inc.ranks and p not in inc.stranded}
+                if fresh:
+                    inc.stranded.update(fresh)
+                    if inc.doc_id is not None:  # else the first write has them
+                        self.state.schedule(inc, self.clock_ns())
+
     def on_kmsg_loss(self, count: int, timestamp_us: int) -> None:
         """Kernel-log thread: records were overwritten unread (an overrun): a death near
         them may lack the record that would explain it."""

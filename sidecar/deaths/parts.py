@@ -66,7 +66,8 @@ def live_parts(
                 signal=r.signal,
                 exit_source=r.exit_source,
                 died_at=wall_of(r.died_ns) if r.pid not in inc.untimed else None,
-                fate=v.fates.get(r.label, Fate.UNKNOWN),
+                fate=_fate(v.fates.get(r.label, Fate.UNKNOWN), r.pid, inc),
+                stranded_since=inc.stranded.get(r.pid) if not r.dead else None,
                 rss_bytes=s.rss_bytes if s else None,
                 peak_rss_bytes=s.peak_rss_bytes if s else None,
                 tree_rss_bytes=s.tree_rss_bytes if s else None,
@@ -167,3 +168,9 @@ def _restart_note(inc: Incident) -> list[Cited]:
             ),
         )
     ]
+
+
+def _fate(fate: Fate, pid: int, inc: Incident) -> Fate:
+    """A rank still running that the sampler found stranded (alive, no progress, after the
+    death): ``stranded``. A rank that has ended has its death's fate."""
+    return Fate.STRANDED if fate == Fate.RUNNING and pid in inc.stranded else fate

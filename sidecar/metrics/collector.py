@@ -99,6 +99,13 @@ class TrainwatchCollector(Collector):
             f.add("trainwatch_job_restarts", job.restart_count, job.key)
             f.add("trainwatch_job_ranks", len(job.ranks), job.key)
             f.add("trainwatch_job_stalled_seconds", job.stalled_seconds, job.key)
+            stranded = job.stranded
+            f.add("trainwatch_job_stranded_ranks", len(stranded.ranks) if stranded else 0, job.key)
+            f.add(
+                "trainwatch_job_stranded_gpu_memory_bytes",
+                stranded.gpu_memory_bytes if stranded else 0,
+                job.key,
+            )
             for r in job.ranks:
                 labels = (job.key, r.rank_label)
                 f.add(

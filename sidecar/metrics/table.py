@@ -41,6 +41,16 @@ METRICS: dict[str, Spec] = {
         ("job",),
         "Seconds for which the job's longest-stalled rank has made no progress (no CPU and no GPU use, or its GPU busy while a peer's ran nothing); 0 while every rank works",
     ),
+    "trainwatch_job_stranded_ranks": Spec(
+        "gauge",
+        ("job",),
+        "Live ranks of the job left stranded: alive and making no progress after another rank of the job died; 0 when none",
+    ),
+    "trainwatch_job_stranded_gpu_memory_bytes": Spec(
+        "gauge",
+        ("job",),
+        "GPU memory held by the job's stranded ranks (their trees, as NVML attributes it); 0 when none",
+    ),
     "trainwatch_rank_stalled": Spec(
         "gauge", R, "1 while the rank makes no progress (idle, or waiting in a collective for a peer), else 0"
     ),

@@ -98,6 +98,7 @@ class RankRow:
     # and the launcher whose rank it was (a fate is the same word whatever the launcher)
     rank_source: str | None = None
     launcher: str | None = None
+    stranded_since: float | None = None  # fate "stranded": since when (wall)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,6 +182,8 @@ def _rank(r: RankRow) -> dict[str, Any]:
         row["rank_source"] = r.rank_source
     if r.launcher is not None:
         row["launcher"] = r.launcher
+    if r.stranded_since is not None:
+        row["stranded_since"] = iso(r.stranded_since)
     if r.local_rank_inferred:
         row["local_rank_inferred"] = True
     return row

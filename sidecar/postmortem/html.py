@@ -23,6 +23,7 @@ FATE_COLORS: dict[str, str] = {
     Fate.TERMINATED_BY_AGENT: "#7f8c8d",
     Fate.EXITED_CLEANLY: "#27ae60",
     Fate.RUNNING: "#2980b9",
+    Fate.STRANDED: "#e67e22",
     Fate.UNKNOWN: "#95a5a6",
 }
 W, H, PAD_L, PAD_R, PAD_T, PAD_B = 960, 360, 70, 200, 20, 40

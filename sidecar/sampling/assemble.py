@@ -114,6 +114,7 @@ def job_samples(
                 suspected_missing=() if was is None else was.suspected_missing,
                 shm=shm.get(job.key or ""),
                 launcher=job.launcher,
+                stranded=None if was is None else was.stranded,
             )
         )
     return samples

@@ -279,7 +279,7 @@ def _ranks(
                     {"instance": instance, "rank": _rank_out(rank), "local_rank": r.get("local_rank"),
                      "pid": r.get("pid"), "fate": "unknown", "died": None, "kind": None},
                 )  # fmt: skip
-                if r.get("fate") in ("exited_cleanly", "running"):
+                if r.get("fate") in ("exited_cleanly", "running", "stranded"):
                     entry["fate"] = r["fate"]
     for d in deaths:
         entry = out.setdefault(

@@ -161,6 +161,17 @@ def main() -> int:
         "--load-after", type=float, default=0.0, help="seconds of steady running before the --load-mb load"
     )
     ap.add_argument("--ignore-sigterm-rank", type=int, default=-1, help="this rank ignores SIGTERM")
+    ap.add_argument(
+        "--handoff",
+        type=int,
+        default=0,
+        help="1: no collectives; each step every rank but 0 hands rank 0 a key through the store, which "
+        "rank 0 waits for (a pipeline's hand-off): when a peer dies, rank 0 waits in the store, alive",
+    )
+    ap.add_argument(
+        "--pause-after", type=float, default=-1.0, help="every rank pauses (sleeps) once, this many s in"
+    )
+    ap.add_argument("--pause-for", type=float, default=0.0, help="... for this long (the stop file ends it)")
     ap.add_argument("--hang-rank", type=int, default=-1, help="this rank stops joining collectives")
     ap.add_argument("--hang-after", type=float, default=2.0)
     ap.add_argument("--hang-file", default=None, help="the --hang-rank also stops once this file exists")
@@ -246,9 +257,10 @@ def main() -> int:
         timeout=__import__("datetime").timedelta(seconds=60),
     )
     world = int(os.environ["WORLD_SIZE"])
+    attempt_store = dist.PrefixStore(f"attempt{restart}", store)
     dist.init_process_group(
         "gloo",
-        store=dist.PrefixStore(f"attempt{restart}", store),
+        store=attempt_store,
         rank=rank,
         world_size=world,
         timeout=__import__("datetime").timedelta(seconds=args.pg_timeout),
@@ -290,6 +302,8 @@ def main() -> int:
     grown: list[bytearray] = []
     grow_next = 0.0
     model: list[bytearray] = []
+    step = 0
+    paused = False
     if rank == args.grow_rank and restart == 0:
         with open("/proc/self/oom_score_adj", "w") as f:  # be the OOM killer's choice
             f.write("1000")
@@ -302,6 +316,12 @@ def main() -> int:
         if restart == 0 and rank == args.fail_rank and elapsed > args.fail_after:
             print(f"rank {rank}: failing on purpose", file=sys.stderr, flush=True)
             os._exit(1)
+        if not paused and 0 <= args.pause_after <= elapsed:  # a pause of every rank (a checkpoint elsewhere)
+            paused = True
+            until = time.monotonic() + args.pause_for
+            while time.monotonic() < until and not (args.stop_file and os.path.exists(args.stop_file)):
+                time.sleep(0.2)
+            continue
         if len(model) * 64 < args.load_mb and restart == 0 and elapsed >= args.load_after:
             model.append(hold(64))  # every rank its own full copy
             time.sleep(args.load_interval)
@@ -380,6 +400,14 @@ def main() -> int:
             continue
         if rank == args.ignore_sigterm_rank:  # that one only waits (a peer's death must not fail it)
             if stop:
+                break
+        elif args.handoff:
+            step += 1
+            if rank != 0:
+                attempt_store.set(f"handoff{step}-{rank}", "stop" if stop else "go")
+                if stop:
+                    break
+            elif any(attempt_store.get(f"handoff{step}-{r}") == b"stop" for r in range(1, world)):
                 break
         else:
             flag = torch.tensor([1.0 if stop else 0.0])
