@@ -161,6 +161,7 @@ class RankEnv:
     slurm_times: tuple[int, int] | None = None
     # TRAINWATCH_RUN_OUTPUT: the job runs under `trainwatch run`, which keeps its output there
     run_output: str | None = None
+    node_rank: int | None = None  # NODE_RANK (Lightning's launcher gives it, and no RANK)
 
     @property
     def is_worker(self) -> bool:

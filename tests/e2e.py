@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 REPO = Path(__file__).resolve().parents[1]
 WORKLOAD = REPO / "tests" / "workloads" / "rank.py"
 SPAWNED = REPO / "tests" / "workloads" / "spawned.py"  # rank.py under torch.multiprocessing.spawn
+LIGHTNING_JOB = REPO / "tests" / "workloads" / "lightning_job.py"  # rank.py under Lightning's launcher
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")  # DeepSpeed's runner
 
@@ -417,6 +418,25 @@ class SpawnJob(TorchrunJob):
         args = self._prepare(tmp, name, nproc, None, workload)
         cmd = [sys.executable, str(SPAWNED), f"--nprocs={nproc}", f"--port={free_port()}", *args]
         self._start(cmd, wrap, env or {})
+
+
+class LightningJob(TorchrunJob):
+    """A real job of tests/workloads/rank.py started by Lightning's own launcher
+    (tests/workloads/lightning_job.py: Fabric, strategy "ddp", CPU): the script is rank 0 and
+    the job's launching process (``agent_pid``); it re-runs itself for rank 1."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        name: str,
+        *,
+        nproc: int = 2,
+        wrap: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        **workload: Any,
+    ) -> None:
+        args = self._prepare(tmp, name, nproc, None, workload)
+        self._start([sys.executable, str(LIGHTNING_JOB), f"--devices={nproc}", *args], wrap, env or {})
 
 
 def survivor_fate_right(row: dict) -> bool:

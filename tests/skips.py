@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import errno
 import functools
+import importlib.util
 import os
 import platform
 import select
@@ -270,6 +271,10 @@ REQUIREMENTS = {
     "deepspeed": (
         lambda: (Path(sys.executable).parent / "deepspeed").exists(),
         lambda: "needs DeepSpeed's launcher (the test group of pyproject.toml installs it)",
+    ),
+    "lightning": (
+        lambda: importlib.util.find_spec("lightning") is not None,
+        lambda: "needs Lightning (the test group of pyproject.toml installs it)",
     ),
     "systemd-analyze": (
         lambda: shutil.which("systemd-analyze") is not None,

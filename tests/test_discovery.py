@@ -12,6 +12,7 @@ from sidecar.daemon import Sampler
 from sidecar.probes.cgroup import CgroupReader
 from sidecar.probes.gpu import GpuProbe
 from sidecar.probes.proc import ProcReader, parse_stat, parse_status
+from sidecar.sampling.children import relaunched
 from sidecar.sampling.discovery import Discovery
 from sidecar.sampling.jobs import job_key_for, launcher_of_argv
 from sidecar.sampling.spawned import SPAWN_JOIN_SECONDS, is_spawned, joined_group
@@ -583,3 +584,77 @@ def test_a_spawned_child_joins_its_group_later(tmp_path):
         comm.write_bytes(data)
     (job,) = d.tick()
     assert {pid: r.label for pid, r in job.ranks.items()} == {SP_RANK0: "local0", SP_RANK1: "local1"}
+
+
+# The capture in fixtures/proc-lightning: a Lightning Fabric job (strategy "ddp", 2 CPU
+# devices): rank 0 is the script itself, which re-ran itself with LOCAL_RANK=1; one forked
+# worker each.
+LT_RANK0, LT_RANK1, LT_WORKER0, LT_WORKER1 = 5714, 5736, 5763, 5762
+
+
+@pytest.mark.parametrize(
+    "argv, parent, expected",
+    [
+        # Lightning gives the child the script's absolute path and the same arguments
+        (("/v/bin/python", "/w/train.py", "--lr", "1"), ("python", "train.py", "--lr", "1"), True),
+        (("/v/bin/python", "-m", "pkg.train", "--x"), ("python3", "-m", "pkg.train", "--x"), True),
+        (("/v/bin/python", "/w/train.py", "--lr", "2"), ("python", "train.py", "--lr", "1"), False),
+        (("/v/bin/python", "/w/eval.py"), ("python", "train.py"), False),
+        (("/usr/bin/env", "train.py"), ("python", "train.py"), False),  # not an interpreter
+        (("/v/bin/python", "-c", "import x"), ("python", "train.py"), False),
+    ],
+)
+def test_relaunched_forms(argv, parent, expected):
+    assert relaunched(argv, parent) == expected
+
+
+def test_a_lightning_launch_is_a_job_whose_launching_process_is_rank_0(tmp_path):
+    """The script re-ran itself with LOCAL_RANK=1 (and NODE_RANK, no RANK): it is a
+    Lightning job's launching process and its local rank 0; each rank's tree is its own
+    (rank 0's holds its worker, not rank 1 and rank 1's)."""
+    root = tmp_path / "proc"
+    shutil.copytree(FIXTURES / "proc-lightning", root)
+    d = Discovery(ProcReader(str(root)))
+    (job,) = d.tick()
+    assert job.agent.pid == LT_RANK0 and job.launcher == "lightning" and job.key == str(LT_RANK0)
+    ranks = {pid: (r.label, r.rank, r.local_rank, r.rank_source) for pid, r in job.ranks.items()}
+    # on node 0 (NODE_RANK=0) a Lightning rank's global rank is its local rank
+    assert ranks == {LT_RANK0: ("0", 0, 0, "order"), LT_RANK1: ("1", 1, 1, "LOCAL_RANK")}
+    assert job.world_size == 2 and job.entrypoint.endswith("tests/workloads/lightning_job.py")
+    assert d.tree(LT_RANK0) == [LT_RANK0, LT_WORKER0] and d.tree(LT_RANK1) == [LT_RANK1, LT_WORKER1]
+
+
+@pytest.mark.parametrize(
+    "environ",
+    [
+        b"LOCAL_RANK=1\0WORLD_SIZE=2\0",  # no NODE_RANK: not Lightning's
+        b"LOCAL_RANK=1\0NODE_RANK=0\0RANK=1\0WORLD_SIZE=2\0",  # a RANK: a launcher that gives one
+        b"LOCAL_RANK=0\0NODE_RANK=0\0WORLD_SIZE=2\0",  # rank 0's own child (a subprocess, a worker)
+    ],
+)
+def test_a_child_of_the_same_program_without_lightning_s_environment_is_no_job(tmp_path, environ):
+    root = tmp_path / "proc"
+    shutil.copytree(FIXTURES / "proc-lightning", root)
+    (root / str(LT_RANK1) / "environ").write_bytes(environ)
+    assert Discovery(ProcReader(str(root))).tick() == []
+
+
+def test_a_lightning_rank_on_another_node_has_no_global_rank(tmp_path):
+    """Off node 0 the ranks per node are not in the environment: local ranks only."""
+    root = tmp_path / "proc"
+    shutil.copytree(FIXTURES / "proc-lightning", root)
+    for pid in (LT_RANK1, LT_WORKER1):
+        environ = root / str(pid) / "environ"
+        environ.write_bytes(environ.read_bytes().replace(b"NODE_RANK=0", b"NODE_RANK=3"))
+    (job,) = Discovery(ProcReader(str(root))).tick()
+    assert {r.label: (r.rank, r.local_rank) for r in job.ranks.values()} == {
+        "local0": (None, 0),
+        "local1": (None, 1),
+    }
+
+
+def test_a_child_running_another_program_is_no_lightning_rank(tmp_path):
+    root = tmp_path / "proc"
+    shutil.copytree(FIXTURES / "proc-lightning", root)
+    (root / str(LT_RANK1) / "cmdline").write_bytes(b"/usr/bin/python3\0other.py\0")
+    assert Discovery(ProcReader(str(root))).tick() == []

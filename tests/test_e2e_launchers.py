@@ -11,6 +11,9 @@ the killer and every other rank's fate as that launcher's teardown makes it.
   launches): the script that calls spawn is the launcher; each spawned child sets its rank in
   its own ``os.environ``, so it is found by the process group it joins and numbered by its
   order. When one exits non-zero, spawn's ``join`` SIGTERMs the others.
+- Lightning's own launcher (tests/workloads/lightning_job.py, Fabric "ddp" on CPU): the script
+  is rank 0 and re-runs itself with LOCAL_RANK=1; its observer thread SIGKILLs the others and
+  rank 0 itself when a child exits non-zero (within 5 s).
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ from tests.e2e import (
     WORKLOAD,
     DaemonProc,
     DeepSpeedJob,
+    LightningJob,
     SpawnJob,
+    descendants,
     free_port,
     job_postmortem,
     survivor_fate_right,
@@ -191,3 +196,68 @@ def test_an_mp_spawn_rank_at_its_cgroup_limit_is_named_with_certainty(tmp_path):
     rows = {r["pid"]: r for r in doc["ranks"]}
     assert rows[pids[1][0]]["fate"] == "root_cause" and survivor_fate_right(rows[pids[0][0]]), doc["ranks"]
     assert doc["job"]["launcher"] == "spawn"
+
+
+@requires("lightning")
+def test_a_lightning_rank_killed_from_outside_is_named_and_rank_0_s_teardown_is_told(tmp_path):
+    """Rank 0 is the script, the job's launching process; rank 1 its re-run. Rank 0's
+    spawn-context workers inherit its LOCAL_RANK=0 and are never ranks. Rank 1 is then
+    SIGKILLed from outside; Lightning's observer in rank 0 SIGKILLs rank 0."""
+    with (
+        DaemonProc(tmp_path) as daemon,
+        LightningJob(tmp_path, "lt-kill", hold_mb=50, workers=1, worker_mb=8, worker_context="spawn") as job,
+    ):
+        pids = job.ready()
+        seen = daemon.wait_sampled(job, pids)
+        assert seen["launcher"] == "lightning" and seen["job"] == str(job.agent_pid), seen
+        ranks = {r["local_rank"]: r for r in seen["ranks"]}
+        assert sorted(ranks) == [0, 1], seen["ranks"]
+        assert ranks[0]["pid"] == job.agent_pid == pids[0][0] and ranks[0]["rank_source"] == "order"
+        assert ranks[1]["pid"] == pids[1][0] and ranks[1]["rank_source"] == "LOCAL_RANK", ranks[1]
+        # each tree: the rank, its worker and the spawn context's resource tracker; never the
+        # other rank (rank 1 and its tree are below rank 0)
+        rank1_tree = {pids[1][0], *descendants(pids[1][0])}
+        expected = {0: {pids[0][0], *descendants(pids[0][0])} - rank1_tree, 1: rank1_tree}
+        for rank, rank_pids in pids.items():
+            assert set(rank_pids) <= expected[rank], (rank_pids, expected[rank])
+            assert ranks[rank]["tree_processes"] == len(expected[rank]), (ranks[rank], expected[rank])
+        os.kill(pids[1][0], signal.SIGKILL)
+        doc = job_postmortem(daemon, victim_rank=None, want_fates=2, job=job)
+        job.proc.wait(60)
+    assert doc["killer"]["kind"] == "external_signal", doc["killer"]
+    assert doc["victim"]["pid"] == pids[1][0] and doc["victim"]["signal"] == "SIGKILL", doc["victim"]
+    rows = {r["pid"]: r for r in doc["ranks"]}
+    assert rows[pids[1][0]]["fate"] == "root_cause" and survivor_fate_right(rows[pids[0][0]]), json.dumps(
+        doc, indent=1
+    )
+    assert doc["job"]["launcher"] == "lightning"
+
+
+@pytest.mark.root
+@requires("lightning", "memcg", "kmsg")
+def test_a_lightning_rank_at_its_cgroup_limit_is_named_with_certainty(tmp_path):
+    """The whole Lightning job in a 1.5 GiB memory cgroup; rank 1 grows until the kernel kills it."""
+    with memory_cgroup(int(1.5 * GIB), "trainwatch-lightning-oom") as (_version, parent, child):
+        wrap = join_cgroup(child)  # rank 0, and so rank 1
+        with (
+            DaemonProc(tmp_path) as daemon,
+            LightningJob(
+                tmp_path,
+                "lt-oom",
+                wrap=wrap,
+                hold_mb=50,
+                workers=0,
+                grow_rank=1,
+                grow_after=2,
+                grow_interval=0.1,
+            ) as job,
+        ):
+            pids = job.ready()
+            doc = job_postmortem(daemon, victim_rank=None, want_fates=2, job=job)
+            job.proc.wait(60)
+    killer = doc["killer"]
+    assert killer["kind"] == "cgroup_oom" and killer["confidence"] == "certain", killer
+    assert f"/{parent.name}" in killer["summary"], killer
+    assert doc["victim"]["pid"] == pids[1][0] and doc["victim"]["signal"] == "SIGKILL", doc["victim"]
+    rows = {r["pid"]: r for r in doc["ranks"]}
+    assert rows[pids[1][0]]["fate"] == "root_cause" and survivor_fate_right(rows[pids[0][0]]), doc["ranks"]

@@ -165,3 +165,25 @@ def test_each_line_carries_its_own_time():
     assert line_stamp("[E ProcessGroupNCCL.cpp:737] [Rank 1] Watchdog caught") is None
     assert line_stamp("E1399 18:00:00.1 bogus") is None
     assert all(f.stamp is None for f in parse_rank_output(GLOO.read_text()))
+
+
+@pytest.mark.parametrize(
+    "line, peer",
+    [
+        # gloo's Pair::read and Pair::write (gloo/transport/tcp/pair.cc) when the peer died:
+        # its socket closed, or reset or broken under a read or a write
+        ("[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] "
+         "Connection closed by peer [18.25.6.30]:30872", "18.25.6.30:30872"),
+        ("[rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] "
+         "Read error [127.0.0.1]:15776: Connection reset by peer. This is typically caused by a remote",
+         "127.0.0.1:15776"),
+        ("[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:400] "
+         "writev [10.0.0.1]:123: Broken pipe", "10.0.0.1:123"),
+        # a timeout or another errno is the network's, not a peer's death
+        ("[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:589] Read error "
+         "[192.168.70.92]:25266: Connection timed out", None),
+    ],
+)  # fmt: skip
+def test_a_gloo_peer_that_went_away_is_told_by_every_word_gloo_has_for_it(line, peer):
+    found = [f for f in parse_rank_output(line + "\n") if f.kind == "peer_closed"]
+    assert [dict(f.fields)["peer"] for f in found] == ([peer] if peer else [])

@@ -133,7 +133,13 @@ _HEARTBEAT = re.compile(r"[Hh]eartbeat monitor timed out|watchdog (?:thread )?go
 # gloo's own words; the "[.../gloo/transport/tcp/unbound_buffer.cc:136] " before them is where
 # it threw, and a copy may have wrapped it onto the line before
 _GLOO_TIMEOUT = re.compile(r"(?:gloo/\S+\] )?Timed out waiting (\d{1,20})ms for (\w+) operation to complete")
-_PEER_CLOSED = re.compile(r"gloo/\S+\] Connection closed by peer \[?([\w.:]+?)\]?:(\d{1,20})")
+# the peer's end of the connection went away (gloo's Pair::read and Pair::write, pair.cc): closed
+# ("Connection closed by peer"), or reset or broken under a read or a write (ECONNRESET, EPIPE:
+# the peer process died); never a timeout or another errno, which are the network's
+_PEER_CLOSED = re.compile(
+    r"gloo/\S+\] (?:Connection closed by peer|Read error|writev) \[?([\w.:]+?)\]?:(\d{1,20})"
+    r"(?:$|[^:\d]|: (?:Connection reset by peer|Broken pipe))"
+)
 _CUDA_OOM = re.compile(
     r"CUDA out of memory\. Tried to allocate (\d{1,15}(?:\.\d{1,6})?) (B|KiB|MiB|GiB|TiB)"
     r"(?:[ .(]+GPU (\d{1,20})(?:; | has a total capacity of )(\d{1,15}(?:\.\d{1,6})?) (B|KiB|MiB|GiB|TiB)"

@@ -229,6 +229,7 @@ def parse_rank_env(env: dict[str, str]) -> RankEnv:
         run_output=env.get("TRAINWATCH_RUN_OUTPUT") or None,
         flight_pipe=env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE") or None,
         slurm_times=_slurm_times(env),
+        node_rank=_int_or_none(env.get("NODE_RANK")),
     )
 
 

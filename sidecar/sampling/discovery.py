@@ -12,10 +12,11 @@ A new process is
   launcher (``jobs.is_worker``: RANK, LOCAL_RANK, TORCHELASTIC_RUN_ID, ...). A child
   caught between fork and exec still has the agent's environment; it is retried on the
   next ticks;
-* **spawned** when it is a child of multiprocessing's spawn start method outside every
-  job's tree: a rank of ``torch.multiprocessing.spawn`` once it has joined a process group
-  (looked at every listing), its parent then the job's launching process; a helper of the
-  spawn context if it never does (``spawned.py``);
+* known by its **children** (``children.py``) when its launcher is the user's script: a
+  child of the spawn start method outside every job's tree waits to join a process group
+  (``torch.multiprocessing.spawn``'s rank, its parent the job's); a python child re-running
+  its parent's program with LOCAL_RANK >= 1 makes its parent a Lightning job, whose rank 0
+  the parent is;
 * part of a rank's **tree** (DataLoader workers, compile workers) when it descends from a
   rank: membership is a walk of parent links, so late arrivals and grandchildren count;
 * anything else. Young processes are re-checked every tick and old ones every few
@@ -47,8 +48,8 @@ from sidecar.model import ProcKey, RankEnv
 from sidecar.probes.proc import TICKS_PER_SECOND, ProcReader, entrypoint_of, parse_rank_env
 from sidecar.redact import redact_argv
 from sidecar.sampling import jobs
+from sidecar.sampling.children import ByChildren, lightning_rank
 from sidecar.sampling.jobs import TrackedJob, attach_rank, launcher_of_argv
-from sidecar.sampling.spawned import Spawned, is_spawned
 
 __all__ = ["Discovery"]
 
@@ -108,7 +109,6 @@ class Discovery:
         self._watched: set[int] = set()
         self.trees: dict[int, list[int]] = {}  # rank pid -> its tree, as of the last tick
         self._pending: set[int] = set()  # agent children waiting for their exec
-        self.spawned = Spawned(reader)  # spawned children waiting to join a group
         self._young: set[int] = set()  # "other" processes re-checked every tick
         self._next_sweep = 0.0  # when every older "other" process is re-checked
         self._self_pid = os.getpid()
@@ -127,6 +127,7 @@ class Discovery:
         self._dirty = True
         self._sorted: list[TrackedJob] = []
         self.rescans_total = 0
+        self.by_children = ByChildren(self)  # spawn's and Lightning's jobs (children.py)
 
     # -- the tick ---------------------------------------------------------------------
 
@@ -186,16 +187,11 @@ class Discovery:
         entries = self.entries
         for pid in list(self._young):
             entry = entries.get(pid)
-            if entry is None or entry.kind != "other" or self._age(entry) >= YOUNG_SECONDS:
+            if entry is None or entry.kind != "other" or self.age(entry) >= YOUNG_SECONDS:
                 self._young.discard(pid)
             elif pid not in self._watched:
                 self._recheck(entry, young=True)
-        for pid in list(self.spawned.waiting):
-            entry = entries.get(pid)
-            if entry is None or entry.kind != "spawned":
-                self.spawned.waiting.pop(pid, None)
-            else:
-                self._check_spawned(entry)
+        self.by_children.check()
         if now >= self._next_sweep:
             self._next_sweep = now + (RECHECK_SECONDS if self.feed is None else RECHECK_WITH_EVENTS_SECONDS)
             for entry in list(entries.values()):
@@ -237,11 +233,15 @@ class Discovery:
                 self._classify(entry, now)
 
     def tree(self, pid: int) -> list[int]:
-        """``pid`` and every known descendant, parents before children."""
+        """``pid`` and every known descendant, parents before children, but other ranks and
+        theirs (a Lightning rank 0 is the parent of its job's other ranks)."""
         out = [pid]
+        entries = self.entries
         i = 0
         while i < len(out):
-            out.extend(self.children.get(out[i], ()))
+            out.extend(
+                c for c in self.children.get(out[i], ()) if (e := entries.get(c)) is None or e.kind != "rank"
+            )
             i += 1
         return out
 
@@ -268,7 +268,7 @@ class Discovery:
         self.unreadable.pop(entry.key, None)
         self._pending.discard(pid)
         self._young.discard(pid)
-        self.spawned.forget(pid)
+        self.by_children.forget(pid)
         if entry.kind == "agent":
             jobs.agent_gone(self.jobs, pid)
         elif entry.kind == "rank":
@@ -312,22 +312,21 @@ class Discovery:
             entry.kind = "other"  # part of a rank's tree (or a rank's to be); found by tree()
             return
         if entry.comm == jobs.AGENT_COMM:
-            self._make_agent(entry, jobs.TORCHRUN)
+            self.make_agent(entry, jobs.TORCHRUN)
             return
         argv = self._argv(entry)
         launcher = launcher_of_argv(argv)
         if launcher is not None:
-            self._make_agent(entry, launcher)
+            self.make_agent(entry, launcher)
             return
-        if is_spawned(argv) and self._spawn_parent(entry):
-            self._make_spawned(entry)
+        if self.by_children.claim(entry, argv):
             return
         if entry.kind == "new":
             entry.kind = "other"
-            if self._age(entry) < YOUNG_SECONDS:
+            if self.age(entry) < YOUNG_SECONDS:
                 self._young.add(entry.key.pid)
 
-    def _age(self, entry: _Entry) -> float:
+    def age(self, entry: _Entry) -> float:
         """Seconds since the process started (not since discovery first saw it: at the
         daemon's start every process is new to it, few are young)."""
         return self.uptime() - entry.key.start_ticks / TICKS_PER_SECOND
@@ -349,46 +348,6 @@ class Discovery:
         except ProbeError:
             return ()
 
-    # -- spawned children (torch.multiprocessing.spawn) ----------------------------------
-
-    def _spawn_parent(self, entry: _Entry) -> bool:
-        """Whether a spawned child's parent could be a launching process: known, outside
-        every job's tree (a rank's spawn-context DataLoader workers are its tree's)."""
-        parent = self.entries.get(entry.ppid)
-        if parent is None or entry.ppid in self._watched:
-            return False
-        if parent.kind == "agent":  # a spawn job's parent starting one more
-            job = self.jobs.get(entry.ppid)
-            return job is not None and job.launcher == jobs.SPAWN
-        return parent.kind in ("new", "other")
-
-    def _make_spawned(self, entry: _Entry) -> None:
-        entry.kind = "spawned"
-        self._young.discard(entry.key.pid)
-        self.spawned.wait(entry.key.pid, entry.ppid)
-        self._check_spawned(entry)
-
-    def _check_spawned(self, entry: _Entry) -> None:
-        """A rank once it joined a group (its parent then the job's launching process);
-        a helper once it has taken too long."""
-        joined = self.spawned.check(entry.key.pid, self._age(entry))
-        if joined is None:
-            if entry.key.pid not in self.spawned.waiting:
-                entry.kind = "other"  # it took too long: a helper of the spawn context
-            return
-        index, env = joined
-        parent = self.entries.get(entry.ppid)
-        if parent is not None and parent.kind != "agent":
-            self._make_agent(parent, jobs.SPAWN)
-        job = self.jobs.get(entry.ppid)
-        if job is None or job.launcher != jobs.SPAWN:  # its parent is no launching process after all
-            entry.kind = "other"
-            return
-        entry.kind = "rank"
-        entrypoint = entrypoint_of(job.agent_argv)  # the script that called spawn
-        attach_rank(job, self.jobs.values(), entry.key, env, entrypoint, self.wall(), index)
-        self._dirty = True
-
     def _recheck(self, entry: _Entry, young: bool) -> None:
         """Has this process exec'd into an agent? Young processes get their argv read
         (a fork that has not exec'd yet has its parent's comm); old ones only when their
@@ -405,14 +364,14 @@ class Discovery:
         changed = st.comm != entry.comm
         entry.comm = st.comm
         if st.comm == jobs.AGENT_COMM:
-            self._make_agent(entry, jobs.TORCHRUN)
+            self.make_agent(entry, jobs.TORCHRUN)
         elif changed or young:
             argv = self._argv(entry)
             launcher = launcher_of_argv(argv)
             if launcher is not None:
-                self._make_agent(entry, launcher)
-            elif is_spawned(argv) and self._spawn_parent(entry):
-                self._make_spawned(entry)
+                self.make_agent(entry, launcher)
+            else:
+                self.by_children.claim(entry, argv)
 
     def _allowed(self, entry: _Entry) -> bool:
         """Whether the process is, or descends from, one of the pids watched (all without)."""
@@ -424,7 +383,7 @@ class Discovery:
             return entry.ppid
         return self.reader.stat(pid).ppid  # not listed since the last scan (found by an event)
 
-    def _make_agent(self, entry: _Entry, launcher: str) -> None:
+    def make_agent(self, entry: _Entry, launcher: str) -> None:
         # An agent inside another agent's tree (a pre-exec worker still named pt_elastic)
         # is not a new job.
         parent = self.entries.get(entry.ppid)
@@ -449,7 +408,7 @@ class Discovery:
         if self.feed is not None:  # a child forked before the connector's filter knew the agent
             self._rescan_soon = True
         if launcher == jobs.SPAWN:
-            return  # its ranks are its spawned children that join a group (_check_spawned)
+            return  # its ranks are its spawned children that join a group (children.py)
         # Children seen before their parent was known to be an agent.
         now = self.clock()
         for child_pid in sorted(self.children.get(entry.key.pid, ())):
@@ -496,4 +455,8 @@ class Discovery:
             entrypoint = entrypoint_of(self.reader.cmdline(entry.key.pid))
         except ProbeError:
             entrypoint = None
-        attach_rank(job, self.jobs.values(), entry.key, env, entrypoint, self.wall())
+        source = None
+        if job.launcher == jobs.LIGHTNING:  # its launching process is its rank 0
+            env, source = (lightning_rank(env) if env is not None else None), "LOCAL_RANK"
+            self.by_children.adopt_parent(job, env)
+        attach_rank(job, self.jobs.values(), entry.key, env, entrypoint, self.wall(), given=source)

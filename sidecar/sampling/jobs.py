@@ -16,6 +16,8 @@ The launchers known by their own process (each, the mechanism that makes it one)
   and when one exits non-zero it SIGTERMs every other rank's tree, SIGKILL after 30 s.
 * ``spawn``: ``torch.multiprocessing.spawn``, from a script of any name: its children are
   ranks once they join a process group (``spawned.py`` says how they are told).
+* ``lightning``: Lightning's subprocess launcher, in the user's script, which is rank 0 and
+  re-runs itself for the other local ranks (``children.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from sidecar.model import ProcKey, RankEnv
 
 __all__ = [
     "AGENT_COMM",
+    "LIGHTNING",
     "SPAWN",
     "TORCHRUN",
     "TrackedJob",
@@ -49,6 +52,7 @@ AGENT_COMM = "pt_elastic"
 TORCHRUN = "torchrun"
 DEEPSPEED = "deepspeed"
 SPAWN = "spawn"
+LIGHTNING = "lightning"
 # python -m MODULE: the launcher it makes
 _LAUNCHER_MODULES = {
     "torch.distributed.run": TORCHRUN,
@@ -91,6 +95,8 @@ def is_worker(launcher: str, env: RankEnv) -> bool:
         return env.is_worker
     if launcher == SPAWN:
         return False  # its environment is its parent's: a group's threads tell (spawned.py)
+    if launcher == LIGHTNING:  # children.py: its other children inherit LOCAL_RANK=0
+        return env.local_rank is not None and env.local_rank >= 1 and env.rank is None and env.run_id is None
     return env.rank is not None or env.local_rank is not None
 
 
@@ -151,11 +157,13 @@ def attach_rank(
     entrypoint: str | None,
     now: float,
     order: int | None = None,
+    given: str | None = None,
 ) -> TrackedRank:
     """The rank ``key`` joins ``job``: its label (its RANK, else its local rank, else its
     order), and the job's key, world size and restarts as its environment tells them.
     ``jobs``: every tracked job (two jobs never share a key). ``order``: its place among
-    the launcher's children, where the launcher gives it no other number (spawn's)."""
+    the launcher's children, where the launcher gives it no other number (spawn's);
+    ``given``: where its number came from, where its launcher's rule says (Lightning's)."""
     pid = key.pid
     if order is not None:
         label, source = f"local{order}", "order"
@@ -165,6 +173,7 @@ def attach_rank(
         label, source = f"local{env.local_rank}", "LOCAL_RANK"
     else:
         label, source = f"local{len(job.ranks)}", "order"
+    source = given or source  # where the launcher's own rule puts it (Lightning's)
     if job.key is None:
         run_id = env.run_id if env else None
         job_key = job_key_for(run_id, job.agent.pid)
@@ -200,6 +209,10 @@ def agent_gone(jobs: dict[int, TrackedJob], pid: int) -> None:
     job = jobs.get(pid)
     if job is None:
         return
+    if pid in job.ranks:  # the launching process was a rank too (Lightning's rank 0)
+        rank_gone(jobs, pid, pid)
+        if pid not in jobs:
+            return
     if job.ranks:
         job.agent_alive = False
         log.warning(

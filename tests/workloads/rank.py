@@ -250,21 +250,24 @@ def main() -> int:
     # serves the store (it says so: TORCHELASTIC_USE_AGENT_STORE); under any other launcher
     # (DeepSpeed's, ...) rank 0 serves it at MASTER_PORT, as init_process_group's env://
     # would.
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        is_master=os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and rank == 0,
-        timeout=__import__("datetime").timedelta(seconds=60),
-    )
     world = int(os.environ["WORLD_SIZE"])
-    attempt_store = dist.PrefixStore(f"attempt{restart}", store)
-    dist.init_process_group(
-        "gloo",
-        store=attempt_store,
-        rank=rank,
-        world_size=world,
-        timeout=__import__("datetime").timedelta(seconds=args.pg_timeout),
-    )
+    if dist.is_initialized():  # a launcher that set the group up itself (Lightning's Fabric)
+        attempt_store = dist.distributed_c10d._get_default_store()
+    else:
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and rank == 0,
+            timeout=__import__("datetime").timedelta(seconds=60),
+        )
+        attempt_store = dist.PrefixStore(f"attempt{restart}", store)
+        dist.init_process_group(
+            "gloo",
+            store=attempt_store,
+            rank=rank,
+            world_size=world,
+            timeout=__import__("datetime").timedelta(seconds=args.pg_timeout),
+        )
     buf = hold(args.hold_mb)
     on_gpu = None
     if args.gpu_mb and torch.cuda.is_available():  # GPU memory NVML attributes to this rank
