@@ -162,6 +162,7 @@ class RankEnv:
     # TRAINWATCH_RUN_OUTPUT: the job runs under `trainwatch run`, which keeps its output there
     run_output: str | None = None
     node_rank: int | None = None  # NODE_RANK (Lightning's launcher gives it, and no RANK)
+    rank_var: str = "RANK"  # the variable ``rank`` came from (MPI's: OMPI_COMM_WORLD_RANK, ...)
 
     @property
     def is_worker(self) -> bool:

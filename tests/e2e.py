@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 WORKLOAD = REPO / "tests" / "workloads" / "rank.py"
 SPAWNED = REPO / "tests" / "workloads" / "spawned.py"  # rank.py under torch.multiprocessing.spawn
 LIGHTNING_JOB = REPO / "tests" / "workloads" / "lightning_job.py"  # rank.py under Lightning's launcher
+MPI_JOB = REPO / "tests" / "workloads" / "mpi_job.py"  # rank.py under mpirun
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")  # DeepSpeed's runner
 
@@ -218,6 +219,24 @@ def job_postmortem(
         raise AssertionError(
             f"{exc}\n/postmortem {status}: {body[:3000]}\ndaemon log:\n{daemon.log()[-4000:]}"
         ) from None
+
+
+def settled_postmortem(
+    daemon: DaemonProc, doc: dict, right: Callable[[dict], bool], timeout: float = 20
+) -> dict:
+    """``doc`` as the daemon rewrites it, once ``right`` holds of it: a launcher that relays
+    its ranks' output (mpirun's pipes) writes a rank's last lines into its own log after
+    the rank died, and the postmortem is rewritten with them when the launcher exits."""
+
+    def now() -> dict | None:
+        status, body = daemon.get(f"/postmortems/{doc['id']}")
+        latest = json.loads(body) if status == 200 else None
+        return latest if latest is not None and right(latest) else None
+
+    try:
+        return wait_for(now, timeout, "the postmortem rewritten with the launcher's relayed output", 0.2)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{json.dumps(doc, indent=1)[:4000]}") from None
 
 
 class TorchrunJob:
@@ -437,6 +456,28 @@ class LightningJob(TorchrunJob):
     ) -> None:
         args = self._prepare(tmp, name, nproc, None, workload)
         self._start([sys.executable, str(LIGHTNING_JOB), f"--devices={nproc}", *args], wrap, env or {})
+
+
+class MpiJob(TorchrunJob):
+    """A real job of tests/workloads/rank.py started by Open MPI's ``mpirun -np N``: mpirun
+    is the job's launching process (``agent_pid``), its children the ranks."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        name: str,
+        *,
+        nproc: int = 2,
+        wrap: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        **workload: Any,
+    ) -> None:
+        args = self._prepare(tmp, name, nproc, None, workload)
+        cmd = [
+            "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(nproc),
+            sys.executable, str(MPI_JOB), f"--port={free_port()}", *args,
+        ]  # fmt: skip
+        self._start(cmd, wrap, env or {})
 
 
 def survivor_fate_right(row: dict) -> bool:

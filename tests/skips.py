@@ -272,6 +272,10 @@ REQUIREMENTS = {
         lambda: (Path(sys.executable).parent / "deepspeed").exists(),
         lambda: "needs DeepSpeed's launcher (the test group of pyproject.toml installs it)",
     ),
+    "openmpi": (
+        lambda: shutil.which("mpirun") is not None and shutil.which("ompi_info") is not None,
+        lambda: "needs Open MPI's mpirun (scripts/dev-setup installs Debian's openmpi-bin)",
+    ),
     "lightning": (
         lambda: importlib.util.find_spec("lightning") is not None,
         lambda: "needs Lightning (the test group of pyproject.toml installs it)",

@@ -450,6 +450,12 @@ DS_RUNNER, DS_LAUNCHER, DS_RANK0, DS_RANK1, DS_WORKER0, DS_WORKER1 = 32635, 3263
         (("python", "-m", "deepspeed.launcher.runner", "t.py"), None),
         (("python", "train.py", "-m", "deepspeed.launcher.launch"), None),  # the script's argument
         (("python", "-X", "dev", "-m", "torch.distributed.run", "t.py"), "torchrun"),
+        # MPI's starters, whatever they run (torchrun included)
+        (("mpirun", "-np", "2", "python", "t.py"), "mpi"),
+        (("/usr/bin/mpirun", "torchrun", "t.py"), "mpi"),
+        (("orted", "-mca", "ess", "env"), "mpi"),
+        (("/opt/mpich/bin/hydra_pmi_proxy", "--control-port", "n0:1"), "mpi"),
+        (("python", "mpirun.py"), None),
     ],
 )
 def test_launcher_forms(argv, expected):
@@ -658,3 +664,50 @@ def test_a_child_running_another_program_is_no_lightning_rank(tmp_path):
     shutil.copytree(FIXTURES / "proc-lightning", root)
     (root / str(LT_RANK1) / "cmdline").write_bytes(b"/usr/bin/python3\0other.py\0")
     assert Discovery(ProcReader(str(root))).tick() == []
+
+
+# The capture in fixtures/proc-mpi: Open MPI 4.1's mpirun -np 2, its two ranks (children of
+# mpirun, their MPI identity in their environment) and one forked worker each.
+MPI_RUN, MPI_RANK0, MPI_RANK1, MPI_WORKER0, MPI_WORKER1 = 10264, 10272, 10273, 10296, 10295
+
+
+def test_an_mpirun_launch_is_a_job_its_ranks_numbered_by_their_mpi_rank(tmp_path):
+    root = tmp_path / "proc"
+    shutil.copytree(FIXTURES / "proc-mpi", root)
+    d = Discovery(ProcReader(str(root)))
+    (job,) = d.tick()
+    assert job.agent.pid == MPI_RUN and job.launcher == "mpi"
+    assert job.key == job.run_id == "1155923969" and job.world_size == 2  # Open MPI's job id
+    ranks = {pid: (r.label, r.local_rank, r.rank_source) for pid, r in job.ranks.items()}
+    assert ranks == {MPI_RANK0: ("0", 0, "OMPI_COMM_WORLD_RANK"), MPI_RANK1: ("1", 1, "OMPI_COMM_WORLD_RANK")}
+    assert d.tree(MPI_RANK0) == [MPI_RANK0, MPI_WORKER0] and d.tree(MPI_RANK1) == [MPI_RANK1, MPI_WORKER1]
+
+
+def test_an_mpi_rank_s_rank_is_its_mpi_rank_never_a_rank_variable_it_inherited(tmp_path):
+    """MPI never sets RANK: one in a rank's environment came from the shell that ran mpirun."""
+    root = tmp_path / "proc"
+    shutil.copytree(FIXTURES / "proc-mpi", root)
+    for pid in (MPI_RANK0, MPI_RANK1):
+        environ = root / str(pid) / "environ"
+        environ.write_bytes(b"RANK=5\0" + environ.read_bytes())
+    (job,) = Discovery(ProcReader(str(root))).tick()
+    assert sorted(r.label for r in job.ranks.values()) == ["0", "1"]
+
+
+def test_a_launcher_run_by_mpirun_is_a_job_of_its_own(tmp_path):
+    """``mpirun -np 1 torchrun ...``: mpirun's child is torchrun's agent, whose workers are
+    the ranks; it is no rank of mpirun's."""
+    root = tmp_path / "proc"
+    shutil.copytree(FIXTURES / "proc-mpi", root)
+    (root / str(MPI_RANK1) / "cmdline").write_bytes(
+        b"/v/bin/python\0/v/bin/torchrun\0--nproc-per-node=1\0t.py\0"
+    )
+    # its "worker" is now a torchrun worker: its environment says so
+    (root / str(MPI_WORKER1) / "environ").write_bytes(
+        b"TORCHELASTIC_RUN_ID=r1\0RANK=0\0LOCAL_RANK=0\0WORLD_SIZE=1\0"
+    )
+    d = Discovery(ProcReader(str(root)))
+    by_agent = {j.agent.pid: j for j in d.tick()}
+    assert set(by_agent) == {MPI_RUN, MPI_RANK1}
+    assert by_agent[MPI_RANK1].launcher == "torchrun" and set(by_agent[MPI_RANK1].ranks) == {MPI_WORKER1}
+    assert set(by_agent[MPI_RUN].ranks) == {MPI_RANK0}

@@ -14,6 +14,8 @@ the killer and every other rank's fate as that launcher's teardown makes it.
 - Lightning's own launcher (tests/workloads/lightning_job.py, Fabric "ddp" on CPU): the script
   is rank 0 and re-runs itself with LOCAL_RANK=1; its observer thread SIGKILLs the others and
   rank 0 itself when a child exits non-zero (within 5 s).
+- Open MPI's ``mpirun -np 2`` (tests/workloads/mpi_job.py): the ranks are mpirun's children,
+  numbered by OMPI_COMM_WORLD_RANK; when one dies, mpirun aborts the job and signals the rest.
 """
 
 from __future__ import annotations
@@ -35,10 +37,12 @@ from tests.e2e import (
     DaemonProc,
     DeepSpeedJob,
     LightningJob,
+    MpiJob,
     SpawnJob,
     descendants,
     free_port,
     job_postmortem,
+    settled_postmortem,
     survivor_fate_right,
 )
 from tests.skips import requires
@@ -261,3 +265,58 @@ def test_a_lightning_rank_at_its_cgroup_limit_is_named_with_certainty(tmp_path):
     assert doc["victim"]["pid"] == pids[1][0] and doc["victim"]["signal"] == "SIGKILL", doc["victim"]
     rows = {r["pid"]: r for r in doc["ranks"]}
     assert rows[pids[1][0]]["fate"] == "root_cause" and survivor_fate_right(rows[pids[0][0]]), doc["ranks"]
+
+
+@requires("openmpi")
+def test_an_mpi_rank_killed_from_outside_is_named_and_mpirun_s_abort_is_told(tmp_path):
+    """The ranks are found below mpirun by their MPI rank, the job keyed by Open MPI's job id;
+    rank 1 is then SIGKILLed from outside and mpirun aborts the job."""
+    with DaemonProc(tmp_path) as daemon, MpiJob(tmp_path, "mpi-kill", hold_mb=50, workers=1) as job:
+        pids = job.ready()
+        seen = daemon.wait_sampled(job, pids)
+        assert seen["launcher"] == "mpi" and seen["job"] == seen["run_id"] and seen["run_id"].isdigit(), seen
+        ranks = {r["rank"]: r for r in seen["ranks"]}
+        assert sorted(ranks) == [0, 1]
+        for rank, rank_pids in pids.items():
+            assert ranks[rank]["pid"] == rank_pids[0] and ranks[rank]["rank_source"] == "OMPI_COMM_WORLD_RANK"
+            assert ranks[rank]["tree_processes"] == len(rank_pids), ranks[rank]
+        os.kill(pids[1][0], signal.SIGKILL)
+        doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
+        assert job.proc.wait(60) != 0
+        doc = settled_postmortem(daemon, doc, lambda d: survivor_fate_right(d["ranks"][0]))
+    assert doc["killer"]["kind"] == "external_signal", doc["killer"]
+    assert doc["victim"]["pid"] == pids[1][0] and doc["victim"]["signal"] == "SIGKILL", doc["victim"]
+    rows = {r["rank"]: r for r in doc["ranks"]}
+    assert rows[1]["fate"] == "root_cause" and survivor_fate_right(rows[0]), json.dumps(doc, indent=1)
+    assert doc["job"]["launcher"] == "mpi"
+
+
+@pytest.mark.root
+@requires("openmpi", "memcg", "kmsg")
+def test_an_mpi_rank_at_its_cgroup_limit_is_named_with_certainty(tmp_path):
+    """mpirun and its ranks in a 1.5 GiB memory cgroup; rank 1 grows until the kernel kills it."""
+    with memory_cgroup(int(1.5 * GIB), "trainwatch-mpi-oom") as (_version, parent, child):
+        wrap = join_cgroup(child)
+        with (
+            DaemonProc(tmp_path) as daemon,
+            MpiJob(
+                tmp_path,
+                "mpi-oom",
+                wrap=wrap,
+                hold_mb=50,
+                workers=0,
+                grow_rank=1,
+                grow_after=2,
+                grow_interval=0.1,
+            ) as job,
+        ):
+            pids = job.ready()
+            doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
+            job.proc.wait(60)
+            doc = settled_postmortem(daemon, doc, lambda d: survivor_fate_right(d["ranks"][0]))
+    killer = doc["killer"]
+    assert killer["kind"] == "cgroup_oom" and killer["confidence"] == "certain", killer
+    assert f"/{parent.name}" in killer["summary"], killer
+    assert doc["victim"]["pid"] == pids[1][0] and doc["victim"]["signal"] == "SIGKILL", doc["victim"]
+    rows = {r["rank"]: r for r in doc["ranks"]}
+    assert rows[1]["fate"] == "root_cause" and survivor_fate_right(rows[0]), doc["ranks"]

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 from sidecar.errors import AccessDenied, NoSuchProcess, ParseError, ProbeError
 from sidecar.model import ProcKey, RankEnv
-from sidecar.probes.proc import TICKS_PER_SECOND, ProcReader, entrypoint_of, parse_rank_env
+from sidecar.probes.proc import TICKS_PER_SECOND, ProcReader, entrypoint_of
 from sidecar.redact import redact_argv
 from sidecar.sampling import jobs
 from sidecar.sampling.children import ByChildren, lightning_rank
@@ -383,11 +383,11 @@ class Discovery:
             return entry.ppid
         return self.reader.stat(pid).ppid  # not listed since the last scan (found by an event)
 
-    def make_agent(self, entry: _Entry, launcher: str) -> None:
+    def make_agent(self, entry: _Entry, launcher: str, nested: bool = False) -> None:
         # An agent inside another agent's tree (a pre-exec worker still named pt_elastic)
-        # is not a new job.
+        # is not a new job, unless it is a launcher's child known to be one (``_nested``).
         parent = self.entries.get(entry.ppid)
-        if parent is not None and parent.kind in ("agent", "rank", "pending", "spawned"):
+        if not nested and parent is not None and parent.kind in ("agent", "rank", "pending", "spawned"):
             return
         if not self._allowed(entry):
             entry.kind = "kthread"  # never look at it again
@@ -428,8 +428,10 @@ class Discovery:
             entry.kind = "other"
             return
         pid = entry.key.pid
+        if job.launcher in jobs.OUTER and self._nested(entry):
+            return
         try:
-            env = parse_rank_env(self.reader.environ(pid))
+            env = jobs.launcher_env(job.launcher, self.reader.environ(pid))
         except AccessDenied:
             if entry.key not in self.unreadable:
                 self.unreadable[entry.key] = "environ"
@@ -448,6 +450,17 @@ class Discovery:
             self._attach(job, entry, env)
         elif now - entry.first_seen > PENDING_RANK_SECONDS:
             entry.kind = "other"
+
+    def _nested(self, entry: _Entry) -> bool:
+        """A child of a launcher that starts any program (MPI's) that is a launcher itself
+        (``mpirun torchrun ...``) is a job of its own, not a rank."""
+        launcher = launcher_of_argv(self._argv(entry))
+        parent = self.jobs.get(entry.ppid)
+        if launcher is None or (parent is not None and launcher == parent.launcher):
+            return False  # a program; or a copy of its launcher between its fork and its exec
+        self._pending.discard(entry.key.pid)
+        self.make_agent(entry, launcher, nested=True)
+        return True
 
     def _attach(self, job: TrackedJob, entry: _Entry, env: RankEnv | None) -> None:
         entry.kind = "rank"

@@ -16,12 +16,21 @@ The launchers known by their own process (each, the mechanism that makes it one)
   and when one exits non-zero it SIGTERMs every other rank's tree, SIGKILL after 30 s.
 * ``spawn``: ``torch.multiprocessing.spawn``, from a script of any name: its children are
   ranks once they join a process group (``spawned.py`` says how they are told).
+* ``mpi``: the process that starts an MPI job's ranks on a node (``_MPI_STARTERS``): Open
+  MPI 4's ``mpirun``/``orterun`` (its own node's ranks are its children; ``orted`` starts
+  them on the others), Open MPI 5's ``prterun``/``prted``, MPICH's ``hydra_pmi_proxy``.
+  Any program may be a rank: a child with its MPI rank in its environment
+  (OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK), numbered by it; the job's id is its PMIx
+  namespace (Open MPI's job id), the same on every node. A child that is a launcher itself
+  (``mpirun torchrun ...``) is a job of its own. When a rank exits non-zero or is killed,
+  mpirun aborts the job: it signals every other rank (SIGCONT, SIGTERM, then SIGKILL).
 * ``lightning``: Lightning's subprocess launcher, in the user's script, which is rank 0 and
   re-runs itself for the other local ranks (``children.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -30,10 +39,13 @@ from dataclasses import dataclass, field
 
 from sidecar.errors import ProbeError
 from sidecar.model import ProcKey, RankEnv
+from sidecar.probes.proc import parse_rank_env
 
 __all__ = [
     "AGENT_COMM",
     "LIGHTNING",
+    "MPI",
+    "OUTER",
     "SPAWN",
     "TORCHRUN",
     "TrackedJob",
@@ -42,6 +54,7 @@ __all__ = [
     "attach_rank",
     "descends_from",
     "job_key_for",
+    "launcher_env",
     "launcher_of_argv",
     "rank_gone",
 ]
@@ -53,6 +66,11 @@ TORCHRUN = "torchrun"
 DEEPSPEED = "deepspeed"
 SPAWN = "spawn"
 LIGHTNING = "lightning"
+MPI = "mpi"
+_MPI_STARTERS = frozenset({"mpirun", "mpiexec", "orterun", "orted", "prterun", "prted", "hydra_pmi_proxy"})
+_MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+# launchers that start any program as a rank: a rank of theirs may be a launcher of its own
+OUTER = frozenset({MPI})
 # python -m MODULE: the launcher it makes
 _LAUNCHER_MODULES = {
     "torch.distributed.run": TORCHRUN,
@@ -68,6 +86,8 @@ def launcher_of_argv(argv: tuple[str, ...]) -> str | None:
     (torchrun); ``python -u -m deepspeed.launcher.launch ...`` (deepspeed)."""
     if not argv:
         return None
+    if os.path.basename(argv[0]) in _MPI_STARTERS:
+        return MPI
     head = argv[:3]
     if any(os.path.basename(a) == "torchrun" for a in head):
         return TORCHRUN
@@ -95,9 +115,32 @@ def is_worker(launcher: str, env: RankEnv) -> bool:
         return env.is_worker
     if launcher == SPAWN:
         return False  # its environment is its parent's: a group's threads tell (spawned.py)
+    if launcher == MPI:
+        return env.rank is not None and env.rank_var != "RANK"
     if launcher == LIGHTNING:  # children.py: its other children inherit LOCAL_RANK=0
         return env.local_rank is not None and env.local_rank >= 1 and env.rank is None and env.run_id is None
     return env.rank is not None or env.local_rank is not None
+
+
+def launcher_env(launcher: str, raw: dict[str, str]) -> RankEnv:
+    """A child's identity as its launcher gives it: an MPI rank's from its MPI variables
+    (RANK, which MPI never sets, is not read for it); any other's from RANK, LOCAL_RANK..."""
+    env = parse_rank_env(raw)
+    if launcher != MPI:
+        return env
+    var = next((v for v in _MPI_RANK_VARS if raw.get(v, "").isdigit()), None)
+    local = raw.get("OMPI_COMM_WORLD_LOCAL_RANK") or raw.get("MPI_LOCALRANKID") or ""
+    size = raw.get("OMPI_COMM_WORLD_SIZE") or raw.get("PMI_SIZE") or ""
+    return dataclasses.replace(
+        env,
+        rank=int(raw[var]) if var else None,
+        rank_var=var or "RANK",
+        local_rank=int(local) if local.isdigit() else None,
+        world_size=int(size) if size.isdigit() else None,
+        run_id=raw.get("PMIX_NAMESPACE") or raw.get("OMPI_MCA_ess_base_jobid") or None,
+        local_world_size=None,
+        group_rank=None,
+    )
 
 
 def job_key_for(run_id: str | None, agent_pid: int) -> str:
@@ -168,7 +211,7 @@ def attach_rank(
     if order is not None:
         label, source = f"local{order}", "order"
     elif env is not None and env.rank is not None:
-        label, source = str(env.rank), "RANK"
+        label, source = str(env.rank), env.rank_var
     elif env is not None and env.local_rank is not None:
         label, source = f"local{env.local_rank}", "LOCAL_RANK"
     else:
