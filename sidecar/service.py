@@ -218,7 +218,7 @@ class Service:
             __version__,
             f"agents {', '.join(map(str, settings.pids))}"
             if settings.pids
-            else "every torchrun, DeepSpeed, torch.multiprocessing.spawn, Lightning and MPI job",
+            else "every torchrun, DeepSpeed, torch.multiprocessing.spawn, Lightning, MPI and Slurm job",
             settings.interval_seconds,
             self.url,
         )

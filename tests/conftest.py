@@ -130,6 +130,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if hasattr(session.config, "workerinput"):
         return  # an xdist worker: the controller judges, from every worker's reports
+    from tests import slurm
+
+    slurm.stop()  # the test Slurm, if a test started it (every worker has ended by now)
     if os.environ.get("TRAINWATCH_STRICT_SKIPS") == "1" and _unexpected()[1] and exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 WORKLOAD = REPO / "tests" / "workloads" / "rank.py"
 SPAWNED = REPO / "tests" / "workloads" / "spawned.py"  # rank.py under torch.multiprocessing.spawn
 LIGHTNING_JOB = REPO / "tests" / "workloads" / "lightning_job.py"  # rank.py under Lightning's launcher
-MPI_JOB = REPO / "tests" / "workloads" / "mpi_job.py"  # rank.py under mpirun
+TASK_JOB = REPO / "tests" / "workloads" / "task_job.py"  # rank.py under mpirun or srun
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")  # DeepSpeed's runner
 
@@ -475,9 +475,54 @@ class MpiJob(TorchrunJob):
         args = self._prepare(tmp, name, nproc, None, workload)
         cmd = [
             "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(nproc),
-            sys.executable, str(MPI_JOB), f"--port={free_port()}", *args,
+            sys.executable, str(TASK_JOB), f"--port={free_port()}", *args,
         ]  # fmt: skip
         self._start(cmd, wrap, env or {})
+
+
+class SlurmJob(TorchrunJob):
+    """A real step of tests/workloads/task_job.py on the test Slurm (tests/slurm.py): ``srun
+    -n N --mem=M``. The step's slurmstepd, which slurmd starts, is the job's launching
+    process (``agent_pid``: the tasks' parent), not srun."""
+
+    def __init__(
+        self,
+        tmp: Path,
+        name: str,
+        *,
+        nproc: int = 2,
+        mem: str = "1536M",
+        kill_on_bad_exit: bool = True,
+        env: dict[str, str] | None = None,
+        **workload: Any,
+    ) -> None:
+        from tests import slurm
+
+        self._agent: int | None = None
+        self.slurm_env = slurm.cluster()
+        args = self._prepare(tmp, name, nproc, None, workload)
+        cmd = [
+            "srun", f"--ntasks={nproc}", f"--mem={mem}", f"--kill-on-bad-exit={int(kill_on_bad_exit)}",
+            f"--job-name=tw-{name}", sys.executable, str(TASK_JOB), f"--port={free_port()}", *args,
+        ]  # fmt: skip
+        self._start(cmd, None, {**(env or {}), "SLURM_CONF": self.slurm_env["SLURM_CONF"]})
+
+    @property
+    def agent_pid(self) -> int:
+        """The tasks' parent, read once (while they run)."""
+        if self._agent is None:
+            ranks = self.ready()
+            self._agent = int(Path(f"/proc/{ranks[0][0]}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        return self._agent
+
+    def cancel(self) -> None:
+        """End the step (scancel of its job), as its user would."""
+        subprocess.run(["scancel", f"--name=tw-{self.dir.name}"], env=self.slurm_env, check=False, timeout=30)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.cancel()
+        super().__exit__(*exc)
 
 
 def survivor_fate_right(row: dict) -> bool:

@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.demo import memory_cgroup, memory_hierarchy
+from tests import slurm
 
 GIB = 1 << 30
 ALLOWED_FILE = Path(__file__).resolve().parent / "allowed-skips.txt"
@@ -275,6 +276,10 @@ REQUIREMENTS = {
     "openmpi": (
         lambda: shutil.which("mpirun") is not None and shutil.which("ompi_info") is not None,
         lambda: "needs Open MPI's mpirun (scripts/dev-setup installs Debian's openmpi-bin)",
+    ),
+    "slurm": (
+        lambda: slurm.available(),
+        lambda: "needs root and Debian's slurmctld, slurmd, slurm-client and munge (scripts/dev-setup)",
     ),
     "lightning": (
         lambda: importlib.util.find_spec("lightning") is not None,

@@ -711,3 +711,47 @@ def test_a_launcher_run_by_mpirun_is_a_job_of_its_own(tmp_path):
     assert set(by_agent) == {MPI_RUN, MPI_RANK1}
     assert by_agent[MPI_RANK1].launcher == "torchrun" and set(by_agent[MPI_RANK1].ranks) == {MPI_WORKER1}
     assert set(by_agent[MPI_RUN].ranks) == {MPI_RANK0}
+
+
+# The capture in fixtures/proc-slurm: a step of a real single-node Slurm (`srun -n2
+# --mem=1536M python tests/workloads/task_job.py`): its slurmstepd, the two tasks and one
+# forked worker each.
+SL_STEPD, SL_RANK0, SL_RANK1, SL_WORKER0, SL_WORKER1 = 13527, 13532, 13533, 13619, 13618
+
+
+def test_a_slurm_step_is_a_job_keyed_by_its_job_and_step(tmp_path):
+    root = tmp_path / "proc"
+    shutil.copytree(FIXTURES / "proc-slurm", root)
+    d = Discovery(ProcReader(str(root)))
+    (job,) = d.tick()
+    assert job.agent.pid == SL_STEPD and job.launcher == "slurm" and job.key == "2.0" and job.world_size == 2
+    ranks = {pid: (r.label, r.local_rank, r.rank_source) for pid, r in job.ranks.items()}
+    assert ranks == {SL_RANK0: ("0", 0, "SLURM_PROCID"), SL_RANK1: ("1", 1, "SLURM_PROCID")}
+    assert d.tree(SL_RANK0) == [SL_RANK0, SL_WORKER0] and d.tree(SL_RANK1) == [SL_RANK1, SL_WORKER1]
+
+
+def test_a_batch_script_is_no_rank_of_its_step(tmp_path):
+    """The batch step's script has SLURM_PROCID but no step id: it is no task of a step."""
+    root = tmp_path / "proc"
+    shutil.copytree(FIXTURES / "proc-slurm", root)
+    (root / str(SL_STEPD) / "cmdline").write_bytes(b"slurmstepd: [2.batch]\0")
+    for pid in (SL_RANK0, SL_RANK1):
+        environ = root / str(pid) / "environ"
+        environ.write_bytes(environ.read_bytes().replace(b"SLURM_STEP_ID=0\0", b""))
+    (job,) = Discovery(ProcReader(str(root))).tick()
+    assert job.launcher == "slurm" and job.ranks == {}
+
+
+def test_torchrun_started_by_srun_is_a_job_of_its_own(tmp_path):
+    """``srun torchrun ...``: the task is torchrun's agent, whose workers are the ranks."""
+    root = tmp_path / "proc"
+    shutil.copytree(FIXTURES / "proc-slurm", root)
+    (root / str(SL_RANK1) / "cmdline").write_bytes(
+        b"/v/bin/python\0/v/bin/torchrun\0--nproc-per-node=1\0t.py\0"
+    )
+    (root / str(SL_WORKER1) / "environ").write_bytes(
+        b"TORCHELASTIC_RUN_ID=r9\0RANK=1\0LOCAL_RANK=0\0WORLD_SIZE=2\0"
+    )
+    by_agent = {j.agent.pid: j for j in Discovery(ProcReader(str(root))).tick()}
+    assert by_agent[SL_RANK1].launcher == "torchrun" and set(by_agent[SL_RANK1].ranks) == {SL_WORKER1}
+    assert set(by_agent[SL_STEPD].ranks) == {SL_RANK0}

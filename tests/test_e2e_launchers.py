@@ -14,7 +14,7 @@ the killer and every other rank's fate as that launcher's teardown makes it.
 - Lightning's own launcher (tests/workloads/lightning_job.py, Fabric "ddp" on CPU): the script
   is rank 0 and re-runs itself with LOCAL_RANK=1; its observer thread SIGKILLs the others and
   rank 0 itself when a child exits non-zero (within 5 s).
-- Open MPI's ``mpirun -np 2`` (tests/workloads/mpi_job.py): the ranks are mpirun's children,
+- Open MPI's ``mpirun -np 2`` (tests/workloads/task_job.py): the ranks are mpirun's children,
   numbered by OMPI_COMM_WORLD_RANK; when one dies, mpirun aborts the job and signals the rest.
 """
 

@@ -25,7 +25,7 @@ METRICS: dict[str, Spec] = {
         "gauge",
         ("job", "rank", "local_rank", "pid", "restart", "launcher"),
         "A live rank (worker process), always 1; pid is the rank's pid as seen by trainwatch; "
-        "launcher: what started it (torchrun, deepspeed, spawn, lightning, mpi)",
+        "launcher: what started it (torchrun, deepspeed, spawn, lightning, mpi, slurm)",
     ),
     "trainwatch_job_info": Spec(
         "gauge",

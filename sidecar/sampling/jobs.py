@@ -24,6 +24,14 @@ The launchers known by their own process (each, the mechanism that makes it one)
   namespace (Open MPI's job id), the same on every node. A child that is a launcher itself
   (``mpirun torchrun ...``) is a job of its own. When a rank exits non-zero or is killed,
   mpirun aborts the job: it signals every other rank (SIGCONT, SIGTERM, then SIGKILL).
+* ``slurm``: ``slurmstepd``, which slurmd starts for each step of a job on each node (its
+  command line reads ``slurmstepd: [JOBID.STEP]``) and which starts the step's tasks (``srun
+  ...``) as its children, each with SLURM_PROCID (its rank), SLURM_LOCALID, SLURM_NTASKS,
+  SLURM_JOB_ID and SLURM_STEP_ID in its environment; the job is ``JOBID.STEPID``, the same on
+  every node. A batch script (no step id) is no rank. As under MPI, a task that is a launcher
+  itself (``srun torchrun ...``) is a job of its own. When a task exits non-zero, the other
+  tasks run on unless the step was started with ``--kill-on-bad-exit``; then Slurm signals
+  them (SIGTERM, SIGKILL after KillWait).
 * ``lightning``: Lightning's subprocess launcher, in the user's script, which is rank 0 and
   re-runs itself for the other local ranks (``children.py``).
 """
@@ -46,6 +54,7 @@ __all__ = [
     "LIGHTNING",
     "MPI",
     "OUTER",
+    "SLURM",
     "SPAWN",
     "TORCHRUN",
     "TrackedJob",
@@ -67,10 +76,11 @@ DEEPSPEED = "deepspeed"
 SPAWN = "spawn"
 LIGHTNING = "lightning"
 MPI = "mpi"
+SLURM = "slurm"
 _MPI_STARTERS = frozenset({"mpirun", "mpiexec", "orterun", "orted", "prterun", "prted", "hydra_pmi_proxy"})
 _MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
 # launchers that start any program as a rank: a rank of theirs may be a launcher of its own
-OUTER = frozenset({MPI})
+OUTER = frozenset({MPI, SLURM})
 # python -m MODULE: the launcher it makes
 _LAUNCHER_MODULES = {
     "torch.distributed.run": TORCHRUN,
@@ -88,6 +98,8 @@ def launcher_of_argv(argv: tuple[str, ...]) -> str | None:
         return None
     if os.path.basename(argv[0]) in _MPI_STARTERS:
         return MPI
+    if argv[0].startswith("slurmstepd"):  # "slurmstepd: [1234.0]"
+        return SLURM
     head = argv[:3]
     if any(os.path.basename(a) == "torchrun" for a in head):
         return TORCHRUN
@@ -115,7 +127,7 @@ def is_worker(launcher: str, env: RankEnv) -> bool:
         return env.is_worker
     if launcher == SPAWN:
         return False  # its environment is its parent's: a group's threads tell (spawned.py)
-    if launcher == MPI:
+    if launcher in OUTER:  # Slurm's tasks of a step, MPI's ranks (a batch script has no step)
         return env.rank is not None and env.rank_var != "RANK"
     if launcher == LIGHTNING:  # children.py: its other children inherit LOCAL_RANK=0
         return env.local_rank is not None and env.local_rank >= 1 and env.rank is None and env.run_id is None
@@ -126,6 +138,20 @@ def launcher_env(launcher: str, raw: dict[str, str]) -> RankEnv:
     """A child's identity as its launcher gives it: an MPI rank's from its MPI variables
     (RANK, which MPI never sets, is not read for it); any other's from RANK, LOCAL_RANK..."""
     env = parse_rank_env(raw)
+    if launcher == SLURM:
+        procid, step = raw.get("SLURM_PROCID", ""), raw.get("SLURM_STEP_ID", "")
+        task = procid.isdigit() and step.isdigit()
+        local, size = raw.get("SLURM_LOCALID", ""), raw.get("SLURM_NTASKS") or raw.get("SLURM_NPROCS") or ""
+        return dataclasses.replace(
+            env,
+            rank=int(procid) if task else None,
+            rank_var="SLURM_PROCID" if task else "RANK",
+            local_rank=int(local) if local.isdigit() else None,
+            world_size=int(size) if size.isdigit() else None,
+            run_id=f"{raw.get('SLURM_JOB_ID', '?')}.{step}" if task else None,
+            local_world_size=None,
+            group_rank=None,
+        )
     if launcher != MPI:
         return env
     var = next((v for v in _MPI_RANK_VARS if raw.get(v, "").isdigit()), None)

@@ -1,0 +1,151 @@
+"""A real single-node Slurm for the tests: Debian's munged, slurmctld and slurmd on this
+machine, from a private configuration (its own munge key and socket, its own ports, state and
+logs under one folder), with ``task/cgroup`` and ``ConstrainRAMSpace=yes``: a step's
+``--mem`` is a real memory cgroup limit (cgroup v1 or v2, whichever holds the memory
+controller here).
+
+Started once per machine by the first test that needs it (``cluster()``, under a lock: the
+test workers share it) and stopped at the end of the run (``stop()``: the controller's
+``pytest_sessionfinish`` in tests/conftest.py, and ``python -m tests.slurm --stop``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DIR = Path(os.environ.get("TRAINWATCH_SLURM_DIR", "/tmp/trainwatch-slurm"))
+CONF = DIR / "slurm.conf"
+DAEMONS = ("slurmd", "slurmctld", "munged")  # stopped in this order
+BINARIES = ("munged", "slurmctld", "slurmd", "srun", "scancel", "sinfo")
+
+
+def available() -> bool:
+    """Whether this machine can run it: the binaries, and root (slurmd runs the tasks)."""
+    return os.geteuid() == 0 and all(shutil.which(b) or Path(f"/usr/sbin/{b}").exists() for b in BINARIES)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _binary(name: str) -> str:
+    return shutil.which(name) or f"/usr/sbin/{name}"
+
+
+def env() -> dict[str, str]:
+    """The environment srun, scancel and sinfo need to reach this cluster."""
+    return dict(os.environ, SLURM_CONF=str(CONF))
+
+
+def _write_config() -> None:
+    host = socket.gethostname().split(".")[0]
+    mem_mib = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                mem_mib = int(line.split()[1]) // 1024
+    cgroup = "cgroup/v1" if Path("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists() else "cgroup/v2"
+    for sub in ("state", "spool", "log", "run"):
+        (DIR / sub).mkdir(parents=True, exist_ok=True)
+    key = DIR / "munge.key"
+    if not key.exists():
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+    CONF.write_text(
+        f"""ClusterName=trainwatch
+SlurmctldHost={host}(127.0.0.1)
+SlurmUser=root
+SlurmctldPort={_free_port()}
+SlurmdPort={_free_port()}
+AuthType=auth/munge
+AuthInfo=socket={DIR}/run/munge.sock
+StateSaveLocation={DIR}/state
+SlurmdSpoolDir={DIR}/spool
+SlurmctldPidFile={DIR}/run/slurmctld.pid
+SlurmdPidFile={DIR}/run/slurmd.pid
+SlurmctldLogFile={DIR}/log/slurmctld.log
+SlurmdLogFile={DIR}/log/slurmd.log
+ProctrackType=proctrack/cgroup
+TaskPlugin=task/cgroup
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+ReturnToService=2
+MpiDefault=none
+SchedulerType=sched/builtin
+JobAcctGatherType=jobacct_gather/none
+KillWait=5
+NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory={mem_mib * 9 // 10} State=UNKNOWN
+PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:8
+"""
+    )
+    (DIR / "cgroup.conf").write_text(
+        f"CgroupPlugin={cgroup}\nConstrainRAMSpace=yes\nConstrainSwapSpace=no\nConstrainCores=no\n"
+    )
+
+
+def _running() -> bool:
+    out = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env(), capture_output=True, text=True, timeout=10)
+    return out.returncode == 0 and out.stdout.strip() in ("idle", "mixed", "allocated")
+
+
+def cluster(timeout: float = 60) -> dict[str, str]:
+    """Start the cluster unless it runs; the environment to reach it."""
+    DIR.mkdir(parents=True, exist_ok=True)
+    with open(DIR / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if CONF.exists() and _running():
+            return env()
+        stop()
+        _write_config()
+        run = DIR / "run"
+        subprocess.run(
+            [
+                _binary("munged"), "--force", f"--socket={run}/munge.sock", f"--key-file={DIR}/munge.key",
+                f"--log-file={DIR}/log/munged.log", f"--pid-file={run}/munged.pid",
+                f"--seed-file={DIR}/state/munge.seed",
+            ],
+            check=True,
+        )  # fmt: skip
+        subprocess.run([_binary("slurmctld"), "-f", str(CONF)], check=True, env=env())
+        subprocess.run([_binary("slurmd"), "-f", str(CONF)], check=True, env=env())
+        deadline = time.monotonic() + timeout
+        while not _running():
+            if time.monotonic() > deadline:
+                logs = "\n".join(
+                    (DIR / "log" / n).read_text()[-2000:] for n in ("slurmctld.log", "slurmd.log")
+                )
+                raise RuntimeError(f"the test Slurm did not come up in {timeout:.0f} s:\n{logs}")
+            time.sleep(0.2)
+        return env()
+
+
+def stop() -> None:
+    """Stop the cluster's daemons (those whose pid files it wrote), if any run."""
+    for name in DAEMONS:
+        pidfile = DIR / "run" / f"{name}.pid"
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(pidfile.read_text().split()[0])
+            os.kill(pid, signal.SIGTERM)
+            for _ in range(100):
+                os.kill(pid, 0)
+                time.sleep(0.05)
+        with contextlib.suppress(OSError):
+            pidfile.unlink()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--stop"]:
+        stop()
+    else:
+        print(cluster()["SLURM_CONF"])

@@ -1,0 +1,110 @@
+"""Real Slurm steps on the test Slurm (tests/slurm.py: Debian's slurmctld, slurmd and munge
+on this machine, task/cgroup with ConstrainRAMSpace=yes), watched by the real daemon: the
+step's slurmstepd is the launching process, its tasks the ranks (SLURM_PROCID), the job
+``JOBID.STEPID``.
+
+The ranks hand off through rank 0's store (``--handoff``): rank 0 waits for rank 1's next
+key, so a death of rank 1 leaves rank 0 alive and waiting, in no collective that could fail.
+With ``--kill-on-bad-exit=1`` Slurm then ends rank 0 itself (the launcher's teardown); without
+it, nothing does, and rank 0 is stranded until the step is cancelled.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from tests.e2e import DaemonProc, SlurmJob, job_postmortem, wait_for
+from tests.skips import requires
+
+pytestmark = [pytest.mark.slow, pytest.mark.root]
+
+
+def _ranks_job(daemon: DaemonProc, job: SlurmJob) -> dict | None:
+    return next((j for j in daemon.ranks()["jobs"] if j["agent_pid"] == job.agent_pid), None)
+
+
+@requires("slurm")
+def test_a_slurm_task_killed_from_outside_is_named_and_slurm_ends_the_step(tmp_path):
+    """``srun --kill-on-bad-exit=1``: rank 1 SIGKILLed from outside; Slurm then signals
+    rank 0, which its postmortem row says (terminated_by_agent, the launcher slurm)."""
+    with (
+        DaemonProc(tmp_path) as daemon,
+        SlurmJob(tmp_path, "sl-kill", hold_mb=50, workers=1, handoff=1, kill_on_bad_exit=True) as job,
+    ):
+        pids = job.ready()
+        seen = daemon.wait_sampled(job, pids)
+        assert job.agent_pid > 0  # read while the tasks run
+        assert seen["launcher"] == "slurm" and seen["job"] == seen["run_id"] and seen["job"].endswith(".0"), (
+            seen
+        )
+        ranks = {r["rank"]: r for r in seen["ranks"]}
+        for rank, rank_pids in pids.items():
+            assert ranks[rank]["pid"] == rank_pids[0] and ranks[rank]["rank_source"] == "SLURM_PROCID"
+            assert ranks[rank]["tree_processes"] == len(rank_pids), ranks[rank]
+        os.kill(pids[1][0], signal.SIGKILL)
+        doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
+        assert job.proc.wait(60) != 0
+    assert doc["killer"]["kind"] == "external_signal", doc["killer"]
+    assert doc["victim"]["pid"] == pids[1][0] and doc["victim"]["signal"] == "SIGKILL", doc["victim"]
+    rows = {r["rank"]: r for r in doc["ranks"]}
+    assert rows[0]["fate"] == "terminated_by_agent" and rows[0]["signal"] in ("SIGTERM", "SIGKILL"), rows[0]
+    assert rows[0]["launcher"] == "slurm" and doc["job"]["launcher"] == "slurm"
+
+
+@requires("slurm", "kmsg")
+def test_a_slurm_task_past_its_step_s_mem_is_named_with_certainty(tmp_path):
+    """``srun --mem=1536M``: Slurm's own step cgroup holds the limit; rank 1 grows past it."""
+    with (
+        DaemonProc(tmp_path) as daemon,
+        SlurmJob(
+            tmp_path, "sl-oom", hold_mb=50, workers=0, handoff=1, grow_rank=1, grow_after=2, grow_interval=0.1
+        ) as job,
+    ):
+        pids = job.ready()
+        assert job.agent_pid > 0  # read while the tasks run
+        doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
+        job.proc.wait(60)
+    killer = doc["killer"]
+    assert killer["kind"] == "cgroup_oom" and killer["confidence"] == "certain", killer
+    assert "/slurm" in killer["summary"] and "/job_" in killer["summary"], killer  # Slurm's cgroup
+    assert doc["victim"]["pid"] == pids[1][0] and doc["victim"]["signal"] == "SIGKILL", doc["victim"]
+    assert {r["rank"]: r["fate"] for r in doc["ranks"]}[0] == "terminated_by_agent", doc["ranks"]
+
+
+@requires("slurm")
+def test_a_slurm_task_left_waiting_without_kill_on_bad_exit_is_stranded(tmp_path):
+    """``srun --kill-on-bad-exit=0``: rank 1 dies; rank 0 waits for it in the store, alive,
+    until the step is cancelled. Reported stranded within 30 s: /ranks, the metric, and the
+    fate ``stranded`` in the death's postmortem."""
+    with (
+        DaemonProc(tmp_path) as daemon,
+        SlurmJob(tmp_path, "sl-strand", hold_mb=50, workers=0, handoff=1, kill_on_bad_exit=False) as job,
+    ):
+        pids = job.ready()
+        daemon.wait_sampled(job, pids)
+        assert job.agent_pid > 0  # read while the tasks run
+        os.kill(pids[1][0], signal.SIGKILL)
+        killed = time.monotonic()
+        seen = wait_for(lambda: (j := _ranks_job(daemon, job)) and j["stranded"] and j, 40, "rank 0 stranded")
+        took = time.monotonic() - killed
+        assert took <= 30, took
+        assert seen["stranded"]["ranks"] == ["0"] and seen["stranded"]["dead_ranks"] == ["1"], seen[
+            "stranded"
+        ]
+        counts = {labels["job"]: v for labels, v in daemon.metrics()["trainwatch_job_stranded_ranks"]}
+        assert counts[seen["job"]] == 1
+        doc = job_postmortem(daemon, victim_rank=1, want_fates=1, job=job)
+        doc = wait_for(
+            lambda: (d := job_postmortem(daemon, 1, 1, job)) and d["ranks"][0]["fate"] == "stranded" and d,
+            20,
+            "the fate stranded in the postmortem",
+        )
+        assert doc["ranks"][0]["stranded_since"] and doc["ranks"][0]["died_at"] is None, doc["ranks"][0]
+        assert doc["killer"]["kind"] == "external_signal", doc["killer"]
+        print(f"death -> stranded reported under Slurm: {took:.1f} s")
+        job.cancel()
+        job.proc.wait(60)
