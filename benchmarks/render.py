@@ -198,6 +198,12 @@ AB_CHANGES = (  # results name, what changed (the commits are in each file)
         " found by its command line)",
     ),
     ("overhead-ab-rescan-1x8x8", "the same, on a job of 73 processes"),
+    (
+        "overhead-ab-launchers",
+        "issue 39: every launcher (spawn's and Lightning's children, MPI, Slurm), stranded survivors"
+        " (this session's changes together, beside the last commit of the one before)",
+    ),
+    ("overhead-ab-launchers-1x8x8", "the same, on a job of 73 processes"),
 )
 
 
@@ -698,6 +704,52 @@ def gpu_stall() -> str:
     )
 
 
+def launchers() -> str:
+    doc = _load("launchers")
+    if doc is None:
+        return _missing("launchers", "run `python benchmarks/launchers.py`")
+    per = doc["results"]["launchers"]
+    rows = [
+        "| launcher | jobs | attach from the rank's start, median (max) | from its group join |"
+        " death to postmortem, median (max) | verdicts | the other rank | death to stranded, median (max) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, r in per.items():
+        if "skipped" in r:
+            rows.append(f"| {name} | skipped: {r['skipped']} | | | | | | |")
+            continue
+        s = r["summary"]
+        strand = (
+            f"{s['death_to_stranded_s_median']:.1f} s ({s['death_to_stranded_s_max']:.1f} s)"
+            if "death_to_stranded_s_median" in s
+            else "n/a (its launcher ends the others)"
+        )
+        after, worst = s.get("attach_after_join_s_median"), s.get("attach_after_join_s_max")
+        if after is None:
+            join = "n/a"
+        elif after < 0:  # known by its environment before it joined
+            join = "before it" + (f" (max {worst:.2f} s after)" if worst > 0 else "")
+        else:
+            join = f"{after:.2f} s ({worst:.2f} s)"
+        rows.append(
+            f"| {name} | {s['runs']} | {s['attach_s_median']:.2f} s ({s['attach_s_max']:.2f} s) | {join} |"
+            f" {1000 * s['death_to_postmortem_s_median']:.0f} ms ({1000 * s['death_to_postmortem_s_max']:.0f} ms) |"
+            f" {', '.join(s['killers'])}; victim right {s['victims_right']}/{s['runs']} |"
+            f" {', '.join(s['survivor_fates'])} | {strand} |"
+        )
+    return (
+        f"`benchmarks/launchers.py` ({_provenance(doc)}): real two-rank gloo jobs under each launcher,"
+        " one real daemon each (sampling every 1 s); rank 1 SIGKILLed from outside. Attach: from the"
+        " rank's process start to the first `/ranks` that lists it, and from its group join (the start of"
+        " the first thread c10d started for it): a spawned rank is one once it joined its group, so its"
+        " interpreter's start and imports are in its first figure; Lightning's rank 0 (the user's script)"
+        " is known as one when it starts rank 1, after its imports. Slurm's jobs: half with"
+        " `--kill-on-bad-exit=1`, half without, rank 0 left waiting for rank 1 in the store.\n\n"
+        + "\n".join(rows)
+        + "\n"
+    )
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
     "overhead": overhead,
     "overhead_ab": overhead_ab,
@@ -713,6 +765,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "gpu_stall": gpu_stall,
     "story": story,
     "webauth": webauth,
+    "launchers": launchers,
 }
 BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated: \2 -->)", re.S)
 

@@ -112,6 +112,8 @@ class ByChildren:
         a Lightning rank (a DataLoader worker) has the same program and its parent's
         environment, LOCAL_RANK included, and is no new rank."""
         reader = self.d.reader
+        if not argv or not os.path.basename(argv[0]).startswith("python"):
+            return False  # no read for the shells and tools a node starts by the thousand
         try:
             if not relaunched(argv, reader.cmdline(parent.key.pid)):
                 return False
