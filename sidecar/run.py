@@ -152,7 +152,9 @@ def run_command(
     # Watching starts before the job does, for the agents below this process (the command,
     # or what it starts): a rank that dies in its first second is seen like any other. (Started
     # after the command, a daemon slowed by a loaded node attached too late to see it.)
-    service = _start_watching(settings, explicit_port, lambda _agent_pid: keeper.text())
+    service = _start_watching(
+        dataclasses.replace(settings, run_marker=spool_path), explicit_port, lambda _agent_pid: keeper.text()
+    )
     # the postmortems already in the directory (earlier runs'): every later one is this job's,
     # as this daemon watches only the launchers below this process (the job's agent may be
     # the command itself, or below it: DeepSpeed's runner starts its launcher)

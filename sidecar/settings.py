@@ -59,6 +59,8 @@ class Settings:
     stall_after_seconds: float = 60.0  # a job whose ranks all idle this long is "stalled"
     # run: end the job once ranks have been stranded this long (sampling/stranded.py); None: never
     end_stranded_after_seconds: float | None = None
+    # run (no option): its TRAINWATCH_RUN_OUTPUT, by which its own Slurm step's tasks are known
+    run_marker: str | None = None
     # py-spy stacks in the stall snapshot: True required, False off, None where installed and permitted
     py_spy: bool | None = None
     oom_score_adj: int | None = -1000  # set at start; None leaves it as inherited

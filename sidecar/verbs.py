@@ -21,8 +21,9 @@ __all__ = ["VERBS", "Verb", "listing", "parser_for"]
 RAW = argparse.RawDescriptionHelpFormatter
 
 RUN_HELP = """\
-Start COMMAND (torchrun ..., deepspeed ..., a script that runs it) and watch only that job:
-the same HTTP (/metrics, /ranks, /postmortem) and postmortems as the daemon. Its output and
+Start COMMAND (torchrun, deepspeed, mpirun, srun, a script that starts its ranks) and watch
+only that job: the same HTTP (/metrics, /ranks, /postmortem) and postmortems as the daemon.
+(srun's tasks are slurmd's: run knows its own step by TRAINWATCH_RUN_OUTPUT.) Its output and
 its ranks' output pass through unchanged and the last 8 MiB are kept as evidence, also in
 <postmortem dir>/spool/run-PID.out (named in the job's environment as TRAINWATCH_RUN_OUTPUT),
 where a trainwatch daemon watching the node reads it too. Signals sent to trainwatch are
@@ -34,6 +35,7 @@ free one when that is taken and neither --port nor TRAINWATCH_PORT was given.
 
   trainwatch run -- torchrun --nproc-per-node=4 train.py
   trainwatch run --port 0 --postmortem-dir ./pm -- torchrun --standalone --nproc-per-node=2 train.py
+  trainwatch run --end-stranded-after 2m -- srun --ntasks=8 python train.py
 
 Exit status: COMMAND's (128+N after signal N); 124 when --end-stranded-after ended the job;
 2 on a bad option."""

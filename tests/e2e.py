@@ -79,16 +79,19 @@ class DaemonProc:
         interval: float = 0.2,
         wrap: list[str] | None = None,
         cwd: Path | None = None,
+        whole_machine: bool = False,
     ) -> None:
         """``cwd``: the tree whose ``sidecar`` runs (default this repository; a benchmark
-        compares another commit's checkout side by side).
+        compares another commit's checkout side by side). ``whole_machine``: watch every job
+        here even under pytest-xdist, for a launcher whose ranks are not below the test (a
+        Slurm step's tasks are slurmd's); the test then finds its job by its agent.
 
         Under pytest-xdist (tests side by side, ``make test``) the daemon watches only the
         jobs below this worker (``--pid`` of the worker: the agents below a process), so that
         another test's job, its deaths and its postmortems never reach this test's daemon;
         a test that names its own ``--pid`` keeps it. Run alone (the isolated step, a
         developer's single file) it watches the whole machine, as a deployed daemon does."""
-        if _in_xdist_worker() and "--pid" not in args:
+        if _in_xdist_worker() and "--pid" not in args and not whole_machine:
             args = (*args, "--pid", str(os.getpid()))
         tmp.mkdir(parents=True, exist_ok=True)
         self.log_path = tmp / f"daemon-{time.monotonic_ns()}.log"
@@ -374,11 +377,14 @@ class TorchrunJob:
         self._out.close()
 
 
-class DeepSpeedJob(TorchrunJob):
-    """A real job of tests/workloads/rank.py started by DeepSpeed's own launcher, as its
-    users do: ``deepspeed --num_gpus N script`` (gloo on CPU: ``DS_ACCELERATOR=cpu``). The
-    runner (``self.proc``) starts the per-node launcher, which starts the ranks; the
-    launcher is the job's launching process (``agent_pid``)."""
+class LaunchedJob(TorchrunJob):
+    """A real job of tests/workloads/rank.py under another launcher: ``command`` gives its
+    command line for ``nproc`` ranks and the workload's arguments, ``ENV`` what it adds to
+    the environment. The launcher's own process is ``self.proc``, the job's launching
+    process ``agent_pid`` unless the launcher says otherwise."""
+
+    ENV: ClassVar[dict[str, str]] = {}
+    LAUNCHER: ClassVar[str] = ""  # the launcher trainwatch names it
 
     def __init__(
         self,
@@ -390,17 +396,32 @@ class DeepSpeedJob(TorchrunJob):
         env: dict[str, str] | None = None,
         **workload: Any,
     ) -> None:
-        self._launcher: int | None = None
         args = self._prepare(tmp, name, nproc, None, workload)
-        cmd = [
+        self._start(self.command(nproc, args), wrap, {**self.ENV, **(env or {})})
+
+    def command(self, nproc: int, args: list[str]) -> list[str]:
+        raise NotImplementedError
+
+
+class DeepSpeedJob(LaunchedJob):
+    """DeepSpeed's own launcher, as its users start it: ``deepspeed --num_gpus N script``
+    (gloo on CPU: ``DS_ACCELERATOR=cpu``). The runner (``self.proc``) starts the per-node
+    launcher, which starts the ranks; the launcher is the job's launching process."""
+
+    ENV: ClassVar[dict[str, str]] = {"DS_ACCELERATOR": "cpu"}
+    LAUNCHER = "deepspeed"
+    _launcher: int | None = None
+
+    def command(self, nproc: int, args: list[str]) -> list[str]:
+        # --no_local_rank: rank.py reads LOCAL_RANK from its environment
+        return [
             DEEPSPEED,
             f"--num_gpus={nproc}",
-            "--no_local_rank",  # rank.py reads LOCAL_RANK from its environment
+            "--no_local_rank",
             f"--master_port={free_port()}",
             str(WORKLOAD),
             *args,
         ]
-        self._start(cmd, wrap, {"DS_ACCELERATOR": "cpu", **(env or {})})
 
     @property
     def agent_pid(self) -> int:
@@ -418,66 +439,38 @@ class DeepSpeedJob(TorchrunJob):
         return self._launcher
 
 
-class SpawnJob(TorchrunJob):
-    """A real job of tests/workloads/rank.py started by ``torch.multiprocessing.spawn``
-    (tests/workloads/spawned.py): the script that calls spawn is the job's launching process
-    (``agent_pid``), each spawned child a rank that sets its identity in its own
-    ``os.environ``."""
+class SpawnJob(LaunchedJob):
+    """``torch.multiprocessing.spawn`` (tests/workloads/spawned.py): the script that calls
+    spawn is the job's launching process, each spawned child a rank that sets its identity in
+    its own ``os.environ``."""
 
-    def __init__(
-        self,
-        tmp: Path,
-        name: str,
-        *,
-        nproc: int = 2,
-        wrap: list[str] | None = None,
-        env: dict[str, str] | None = None,
-        **workload: Any,
-    ) -> None:
-        args = self._prepare(tmp, name, nproc, None, workload)
-        cmd = [sys.executable, str(SPAWNED), f"--nprocs={nproc}", f"--port={free_port()}", *args]
-        self._start(cmd, wrap, env or {})
+    LAUNCHER = "spawn"
+
+    def command(self, nproc: int, args: list[str]) -> list[str]:
+        return [sys.executable, str(SPAWNED), f"--nprocs={nproc}", f"--port={free_port()}", *args]
 
 
-class LightningJob(TorchrunJob):
-    """A real job of tests/workloads/rank.py started by Lightning's own launcher
-    (tests/workloads/lightning_job.py: Fabric, strategy "ddp", CPU): the script is rank 0 and
-    the job's launching process (``agent_pid``); it re-runs itself for rank 1."""
+class LightningJob(LaunchedJob):
+    """Lightning's own launcher (tests/workloads/lightning_job.py: Fabric, strategy "ddp",
+    CPU): the script is rank 0 and the job's launching process; it re-runs itself for rank 1."""
 
-    def __init__(
-        self,
-        tmp: Path,
-        name: str,
-        *,
-        nproc: int = 2,
-        wrap: list[str] | None = None,
-        env: dict[str, str] | None = None,
-        **workload: Any,
-    ) -> None:
-        args = self._prepare(tmp, name, nproc, None, workload)
-        self._start([sys.executable, str(LIGHTNING_JOB), f"--devices={nproc}", *args], wrap, env or {})
+    LAUNCHER = "lightning"
+
+    def command(self, nproc: int, args: list[str]) -> list[str]:
+        return [sys.executable, str(LIGHTNING_JOB), f"--devices={nproc}", *args]
 
 
-class MpiJob(TorchrunJob):
-    """A real job of tests/workloads/rank.py started by Open MPI's ``mpirun -np N``: mpirun
-    is the job's launching process (``agent_pid``), its children the ranks."""
+class MpiJob(LaunchedJob):
+    """Open MPI's ``mpirun -np N`` (tests/workloads/task_job.py): mpirun is the job's
+    launching process, its children the ranks."""
 
-    def __init__(
-        self,
-        tmp: Path,
-        name: str,
-        *,
-        nproc: int = 2,
-        wrap: list[str] | None = None,
-        env: dict[str, str] | None = None,
-        **workload: Any,
-    ) -> None:
-        args = self._prepare(tmp, name, nproc, None, workload)
-        cmd = [
+    LAUNCHER = "mpi"
+
+    def command(self, nproc: int, args: list[str]) -> list[str]:
+        return [
             "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(nproc),
             sys.executable, str(TASK_JOB), f"--port={free_port()}", *args,
         ]  # fmt: skip
-        self._start(cmd, wrap, env or {})
 
 
 class SlurmJob(TorchrunJob):

@@ -608,6 +608,9 @@ LT_RANK0, LT_RANK1, LT_WORKER0, LT_WORKER1 = 5714, 5736, 5763, 5762
         (("/v/bin/python", "/w/eval.py"), ("python", "train.py"), False),
         (("/usr/bin/env", "train.py"), ("python", "train.py"), False),  # not an interpreter
         (("/v/bin/python", "-c", "import x"), ("python", "train.py"), False),
+        # a path with a space is a path (a job names what it likes)
+        (("/v/bin/python", "/w/my run/t.py", "-x"), ("python", "my run/t.py", "-x"), True),
+        (("/v/bin/python", "/w/my run/t.py"), ("python", "run/t.py"), True),
     ],
 )
 def test_relaunched_forms(argv, parent, expected):

@@ -85,37 +85,6 @@ def test_a_deepspeed_rank_killed_from_outside_is_named_and_the_launcher_s_teardo
     assert {r["rank_source"] for r in doc["ranks"]} == {"RANK"}
 
 
-@pytest.mark.root
-@requires("deepspeed", "memcg", "kmsg")
-def test_a_deepspeed_rank_at_its_cgroup_limit_is_named_with_certainty(tmp_path):
-    """The whole launch in a 1.5 GiB memory cgroup; rank 1 grows until the kernel kills it."""
-    with memory_cgroup(int(1.5 * GIB), "trainwatch-ds-oom") as (_version, parent, child):
-        wrap = join_cgroup(child)  # the runner, its launcher and the ranks
-        with (
-            DaemonProc(tmp_path) as daemon,
-            DeepSpeedJob(
-                tmp_path,
-                "ds-oom",
-                wrap=wrap,
-                hold_mb=50,
-                workers=0,
-                grow_rank=1,
-                grow_after=2,
-                grow_interval=0.1,
-            ) as job,
-        ):
-            pids = job.ready()
-            doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
-            job.proc.wait(60)
-    killer = doc["killer"]
-    assert killer["kind"] == "cgroup_oom" and killer["confidence"] == "certain", killer
-    assert f"/{parent.name}" in killer["summary"], killer
-    assert doc["victim"]["pid"] == pids[1][0] and doc["victim"]["signal"] == "SIGKILL", doc["victim"]
-    rows = {r["rank"]: r for r in doc["ranks"]}
-    assert rows[1]["fate"] == "root_cause" and survivor_fate_right(rows[0]), doc["ranks"]
-    assert doc["job"]["launcher"] == "deepspeed"
-
-
 @requires("deepspeed")
 def test_trainwatch_run_names_the_death_of_a_job_deepspeed_launched(tmp_path):
     """`trainwatch run -- deepspeed ...`: the launcher is below the command (the runner starts
@@ -171,37 +140,6 @@ def test_an_mp_spawn_rank_killed_from_outside_is_named_and_the_parent_s_teardown
     assert doc["job"]["launcher"] == "spawn" and {r["rank_source"] for r in doc["ranks"]} == {"order"}
 
 
-@pytest.mark.root
-@requires("memcg", "kmsg")
-def test_an_mp_spawn_rank_at_its_cgroup_limit_is_named_with_certainty(tmp_path):
-    """The whole spawn job in a 1.5 GiB memory cgroup; rank 1 grows until the kernel kills it."""
-    with memory_cgroup(int(1.5 * GIB), "trainwatch-spawn-oom") as (_version, parent, child):
-        wrap = join_cgroup(child)  # the script that spawns, and so every rank
-        with (
-            DaemonProc(tmp_path) as daemon,
-            SpawnJob(
-                tmp_path,
-                "spawn-oom",
-                wrap=wrap,
-                hold_mb=50,
-                workers=0,
-                grow_rank=1,
-                grow_after=2,
-                grow_interval=0.1,
-            ) as job,
-        ):
-            pids = job.ready()
-            doc = job_postmortem(daemon, victim_rank=None, want_fates=2, job=job)
-            job.proc.wait(60)
-    killer = doc["killer"]
-    assert killer["kind"] == "cgroup_oom" and killer["confidence"] == "certain", killer
-    assert f"/{parent.name}" in killer["summary"], killer
-    assert doc["victim"]["pid"] == pids[1][0] and doc["victim"]["signal"] == "SIGKILL", doc["victim"]
-    rows = {r["pid"]: r for r in doc["ranks"]}
-    assert rows[pids[1][0]]["fate"] == "root_cause" and survivor_fate_right(rows[pids[0][0]]), doc["ranks"]
-    assert doc["job"]["launcher"] == "spawn"
-
-
 @requires("lightning")
 def test_a_lightning_rank_killed_from_outside_is_named_and_rank_0_s_teardown_is_told(tmp_path):
     """Rank 0 is the script, the job's launching process; rank 1 its re-run. Rank 0's
@@ -237,36 +175,6 @@ def test_a_lightning_rank_killed_from_outside_is_named_and_rank_0_s_teardown_is_
     assert doc["job"]["launcher"] == "lightning"
 
 
-@pytest.mark.root
-@requires("lightning", "memcg", "kmsg")
-def test_a_lightning_rank_at_its_cgroup_limit_is_named_with_certainty(tmp_path):
-    """The whole Lightning job in a 1.5 GiB memory cgroup; rank 1 grows until the kernel kills it."""
-    with memory_cgroup(int(1.5 * GIB), "trainwatch-lightning-oom") as (_version, parent, child):
-        wrap = join_cgroup(child)  # rank 0, and so rank 1
-        with (
-            DaemonProc(tmp_path) as daemon,
-            LightningJob(
-                tmp_path,
-                "lt-oom",
-                wrap=wrap,
-                hold_mb=50,
-                workers=0,
-                grow_rank=1,
-                grow_after=2,
-                grow_interval=0.1,
-            ) as job,
-        ):
-            pids = job.ready()
-            doc = job_postmortem(daemon, victim_rank=None, want_fates=2, job=job)
-            job.proc.wait(60)
-    killer = doc["killer"]
-    assert killer["kind"] == "cgroup_oom" and killer["confidence"] == "certain", killer
-    assert f"/{parent.name}" in killer["summary"], killer
-    assert doc["victim"]["pid"] == pids[1][0] and doc["victim"]["signal"] == "SIGKILL", doc["victim"]
-    rows = {r["pid"]: r for r in doc["ranks"]}
-    assert rows[pids[1][0]]["fate"] == "root_cause" and survivor_fate_right(rows[pids[0][0]]), doc["ranks"]
-
-
 @requires("openmpi")
 def test_an_mpi_rank_killed_from_outside_is_named_and_mpirun_s_abort_is_told(tmp_path):
     """The ranks are found below mpirun by their MPI rank, the job keyed by Open MPI's job id;
@@ -292,16 +200,26 @@ def test_an_mpi_rank_killed_from_outside_is_named_and_mpirun_s_abort_is_told(tmp
 
 
 @pytest.mark.root
-@requires("openmpi", "memcg", "kmsg")
-def test_an_mpi_rank_at_its_cgroup_limit_is_named_with_certainty(tmp_path):
-    """mpirun and its ranks in a 1.5 GiB memory cgroup; rank 1 grows until the kernel kills it."""
-    with memory_cgroup(int(1.5 * GIB), "trainwatch-mpi-oom") as (_version, parent, child):
-        wrap = join_cgroup(child)
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(DeepSpeedJob, marks=requires("deepspeed", "memcg", "kmsg"), id="deepspeed"),
+        pytest.param(SpawnJob, marks=requires("memcg", "kmsg"), id="spawn"),
+        pytest.param(LightningJob, marks=requires("lightning", "memcg", "kmsg"), id="lightning"),
+        pytest.param(MpiJob, marks=requires("openmpi", "memcg", "kmsg"), id="mpi"),
+    ],
+)
+def test_a_rank_at_its_cgroup_limit_is_named_with_certainty_whoever_launched_it(tmp_path, make):
+    """The whole launch in a 1.5 GiB memory cgroup; rank 1 grows until the kernel kills it.
+    The other rank's fate as its launcher's teardown makes it (read once the launcher has
+    exited: mpirun relays its ranks' last lines after they died)."""
+    with memory_cgroup(int(1.5 * GIB), f"trainwatch-{make.__name__}-oom") as (_version, parent, child):
+        wrap = join_cgroup(child)  # the launcher, and so every rank
         with (
             DaemonProc(tmp_path) as daemon,
-            MpiJob(
+            make(
                 tmp_path,
-                "mpi-oom",
+                "oom",
                 wrap=wrap,
                 hold_mb=50,
                 workers=0,
@@ -311,12 +229,17 @@ def test_an_mpi_rank_at_its_cgroup_limit_is_named_with_certainty(tmp_path):
             ) as job,
         ):
             pids = job.ready()
-            doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
+            doc = job_postmortem(daemon, victim_rank=None, want_fates=2, job=job)
             job.proc.wait(60)
-            doc = settled_postmortem(daemon, doc, lambda d: survivor_fate_right(d["ranks"][0]))
+            survivor = pids[0][0]
+            doc = settled_postmortem(
+                daemon,
+                doc,
+                lambda d: survivor_fate_right(next(r for r in d["ranks"] if r["pid"] == survivor)),
+            )
     killer = doc["killer"]
     assert killer["kind"] == "cgroup_oom" and killer["confidence"] == "certain", killer
     assert f"/{parent.name}" in killer["summary"], killer
     assert doc["victim"]["pid"] == pids[1][0] and doc["victim"]["signal"] == "SIGKILL", doc["victim"]
-    rows = {r["rank"]: r for r in doc["ranks"]}
-    assert rows[1]["fate"] == "root_cause" and survivor_fate_right(rows[0]), doc["ranks"]
+    assert {r["pid"]: r["fate"] for r in doc["ranks"]}[pids[1][0]] == "root_cause", doc["ranks"]
+    assert doc["job"]["launcher"] == job.LAUNCHER

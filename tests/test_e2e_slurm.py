@@ -7,17 +7,25 @@ The ranks hand off through rank 0's store (``--handoff``): rank 0 waits for rank
 key, so a death of rank 1 leaves rank 0 alive and waiting, in no collective that could fail.
 With ``--kill-on-bad-exit=1`` Slurm then ends rank 0 itself (the launcher's teardown); without
 it, nothing does, and rank 0 is stranded until the step is cancelled.
+
+``trainwatch run -- srun ...``: the step's tasks are slurmd's, never below run; run's daemon
+knows its own step by the marker its environment passes down (srun exports it), and no other.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
-from tests.e2e import DaemonProc, SlurmJob, job_postmortem, wait_for
+from tests import slurm
+from tests.e2e import REPO, TASK_JOB, DaemonProc, SlurmJob, free_port, job_postmortem, wait_for
 from tests.skips import requires
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
@@ -32,7 +40,7 @@ def test_a_slurm_task_killed_from_outside_is_named_and_slurm_ends_the_step(tmp_p
     """``srun --kill-on-bad-exit=1``: rank 1 SIGKILLed from outside; Slurm then signals
     rank 0, which its postmortem row says (terminated_by_agent, the launcher slurm)."""
     with (
-        DaemonProc(tmp_path) as daemon,
+        DaemonProc(tmp_path, whole_machine=True) as daemon,
         SlurmJob(tmp_path, "sl-kill", hold_mb=50, workers=1, handoff=1, kill_on_bad_exit=True) as job,
     ):
         pids = job.ready()
@@ -59,7 +67,7 @@ def test_a_slurm_task_killed_from_outside_is_named_and_slurm_ends_the_step(tmp_p
 def test_a_slurm_task_past_its_step_s_mem_is_named_with_certainty(tmp_path):
     """``srun --mem=1536M``: Slurm's own step cgroup holds the limit; rank 1 grows past it."""
     with (
-        DaemonProc(tmp_path) as daemon,
+        DaemonProc(tmp_path, whole_machine=True) as daemon,
         SlurmJob(
             tmp_path, "sl-oom", hold_mb=50, workers=0, handoff=1, grow_rank=1, grow_after=2, grow_interval=0.1
         ) as job,
@@ -81,7 +89,7 @@ def test_a_slurm_task_left_waiting_without_kill_on_bad_exit_is_stranded(tmp_path
     until the step is cancelled. Reported stranded within 30 s: /ranks, the metric, and the
     fate ``stranded`` in the death's postmortem."""
     with (
-        DaemonProc(tmp_path) as daemon,
+        DaemonProc(tmp_path, whole_machine=True) as daemon,
         SlurmJob(tmp_path, "sl-strand", hold_mb=50, workers=0, handoff=1, kill_on_bad_exit=False) as job,
     ):
         pids = job.ready()
@@ -108,3 +116,27 @@ def test_a_slurm_task_left_waiting_without_kill_on_bad_exit_is_stranded(tmp_path
         print(f"death -> stranded reported under Slurm: {took:.1f} s")
         job.cancel()
         job.proc.wait(60)
+
+
+@requires("slurm")
+def test_trainwatch_run_names_the_death_of_its_own_slurm_step_and_no_other(tmp_path):
+    """`trainwatch run -- srun ...` while another step fails beside it: run's postmortem is its
+    own step's (rank 1's exception, relayed by srun), named on stderr; the other step's death
+    is no business of run's daemon."""
+    env = dict(slurm.cluster(), OMP_NUM_THREADS="1")
+    cmd = [
+        sys.executable, "-m", "sidecar", "run", "--postmortem-dir", str(tmp_path / "pm"), "--port", "0",
+        "--interval", "0.5", "--", "srun", "--ntasks=2", "--mem=1536M", "--kill-on-bad-exit=1",
+        sys.executable, str(TASK_JOB), f"--port={free_port()}", "--hold-mb=30", "--workers=0",
+        "--duration=120", "--raise-rank=1", "--raise-after=3",
+    ]  # fmt: skip
+    with SlurmJob(tmp_path, "sl-other", hold_mb=30, workers=0, raise_rank=0, raise_after=3) as other:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO, env=env)
+        other.proc.wait(60)
+    assert out.returncode != 0, out.stderr[-3000:]
+    assert "rank 1: a bad batch on purpose" in out.stderr  # the task's own words, relayed by srun
+    lines = out.stderr.rstrip().splitlines()
+    assert lines[-1].startswith("trainwatch: postmortem: trainwatch postmortem "), lines[-5:]
+    assert re.match(r"trainwatch: rank 1 \(pid \d+\): python_exception \(certain\)", lines[-2]), lines[-5:]
+    (doc,) = [json.loads(p.read_text()) for p in (tmp_path / "pm").glob("*.json")]  # the other step's: none
+    assert doc["job"]["launcher"] == "slurm" and doc["victim"]["rank"] == 1, doc["job"]

@@ -161,6 +161,22 @@ def test_copy_on_access_is_seen_in_the_workers_uss_not_their_rss() -> None:
     )
 
 
+def test_workers_uss_measured_long_before_the_kill_leaves_it_to_their_rss() -> None:
+    """A loaded node measured the workers' USS last 20 s before the kill, before most of
+    their growth: that measurement cannot speak for it, and the workers' RSS does (here it
+    grew too: fresh allocations, not copy-on-access)."""
+    n = 40
+    points = _points({"0": [1 * GIB] * n}, {"0": [1 * GIB + 40 * MIB * i for i in range(n)]})
+    points = [
+        TimelinePoint(p.at, None, None, p.rss_bytes, p.tree_rss_bytes, {},
+                      {"anon": 3 * GIB + 40 * MIB * i, "file": 0, "shmem": 0},
+                      {"0": 100 * MIB + 40 * MIB * min(i, 5)})  # measured until 20 s in, then no more
+        for i, p in enumerate(points)
+    ]  # fmt: skip
+    f = what_filled(_charge(anon=4 * GIB), 1, points)
+    assert f is not None and f.kind == "workers" and f.grown_bytes == (n - 1) * 40 * MIB, f
+
+
 def test_a_real_v2_leak_was_warned_before_the_kill_and_charged_to_anon() -> None:
     """The cgroup v2 run on the GPU machine (tests/fixtures/device-h200/foresight-v2-leak.*):
     the warning precedes the kill by most of the leak's life, the charge at the kill is

@@ -32,6 +32,9 @@ OTHERS_AT_MOST = 0.3  # ... while no other rank grew more than this fraction of 
 ALIKE = 0.5  # every rank grew at least this fraction of the largest growth
 WORKERS_SHARE = 0.5  # the children's share of the growth to be "the workers"
 RATE_WINDOW_S = 30.0  # a leak's rate: over its last stretch before the kill
+# the workers' USS last measured this long before the curve's end cannot speak for the growth
+# since (a loaded node measures it seldom: probes/pss.py holds it to 1 % of a core)
+STALE_USS_S = 15.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,13 +65,14 @@ def _unshared(points: list[TimelinePoint]) -> tuple[int, int, float] | None:
     """(growth of the workers' USS, growth of the charge, seconds) between the first and the
     last USS measurement (a point carries the last measured values: each counts from the
     point it first appeared in); the charge's growth is the tree RSS's where no charge was
-    read. None with fewer than two measurements."""
+    read. None with fewer than two measurements, or the last one ``STALE_USS_S`` before the
+    end (the growth after it unmeasured): the RSS then tells what it can."""
     measured = [p for p in points if p.workers_uss_bytes]
     if len(measured) < 2:
         return None
     a = measured[0]
     b = next(p for p in measured if p.workers_uss_bytes == measured[-1].workers_uss_bytes)
-    if b.at <= a.at:
+    if b.at <= a.at or points[-1].at - b.at > STALE_USS_S:
         return None
     grown = sum(max(0, n - a.workers_uss_bytes.get(k, 0)) for k, n in b.workers_uss_bytes.items())
     if "anon" in a.cgroup_charge_bytes and "anon" in b.cgroup_charge_bytes:

@@ -54,11 +54,13 @@ def relaunched(argv: tuple[str, ...], parent_argv: tuple[str, ...]) -> bool:
         same = mine == theirs
     else:
         same = os.path.basename(mine) == os.path.basename(theirs)
-    return (
-        same
-        and argv[argv.index(mine.split(" ")[-1]) + 1 :]
-        == parent_argv[parent_argv.index(theirs.split(" ")[-1]) + 1 :]
-    )
+    return same and _after(argv, mine) == _after(parent_argv, theirs)
+
+
+def _after(argv: tuple[str, ...], entrypoint: str) -> tuple[str, ...] | None:
+    """The arguments after the entry point (``entrypoint_of``'s: a script, or ``-m module``)."""
+    token = entrypoint[3:] if entrypoint.startswith("-m ") else entrypoint
+    return argv[argv.index(token) + 1 :] if token in argv else None
 
 
 def lightning_rank(env: RankEnv) -> RankEnv:

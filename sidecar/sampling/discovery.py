@@ -95,9 +95,13 @@ class Discovery:
         wall: Callable[[], float] = time.time,
         boot_time: float | None = None,
         uptime: Callable[[], float] = lambda: time.clock_gettime(time.CLOCK_BOOTTIME),
+        marker: str | None = None,
     ) -> None:
         self.reader = reader
         self.only = frozenset(pids)
+        # `trainwatch run`'s TRAINWATCH_RUN_OUTPUT: with ``pids``, a Slurm step is watched too
+        # when its tasks carry it and are this process's user's (srun's tasks are slurmd's)
+        self.marker = marker
         self.clock = clock
         self.wall = wall
         self.boot_time = boot_time
@@ -389,15 +393,22 @@ class Discovery:
         parent = self.entries.get(entry.ppid)
         if not nested and parent is not None and parent.kind in ("agent", "rank", "pending", "spawned"):
             return
+        by_marker = False
         if not self._allowed(entry):
-            entry.kind = "kthread"  # never look at it again
-            return
+            outer = self.jobs.get(entry.ppid)
+            # run's own Slurm step if its tasks say so (_marked); a launcher one of them runs
+            by_marker = bool(self.marker) and launcher == jobs.SLURM
+            if not by_marker and not (nested and outer is not None and outer.by_marker):
+                entry.kind = "kthread"  # never look at it again
+                return
         entry.kind = "agent"
         try:
             argv = self.reader.cmdline(entry.key.pid)
         except ProbeError:
             argv = ()
-        self.jobs[entry.key.pid] = TrackedJob(entry.key, argv, self._started_at(entry.key), launcher=launcher)
+        self.jobs[entry.key.pid] = TrackedJob(
+            entry.key, argv, self._started_at(entry.key), launcher=launcher, by_marker=by_marker
+        )
         log.info(
             "found %s %s pid %d: %s",
             launcher,
@@ -428,6 +439,10 @@ class Discovery:
             entry.kind = "other"
             return
         pid = entry.key.pid
+        if job.by_marker and not self._marked(pid):
+            if now - entry.first_seen > PENDING_RANK_SECONDS:
+                entry.kind = "other"  # not the run's (or never exec'd)
+            return
         if job.launcher in jobs.OUTER and self._nested(entry):
             return
         try:
@@ -450,6 +465,16 @@ class Discovery:
             self._attach(job, entry, env)
         elif now - entry.first_seen > PENDING_RANK_SECONDS:
             entry.kind = "other"
+
+    def _marked(self, pid: int) -> bool:
+        """A task of `trainwatch run`'s own step: its environment carries the run's marker
+        and it is this process's user's."""
+        try:
+            raw = self.reader.environ(pid)
+            uid = self.reader.status(pid).uid
+        except ProbeError:
+            return False
+        return raw.get("TRAINWATCH_RUN_OUTPUT") == self.marker and uid == os.getuid()
 
     def _nested(self, entry: _Entry) -> bool:
         """A child of a launcher that starts any program (MPI's) that is a launcher itself

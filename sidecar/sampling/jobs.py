@@ -216,6 +216,8 @@ class TrackedJob:
     ranks: dict[int, TrackedRank] = field(default_factory=dict)
     agent_alive: bool = True
     launcher: str = TORCHRUN
+    # watched by `trainwatch run` only for the tasks that carry its marker (Discovery.marker)
+    by_marker: bool = False
 
 
 def attach_rank(

@@ -108,7 +108,12 @@ class Sampler:
         self.proc = ProcReader(settings.proc_root)
         self.pss = PssSampler(self.proc.smaps_rollup, clock=clock)
         self.discovery = Discovery(
-            self.proc, settings.pids, clock=clock, wall=wall, boot_time=_boot_time(settings.proc_root)
+            self.proc,
+            settings.pids,
+            clock=clock,
+            wall=wall,
+            boot_time=_boot_time(settings.proc_root),
+            marker=settings.run_marker,
         )
         self.cgroups = cgroups if cgroups is not None else CgroupReader.for_host(settings.proc_root)
         self.host = HostReader(settings.proc_root, settings.shm_path)

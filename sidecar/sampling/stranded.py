@@ -67,6 +67,9 @@ class StrandTracker:
         self.wall = wall
         self._run_ids: dict[str, str] = {}  # job key -> its launcher id, for jobs seen
         self._told: dict[str, set[int]] = {}  # job key -> the pids told stranded
+        # the deaths by (job, restart), built again only when the death watch swaps its dict
+        self._indexed: DeathTimes | None = None
+        self._by_job: dict[tuple[str, int], list[tuple[str, float]]] = {}
 
     def update(self, snap: Snapshot) -> Snapshot:
         for job in snap.jobs:  # an agent may be gone by the time its rank's death is counted
@@ -87,12 +90,15 @@ class StrandTracker:
     def _deaths_of(self, job: JobSample, deaths: DeathTimes) -> list[tuple[str, float]]:
         """The abnormal deaths of the job's generation: its own, and those of another job
         here with its launcher id (another agent of the same multi-node job)."""
-        out = []
-        for (key, label, restart), (_killer, at) in deaths.items():
-            if restart != job.restart_count:
-                continue
-            if key == job.key or (job.run_id is not None and self._run_ids.get(key) == job.run_id):
-                out.append((label if key == job.key else f"{label} (job {key})", at))
+        if deaths is not self._indexed:
+            self._indexed, self._by_job = deaths, {}
+            for (key, label, restart), (_killer, at) in deaths.items():
+                self._by_job.setdefault((key, restart), []).append((label, at))
+        out = list(self._by_job.get((job.key, job.restart_count), ()))
+        if job.run_id is not None:
+            for (key, restart), died in self._by_job.items():
+                if key != job.key and restart == job.restart_count and self._run_ids.get(key) == job.run_id:
+                    out += [(f"{label} (job {key})", at) for label, at in died]
         return out
 
     def _judge(self, job: JobSample, deaths: DeathTimes, now: float) -> JobSample:
