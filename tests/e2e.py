@@ -439,6 +439,22 @@ class DeepSpeedJob(LaunchedJob):
         return self._launcher
 
 
+class AccelerateJob(LaunchedJob):
+    """``accelerate launch --multi_gpu --num_processes N script`` (Hugging Face accelerate):
+    it runs torch's elastic agent in its own process (``torch.distributed.run.run``), which
+    names itself ``pt_elastic``: a torchrun job whatever its command line. On CPU the ranks
+    use gloo (rank.py's own choice)."""
+
+    LAUNCHER = "torchrun"
+
+    def command(self, nproc: int, args: list[str]) -> list[str]:
+        return [
+            str(Path(sys.executable).parent / "accelerate"), "launch", "--multi_gpu",
+            f"--num_processes={nproc}", "--num_machines=1", "--mixed_precision=no", "--dynamo_backend=no",
+            f"--main_process_port={free_port()}", str(WORKLOAD), *args,
+        ]  # fmt: skip
+
+
 class SpawnJob(LaunchedJob):
     """``torch.multiprocessing.spawn`` (tests/workloads/spawned.py): the script that calls
     spawn is the job's launching process, each spawned child a rank that sets its identity in

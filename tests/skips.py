@@ -281,6 +281,10 @@ REQUIREMENTS = {
         lambda: slurm.available(),
         lambda: "needs root and Debian's slurmctld, slurmd, slurm-client and munge (scripts/dev-setup)",
     ),
+    "accelerate": (
+        lambda: (Path(sys.executable).parent / "accelerate").exists(),
+        lambda: "needs Hugging Face accelerate (the test group of pyproject.toml installs it)",
+    ),
     "lightning": (
         lambda: importlib.util.find_spec("lightning") is not None,
         lambda: "needs Lightning (the test group of pyproject.toml installs it)",

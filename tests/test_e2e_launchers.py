@@ -14,6 +14,8 @@ the killer and every other rank's fate as that launcher's teardown makes it.
 - Lightning's own launcher (tests/workloads/lightning_job.py, Fabric "ddp" on CPU): the script
   is rank 0 and re-runs itself with LOCAL_RANK=1; its observer thread SIGKILLs the others and
   rank 0 itself when a child exits non-zero (within 5 s).
+- Hugging Face ``accelerate launch --multi_gpu``: torch's elastic agent in accelerate's own
+  process (named ``pt_elastic``): a torchrun job.
 - Open MPI's ``mpirun -np 2`` (tests/workloads/task_job.py): the ranks are mpirun's children,
   numbered by OMPI_COMM_WORLD_RANK; when one dies, mpirun aborts the job and signals the rest.
 """
@@ -34,6 +36,7 @@ from tests.e2e import (
     DEEPSPEED,
     REPO,
     WORKLOAD,
+    AccelerateJob,
     DaemonProc,
     DeepSpeedJob,
     LightningJob,
@@ -243,3 +246,21 @@ def test_a_rank_at_its_cgroup_limit_is_named_with_certainty_whoever_launched_it(
     assert doc["victim"]["pid"] == pids[1][0] and doc["victim"]["signal"] == "SIGKILL", doc["victim"]
     assert {r["pid"]: r["fate"] for r in doc["ranks"]}[pids[1][0]] == "root_cause", doc["ranks"]
     assert doc["job"]["launcher"] == job.LAUNCHER
+
+
+@requires("accelerate")
+def test_an_accelerate_launch_is_torchrun_s_job_and_its_death_is_named(tmp_path):
+    """accelerate runs the elastic agent in its own process: found by the name the agent
+    gives itself, its ranks by RANK; rank 1 SIGKILLed from outside."""
+    with DaemonProc(tmp_path) as daemon, AccelerateJob(tmp_path, "acc-kill", hold_mb=50, workers=1) as job:
+        pids = job.ready()
+        seen = daemon.wait_sampled(job, pids)
+        assert seen["launcher"] == "torchrun" and {r["rank"] for r in seen["ranks"]} == {0, 1}, seen
+        os.kill(pids[1][0], signal.SIGKILL)
+        doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
+        job.proc.wait(60)
+    assert doc["killer"]["kind"] == "external_signal" and doc["killer"]["confidence"] == "certain", doc[
+        "killer"
+    ]
+    assert doc["victim"]["pid"] == pids[1][0], doc["victim"]
+    assert survivor_fate_right({r["rank"]: r for r in doc["ranks"]}[0]), doc["ranks"]
