@@ -6,7 +6,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from sidecar.diagnose import LogInput, diagnose
@@ -148,6 +148,10 @@ def test_each_prefix_family_on_generated_text_is_taken_off(family, lines):
     lines = ["x" + line if line[:1].isdigit() or line.startswith(("[", "\x1b")) else line for line in lines]
     if family == "srun":  # a task id per line: no rank is named, a single task is stripped
         lines = [line or "x" for line in lines]
+    # three or more lines of one width of 40 or more are how a terminal wraps a long line
+    # (pasted.py's _unwrap_fixed, tested on its own): not what this test is about
+    width = max(len(line) for line in lines)
+    assume(width < 40 or sum(len(line) == width for line in lines) < 3)
     ((_, carried),) = PERTURBATIONS[family]([("rank_stderr", "\n".join(lines))])
     assert plain(carried).split("\n") == lines
 
