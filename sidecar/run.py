@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import logging
 import os
@@ -261,11 +262,14 @@ def _end_job(child: subprocess.Popen[bytes], ranks: list[ProcKey]) -> None:
 
     reader = ProcReader()
     fds = []
+    by_pid: list[ProcKey] = []  # a kernel without pidfds (before 5.3): by pid, checked just before
     for key in ranks:
         try:
             fd = os.pidfd_open(key.pid)
-        except OSError:
-            continue  # gone
+        except OSError as exc:
+            if exc.errno == errno.ENOSYS:
+                by_pid.append(key)
+            continue  # else gone
         if reader.alive(key):
             fds.append(fd)
         else:
@@ -277,6 +281,10 @@ def _end_job(child: subprocess.Popen[bytes], ranks: list[ProcKey]) -> None:
             for fd in fds:
                 with contextlib.suppress(ProcessLookupError):
                     signal.pidfd_send_signal(fd, sig)
+            for key in by_pid:
+                if reader.alive(key):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(key.pid, sig)
             deadline = time.monotonic() + STRANDED_GRACE_S
             while time.monotonic() < deadline and (child.poll() is None or _any_alive(fds)):
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -286,6 +294,7 @@ def _end_job(child: subprocess.Popen[bytes], ranks: list[ProcKey]) -> None:
     finally:
         for fd in fds:
             os.close(fd)
+        reader.close()
 
 
 def _any_alive(fds: list[int]) -> bool:
