@@ -430,6 +430,13 @@ def test_nvml_turned_off_is_never_loaded_and_has_no_probe_series(proc_tree, tmp_
     assert off.probes["proc"].success
 
 
+def _copy(tmp_path: Path, capture: str) -> Path:
+    """A copy of a captured /proc tree (fixtures/README.md), for a test to read or change."""
+    root = tmp_path / "proc"
+    shutil.copytree(FIXTURES / capture, root)
+    return root
+
+
 # The capture in fixtures/proc-deepspeed: DeepSpeed's runner, its per-node launcher, two ranks
 # and one forked worker each (fixtures/README.md).
 DS_RUNNER, DS_LAUNCHER, DS_RANK0, DS_RANK1, DS_WORKER0, DS_WORKER1 = 32635, 32638, 32640, 32641, 32651, 32652
@@ -466,8 +473,7 @@ def test_a_deepspeed_launch_is_a_job_its_ranks_by_their_rank_variable(tmp_path):
     """DeepSpeed's per-node launcher is the job's launching process; its children with RANK
     are its ranks, their forked workers part of their trees; the runner above it is not a
     job. The job's key is the launcher's pid (no run id), its launcher 'deepspeed'."""
-    root = tmp_path / "proc"
-    shutil.copytree(FIXTURES / "proc-deepspeed", root)
+    root = _copy(tmp_path, "proc-deepspeed")
     d = Discovery(ProcReader(str(root)))
     (job,) = d.tick()
     assert job.agent.pid == DS_LAUNCHER and job.launcher == "deepspeed" and job.key == str(DS_LAUNCHER)
@@ -481,8 +487,7 @@ def test_a_deepspeed_launch_is_a_job_its_ranks_by_their_rank_variable(tmp_path):
 def test_a_child_of_deepspeed_s_launcher_without_rank_is_no_rank(tmp_path):
     """A child of the launcher that still has the launcher's own environment (between its
     fork and its exec) waits; it is no rank until its environment says RANK."""
-    root = tmp_path / "proc"
-    shutil.copytree(FIXTURES / "proc-deepspeed", root)
+    root = _copy(tmp_path, "proc-deepspeed")
     (root / str(DS_RANK1) / "environ").write_bytes((root / str(DS_LAUNCHER) / "environ").read_bytes())
     d = Discovery(ProcReader(str(root)))
     (job,) = d.tick()
@@ -520,8 +525,7 @@ def test_a_process_group_is_known_by_its_threads():
 
 
 def _spawn_tree(tmp_path, grouped: bool = True):
-    root = tmp_path / "proc"
-    shutil.copytree(FIXTURES / "proc-spawn", root)
+    root = _copy(tmp_path, "proc-spawn")
     if not grouped:  # the same tree, no child in a process group: a pool of the spawn context
         for comm in root.glob("*/task/*/comm"):
             comm.write_bytes(b"python\n")
@@ -621,8 +625,7 @@ def test_a_lightning_launch_is_a_job_whose_launching_process_is_rank_0(tmp_path)
     """The script re-ran itself with LOCAL_RANK=1 (and NODE_RANK, no RANK): it is a
     Lightning job's launching process and its local rank 0; each rank's tree is its own
     (rank 0's holds its worker, not rank 1 and rank 1's)."""
-    root = tmp_path / "proc"
-    shutil.copytree(FIXTURES / "proc-lightning", root)
+    root = _copy(tmp_path, "proc-lightning")
     d = Discovery(ProcReader(str(root)))
     (job,) = d.tick()
     assert job.agent.pid == LT_RANK0 and job.launcher == "lightning" and job.key == str(LT_RANK0)
@@ -642,16 +645,14 @@ def test_a_lightning_launch_is_a_job_whose_launching_process_is_rank_0(tmp_path)
     ],
 )
 def test_a_child_of_the_same_program_without_lightning_s_environment_is_no_job(tmp_path, environ):
-    root = tmp_path / "proc"
-    shutil.copytree(FIXTURES / "proc-lightning", root)
+    root = _copy(tmp_path, "proc-lightning")
     (root / str(LT_RANK1) / "environ").write_bytes(environ)
     assert Discovery(ProcReader(str(root))).tick() == []
 
 
 def test_a_lightning_rank_on_another_node_has_no_global_rank(tmp_path):
     """Off node 0 the ranks per node are not in the environment: local ranks only."""
-    root = tmp_path / "proc"
-    shutil.copytree(FIXTURES / "proc-lightning", root)
+    root = _copy(tmp_path, "proc-lightning")
     for pid in (LT_RANK1, LT_WORKER1):
         environ = root / str(pid) / "environ"
         environ.write_bytes(environ.read_bytes().replace(b"NODE_RANK=0", b"NODE_RANK=3"))
@@ -663,8 +664,7 @@ def test_a_lightning_rank_on_another_node_has_no_global_rank(tmp_path):
 
 
 def test_a_child_running_another_program_is_no_lightning_rank(tmp_path):
-    root = tmp_path / "proc"
-    shutil.copytree(FIXTURES / "proc-lightning", root)
+    root = _copy(tmp_path, "proc-lightning")
     (root / str(LT_RANK1) / "cmdline").write_bytes(b"/usr/bin/python3\0other.py\0")
     assert Discovery(ProcReader(str(root))).tick() == []
 
@@ -675,8 +675,7 @@ MPI_RUN, MPI_RANK0, MPI_RANK1, MPI_WORKER0, MPI_WORKER1 = 10264, 10272, 10273, 1
 
 
 def test_an_mpirun_launch_is_a_job_its_ranks_numbered_by_their_mpi_rank(tmp_path):
-    root = tmp_path / "proc"
-    shutil.copytree(FIXTURES / "proc-mpi", root)
+    root = _copy(tmp_path, "proc-mpi")
     d = Discovery(ProcReader(str(root)))
     (job,) = d.tick()
     assert job.agent.pid == MPI_RUN and job.launcher == "mpi"
@@ -688,8 +687,7 @@ def test_an_mpirun_launch_is_a_job_its_ranks_numbered_by_their_mpi_rank(tmp_path
 
 def test_an_mpi_rank_s_rank_is_its_mpi_rank_never_a_rank_variable_it_inherited(tmp_path):
     """MPI never sets RANK: one in a rank's environment came from the shell that ran mpirun."""
-    root = tmp_path / "proc"
-    shutil.copytree(FIXTURES / "proc-mpi", root)
+    root = _copy(tmp_path, "proc-mpi")
     for pid in (MPI_RANK0, MPI_RANK1):
         environ = root / str(pid) / "environ"
         environ.write_bytes(b"RANK=5\0" + environ.read_bytes())
@@ -700,8 +698,7 @@ def test_an_mpi_rank_s_rank_is_its_mpi_rank_never_a_rank_variable_it_inherited(t
 def test_a_launcher_run_by_mpirun_is_a_job_of_its_own(tmp_path):
     """``mpirun -np 1 torchrun ...``: mpirun's child is torchrun's agent, whose workers are
     the ranks; it is no rank of mpirun's."""
-    root = tmp_path / "proc"
-    shutil.copytree(FIXTURES / "proc-mpi", root)
+    root = _copy(tmp_path, "proc-mpi")
     (root / str(MPI_RANK1) / "cmdline").write_bytes(
         b"/v/bin/python\0/v/bin/torchrun\0--nproc-per-node=1\0t.py\0"
     )
@@ -723,8 +720,7 @@ SL_STEPD, SL_RANK0, SL_RANK1, SL_WORKER0, SL_WORKER1 = 13527, 13532, 13533, 1361
 
 
 def test_a_slurm_step_is_a_job_keyed_by_its_job_and_step(tmp_path):
-    root = tmp_path / "proc"
-    shutil.copytree(FIXTURES / "proc-slurm", root)
+    root = _copy(tmp_path, "proc-slurm")
     d = Discovery(ProcReader(str(root)))
     (job,) = d.tick()
     assert job.agent.pid == SL_STEPD and job.launcher == "slurm" and job.key == "2.0" and job.world_size == 2
@@ -735,8 +731,7 @@ def test_a_slurm_step_is_a_job_keyed_by_its_job_and_step(tmp_path):
 
 def test_a_batch_script_is_no_rank_of_its_step(tmp_path):
     """The batch step's script has SLURM_PROCID but no step id: it is no task of a step."""
-    root = tmp_path / "proc"
-    shutil.copytree(FIXTURES / "proc-slurm", root)
+    root = _copy(tmp_path, "proc-slurm")
     (root / str(SL_STEPD) / "cmdline").write_bytes(b"slurmstepd: [2.batch]\0")
     for pid in (SL_RANK0, SL_RANK1):
         environ = root / str(pid) / "environ"
@@ -747,8 +742,7 @@ def test_a_batch_script_is_no_rank_of_its_step(tmp_path):
 
 def test_torchrun_started_by_srun_is_a_job_of_its_own(tmp_path):
     """``srun torchrun ...``: the task is torchrun's agent, whose workers are the ranks."""
-    root = tmp_path / "proc"
-    shutil.copytree(FIXTURES / "proc-slurm", root)
+    root = _copy(tmp_path, "proc-slurm")
     (root / str(SL_RANK1) / "cmdline").write_bytes(
         b"/v/bin/python\0/v/bin/torchrun\0--nproc-per-node=1\0t.py\0"
     )

@@ -70,12 +70,6 @@ def lightning_rank(env: RankEnv) -> RankEnv:
     return dataclasses.replace(env, rank=env.local_rank if env.node_rank == 0 else None)
 
 
-def lightning_env(env: RankEnv) -> bool:
-    """A Lightning child's environment: LOCAL_RANK >= 1 and no RANK nor run id (torchrun's
-    workers have both). Its NODE_RANK is checked on the raw environment (``ByChildren``)."""
-    return env.local_rank is not None and env.local_rank >= 1 and env.rank is None and env.run_id is None
-
-
 class ByChildren:
     """Reads and changes its discovery's state (it is a part of it, kept apart for size)."""
 
@@ -120,7 +114,7 @@ class ByChildren:
             if not relaunched(argv, reader.cmdline(parent.key.pid)):
                 return False
             raw = reader.environ(entry.key.pid)
-            if "NODE_RANK" not in raw or not lightning_env(parse_rank_env(raw)):
+            if "NODE_RANK" not in raw or not jobs.is_worker(jobs.LIGHTNING, parse_rank_env(raw)):
                 return False
             return "LOCAL_RANK" not in reader.environ(parent.key.pid)
         except ProbeError:

@@ -129,41 +129,48 @@ def is_worker(launcher: str, env: RankEnv) -> bool:
         return False  # its environment is its parent's: a group's threads tell (spawned.py)
     if launcher in OUTER:  # Slurm's tasks of a step, MPI's ranks (a batch script has no step)
         return env.rank is not None and env.rank_var != "RANK"
-    if launcher == LIGHTNING:  # children.py: its other children inherit LOCAL_RANK=0
+    if launcher == LIGHTNING:  # LOCAL_RANK >= 1 and no RANK nor run id (children.py)
         return env.local_rank is not None and env.local_rank >= 1 and env.rank is None and env.run_id is None
     return env.rank is not None or env.local_rank is not None
 
 
+# the launchers that give a rank its identity in variables of their own: the variables its
+# rank, its local rank and the world size may be in, first found first
+_GIVEN = {
+    SLURM: (("SLURM_PROCID",), ("SLURM_LOCALID",), ("SLURM_NTASKS", "SLURM_NPROCS")),
+    MPI: (
+        _MPI_RANK_VARS,
+        ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"),
+        ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"),
+    ),
+}
+
+
 def launcher_env(launcher: str, raw: dict[str, str]) -> RankEnv:
-    """A child's identity as its launcher gives it: an MPI rank's from its MPI variables
-    (RANK, which MPI never sets, is not read for it); any other's from RANK, LOCAL_RANK..."""
+    """A child's identity as its launcher gives it: a Slurm task's or an MPI rank's from its
+    launcher's variables (RANK, which neither sets, is not read for them; a batch script has
+    no step, so no rank); any other's from RANK, LOCAL_RANK..."""
     env = parse_rank_env(raw)
-    if launcher == SLURM:
-        procid, step = raw.get("SLURM_PROCID", ""), raw.get("SLURM_STEP_ID", "")
-        task = procid.isdigit() and step.isdigit()
-        local, size = raw.get("SLURM_LOCALID", ""), raw.get("SLURM_NTASKS") or raw.get("SLURM_NPROCS") or ""
-        return dataclasses.replace(
-            env,
-            rank=int(procid) if task else None,
-            rank_var="SLURM_PROCID" if task else "RANK",
-            local_rank=int(local) if local.isdigit() else None,
-            world_size=int(size) if size.isdigit() else None,
-            run_id=f"{raw.get('SLURM_JOB_ID', '?')}.{step}" if task else None,
-            local_world_size=None,
-            group_rank=None,
-        )
-    if launcher != MPI:
+    if launcher not in _GIVEN:
         return env
-    var = next((v for v in _MPI_RANK_VARS if raw.get(v, "").isdigit()), None)
-    local = raw.get("OMPI_COMM_WORLD_LOCAL_RANK") or raw.get("MPI_LOCALRANKID") or ""
-    size = raw.get("OMPI_COMM_WORLD_SIZE") or raw.get("PMI_SIZE") or ""
+    ranks, local_ranks, sizes = _GIVEN[launcher]
+
+    def first(names: tuple[str, ...]) -> str | None:
+        return next((raw[v] for v in names if raw.get(v, "").isdigit()), None)
+
+    var = next((v for v in ranks if raw.get(v, "").isdigit()), None)
+    step = raw.get("SLURM_STEP_ID", "")
+    if launcher == SLURM and not step.isdigit():
+        var = None
+    job_id = f"{raw.get('SLURM_JOB_ID', '?')}.{step}" if launcher == SLURM else None
+    local, size = first(local_ranks), first(sizes)
     return dataclasses.replace(
         env,
         rank=int(raw[var]) if var else None,
         rank_var=var or "RANK",
-        local_rank=int(local) if local.isdigit() else None,
-        world_size=int(size) if size.isdigit() else None,
-        run_id=raw.get("PMIX_NAMESPACE") or raw.get("OMPI_MCA_ess_base_jobid") or None,
+        local_rank=int(local) if local else None,
+        world_size=int(size) if size else None,
+        run_id=(job_id or raw.get("PMIX_NAMESPACE") or raw.get("OMPI_MCA_ess_base_jobid")) if var else None,
         local_world_size=None,
         group_rank=None,
     )
