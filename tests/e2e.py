@@ -534,13 +534,37 @@ class SlurmJob(TorchrunJob):
         super().__exit__(*exc)
 
 
+def oom_killed(pid: int) -> bool:
+    """Whether the kernel's log (read here, not through trainwatch) records an OOM kill of
+    ``pid``: every record in /dev/kmsg's buffer, read without blocking."""
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        while True:
+            try:
+                record = os.read(fd, 8192).decode(errors="replace")
+            except BlockingIOError:
+                return False
+            except OSError:  # a record overwritten while read (EPIPE): go on
+                continue
+            if f"Killed process {pid} " in record:
+                return True
+    finally:
+        os.close(fd)
+
+
 def survivor_fate_right(row: dict) -> bool:
     """A survivor's fate (its row in the postmortem) after another rank's death, checked
     against how it ended: SIGTERMed (or SIGKILLed) by its launcher, terminated_by_agent; or,
     when its collective failed first for the peer that died (gloo: the connection closed),
     an exit of its own that its output ties to that death, same_cause. Which comes first is
     a race (DeepSpeed's launcher polls its ranks every second, torchrun's every
-    --monitor-interval); each outcome has its word."""
+    --monitor-interval); each outcome has its word. A survivor the kernel's OOM killer took
+    next (its own record in the kernel's log) died of the same cause."""
+    if row["signal"] == "SIGKILL" and oom_killed(row["pid"]):  # the OOM killer took it next
+        return bool(row["fate"] == "same_cause")
     if row["signal"] in ("SIGTERM", "SIGKILL"):
         return bool(row["fate"] == "terminated_by_agent")
     return row["exit_code"] not in (0, None) and row["fate"] == "same_cause"
