@@ -377,6 +377,30 @@ class TorchrunJob:
         self._out.close()
 
 
+def parent_pid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+class AgentIsRanksParent:
+    """A job whose launching process is not the command the test started (a process that
+    starts, its ranks' parent): read when the ranks are first ready, while they run."""
+
+    _agent: int | None = None
+
+    def ready(self, restart: int = 0, timeout: float = 120) -> dict[int, list[int]]:
+        ranks = super().ready(restart, timeout)  # type: ignore[misc]
+        if self._agent is None:
+            self._agent = parent_pid(ranks[0][0])
+        return ranks
+
+    @property
+    def agent_pid(self) -> int:
+        if self._agent is None:
+            self.ready()
+        assert self._agent is not None
+        return self._agent
+
+
 class LaunchedJob(TorchrunJob):
     """A real job of tests/workloads/rank.py under another launcher: ``command`` gives its
     command line for ``nproc`` ranks and the workload's arguments, ``ENV`` what it adds to
@@ -483,16 +507,36 @@ class MpiJob(LaunchedJob):
     LAUNCHER = "mpi"
 
     def command(self, nproc: int, args: list[str]) -> list[str]:
+        # by its own name: where MPICH is installed beside it, ``mpirun`` may be either
         return [
-            "mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(nproc),
-            sys.executable, str(TASK_JOB), f"--port={free_port()}", *args,
+            "mpirun.openmpi", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+            "-np", str(nproc), sys.executable, str(TASK_JOB), f"--port={free_port()}", *args,
         ]  # fmt: skip
 
 
-class SlurmJob(TorchrunJob):
+class MpichJob(AgentIsRanksParent, LaunchedJob):
+    """MPICH's ``mpiexec -n N`` (Hydra): mpiexec starts one ``hydra_pmi_proxy`` per node,
+    the job's launching process, whose children are the ranks (PMI_RANK; MPICH gives them
+    no job id)."""
+
+    LAUNCHER = "mpi"
+
+    def command(self, nproc: int, args: list[str]) -> list[str]:
+        return [
+            "mpiexec.mpich",
+            "-n",
+            str(nproc),
+            sys.executable,
+            str(TASK_JOB),
+            f"--port={free_port()}",
+            *args,
+        ]
+
+
+class SlurmJob(AgentIsRanksParent, TorchrunJob):
     """A real step of tests/workloads/task_job.py on the test Slurm (tests/slurm.py): ``srun
-    -n N --mem=M``. The step's slurmstepd, which slurmd starts, is the job's launching
-    process (``agent_pid``: the tasks' parent), not srun."""
+    --nodes=K -n N --mem=M``. The step's slurmstepd on a node, which slurmd starts, is the
+    job's launching process there (``agent_pid``: rank 0's parent), not srun."""
 
     def __init__(
         self,
@@ -500,6 +544,7 @@ class SlurmJob(TorchrunJob):
         name: str,
         *,
         nproc: int = 2,
+        nodes: int = 1,
         mem: str = "1536M",
         kill_on_bad_exit: bool = True,
         env: dict[str, str] | None = None,
@@ -507,22 +552,14 @@ class SlurmJob(TorchrunJob):
     ) -> None:
         from tests import slurm
 
-        self._agent: int | None = None
         self.slurm_env = slurm.cluster()
         args = self._prepare(tmp, name, nproc, None, workload)
         cmd = [
-            "srun", f"--ntasks={nproc}", f"--mem={mem}", f"--kill-on-bad-exit={int(kill_on_bad_exit)}",
-            f"--job-name=tw-{name}", sys.executable, str(TASK_JOB), f"--port={free_port()}", *args,
+            "srun", f"--nodes={nodes}", f"--ntasks={nproc}", f"--mem={mem}",
+            f"--kill-on-bad-exit={int(kill_on_bad_exit)}", f"--job-name=tw-{name}",
+            sys.executable, str(TASK_JOB), f"--port={free_port()}", *args,
         ]  # fmt: skip
         self._start(cmd, None, {**(env or {}), "SLURM_CONF": self.slurm_env["SLURM_CONF"]})
-
-    @property
-    def agent_pid(self) -> int:
-        """The tasks' parent, read once (while they run)."""
-        if self._agent is None:
-            ranks = self.ready()
-            self._agent = int(Path(f"/proc/{ranks[0][0]}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        return self._agent
 
     def cancel(self) -> None:
         """End the step (scancel of its job), as its user would."""

@@ -274,8 +274,12 @@ REQUIREMENTS = {
         lambda: "needs DeepSpeed's launcher (the test group of pyproject.toml installs it)",
     ),
     "openmpi": (
-        lambda: shutil.which("mpirun") is not None and shutil.which("ompi_info") is not None,
-        lambda: "needs Open MPI's mpirun (scripts/dev-setup installs Debian's openmpi-bin)",
+        lambda: shutil.which("mpirun.openmpi") is not None,
+        lambda: "needs Open MPI's mpirun.openmpi (scripts/dev-setup installs Debian's openmpi-bin)",
+    ),
+    "mpich": (
+        lambda: shutil.which("mpiexec.mpich") is not None,
+        lambda: "needs MPICH's mpiexec.mpich (scripts/dev-setup installs Debian's mpich)",
     ),
     "slurm": (
         lambda: slurm.available(),

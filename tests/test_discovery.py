@@ -463,6 +463,11 @@ DS_RUNNER, DS_LAUNCHER, DS_RANK0, DS_RANK1, DS_WORKER0, DS_WORKER1 = 32635, 3263
         (("orted", "-mca", "ess", "env"), "mpi"),
         (("/opt/mpich/bin/hydra_pmi_proxy", "--control-port", "n0:1"), "mpi"),
         (("python", "mpirun.py"), None),
+        # Debian's alternatives: each implementation's starters by the name they were run by
+        (("mpirun.openmpi", "-np", "2", "python", "t.py"), "mpi"),
+        (("/usr/bin/mpiexec.mpich", "-n", "2", "python", "t.py"), "mpi"),
+        (("mpiexec.hydra", "-n", "2", "t"), "mpi"),
+        (("/usr/bin/mpirun-wrapper", "t"), None),
     ],
 )
 def test_launcher_forms(argv, expected):

@@ -28,6 +28,7 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -40,6 +41,7 @@ from tests.e2e import (
     DaemonProc,
     DeepSpeedJob,
     LightningJob,
+    MpichJob,
     MpiJob,
     SpawnJob,
     descendants,
@@ -178,18 +180,31 @@ def test_a_lightning_rank_killed_from_outside_is_named_and_rank_0_s_teardown_is_
     assert doc["job"]["launcher"] == "lightning"
 
 
-@requires("openmpi")
-def test_an_mpi_rank_killed_from_outside_is_named_and_mpirun_s_abort_is_told(tmp_path):
-    """The ranks are found below mpirun by their MPI rank, the job keyed by Open MPI's job id;
-    rank 1 is then SIGKILLed from outside and mpirun aborts the job."""
-    with DaemonProc(tmp_path) as daemon, MpiJob(tmp_path, "mpi-kill", hold_mb=50, workers=1) as job:
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(MpiJob, marks=requires("openmpi"), id="openmpi"),
+        pytest.param(MpichJob, marks=requires("mpich"), id="mpich"),
+    ],
+)
+def test_an_mpi_rank_killed_from_outside_is_named_and_the_abort_is_told(tmp_path, make):
+    """The ranks are found below the process that starts them on the node (Open MPI's
+    mpirun, MPICH's hydra_pmi_proxy) by their MPI rank, an Open MPI job keyed by its job id;
+    rank 1 is then SIGKILLed from outside and the launcher aborts the job."""
+    with DaemonProc(tmp_path) as daemon, make(tmp_path, "mpi-kill", hold_mb=50, workers=1) as job:
         pids = job.ready()
         seen = daemon.wait_sampled(job, pids)
-        assert seen["launcher"] == "mpi" and seen["job"] == seen["run_id"] and seen["run_id"].isdigit(), seen
+        assert seen["launcher"] == "mpi", seen
+        if make is MpiJob:
+            assert seen["job"] == seen["run_id"] and seen["run_id"].isdigit(), seen
+        else:  # MPICH gives its ranks no job id: the job is its node's proxy
+            assert seen["run_id"] is None and seen["job"] == str(seen["agent_pid"]), seen
+            assert _comm(seen["agent_pid"]) == "hydra_pmi_proxy", seen
         ranks = {r["rank"]: r for r in seen["ranks"]}
         assert sorted(ranks) == [0, 1]
+        var = "OMPI_COMM_WORLD_RANK" if make is MpiJob else "PMI_RANK"
         for rank, rank_pids in pids.items():
-            assert ranks[rank]["pid"] == rank_pids[0] and ranks[rank]["rank_source"] == "OMPI_COMM_WORLD_RANK"
+            assert ranks[rank]["pid"] == rank_pids[0] and ranks[rank]["rank_source"] == var
             assert ranks[rank]["tree_processes"] == len(rank_pids), ranks[rank]
         os.kill(pids[1][0], signal.SIGKILL)
         doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
@@ -202,6 +217,10 @@ def test_an_mpi_rank_killed_from_outside_is_named_and_mpirun_s_abort_is_told(tmp
     assert doc["job"]["launcher"] == "mpi"
 
 
+def _comm(pid: int) -> str:
+    return Path(f"/proc/{pid}/comm").read_text().strip()
+
+
 @pytest.mark.root
 @pytest.mark.parametrize(
     "make",
@@ -210,6 +229,7 @@ def test_an_mpi_rank_killed_from_outside_is_named_and_mpirun_s_abort_is_told(tmp
         pytest.param(SpawnJob, marks=requires("memcg", "kmsg"), id="spawn"),
         pytest.param(LightningJob, marks=requires("lightning", "memcg", "kmsg"), id="lightning"),
         pytest.param(MpiJob, marks=requires("openmpi", "memcg", "kmsg"), id="mpi"),
+        pytest.param(MpichJob, marks=requires("mpich", "memcg", "kmsg"), id="mpich"),
     ],
 )
 def test_a_rank_at_its_cgroup_limit_is_named_with_certainty_whoever_launched_it(tmp_path, make):

@@ -477,12 +477,12 @@ class Discovery:
         return raw.get("TRAINWATCH_RUN_OUTPUT") == self.marker and uid == os.getuid()
 
     def _nested(self, entry: _Entry) -> bool:
-        """A child of a launcher that starts any program (MPI's) that is a launcher itself
-        (``mpirun torchrun ...``) is a job of its own, not a rank."""
-        launcher = launcher_of_argv(self._argv(entry))
+        """A launcher started by one that starts any program (``mpirun torchrun``, mpiexec's
+        hydra_pmi_proxy) is a job of its own; a copy of its parent before its exec is not."""
+        launcher = launcher_of_argv(argv := self._argv(entry))
         parent = self.jobs.get(entry.ppid)
-        if launcher is None or (parent is not None and launcher == parent.launcher):
-            return False  # a program; or a copy of its launcher between its fork and its exec
+        if launcher is None or (parent and launcher == parent.launcher and argv == parent.agent_argv):
+            return False
         self._pending.discard(entry.key.pid)
         self.make_agent(entry, launcher, nested=True)
         return True

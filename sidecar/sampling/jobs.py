@@ -21,9 +21,12 @@ The launchers known by their own process (each, the mechanism that makes it one)
   them on the others), Open MPI 5's ``prterun``/``prted``, MPICH's ``hydra_pmi_proxy``.
   Any program may be a rank: a child with its MPI rank in its environment
   (OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK), numbered by it; the job's id is its PMIx
-  namespace (Open MPI's job id), the same on every node. A child that is a launcher itself
-  (``mpirun torchrun ...``) is a job of its own. When a rank exits non-zero or is killed,
-  mpirun aborts the job: it signals every other rank (SIGCONT, SIGTERM, then SIGKILL).
+  namespace (Open MPI's job id), the same on every node; MPICH gives its ranks none (the
+  job is then its node's proxy). A child that is a launcher itself (``mpirun torchrun
+  ...``; MPICH's mpiexec, whose child hydra_pmi_proxy starts the ranks) is a job of its
+  own. Debian names each implementation's starters (mpirun.openmpi, mpiexec.mpich): the
+  name before the first dot counts. When a rank exits non-zero or is killed, the launcher
+  aborts the job: mpirun signals every other rank (SIGCONT, SIGTERM, then SIGKILL).
 * ``slurm``: ``slurmstepd``, which slurmd starts for each step of a job on each node (its
   command line reads ``slurmstepd: [JOBID.STEP]``) and which starts the step's tasks (``srun
   ...``) as its children, each with SLURM_PROCID (its rank), SLURM_LOCALID, SLURM_NTASKS,
@@ -96,7 +99,9 @@ def launcher_of_argv(argv: tuple[str, ...]) -> str | None:
     (torchrun); ``python -u -m deepspeed.launcher.launch ...`` (deepspeed)."""
     if not argv:
         return None
-    if os.path.basename(argv[0]) in _MPI_STARTERS:
+    # Debian's alternatives name each implementation's starters: mpirun.openmpi,
+    # mpiexec.mpich, mpiexec.hydra (the name it was started by is the one argv keeps)
+    if os.path.basename(argv[0]).split(".", 1)[0] in _MPI_STARTERS:
         return MPI
     if argv[0].startswith("slurmstepd"):  # "slurmstepd: [1234.0]"
         return SLURM
