@@ -1,8 +1,10 @@
-"""A real single-node Slurm for the tests: Debian's munged, slurmctld and slurmd on this
-machine, from a private configuration (its own munge key and socket, its own ports, state and
-logs under one folder), with ``task/cgroup`` and ``ConstrainRAMSpace=yes``: a step's
-``--mem`` is a real memory cgroup limit (cgroup v1 or v2, whichever holds the memory
-controller here).
+"""A real Slurm for the tests on this machine: Debian's munged, slurmctld and one slurmd for
+each of two nodes (``NODES``: two slurmd on one host, each told its node by ``-N``, with its
+own port, spool, pid file and log), from a private configuration (its own munge key and
+socket, its own ports, state and logs under one folder), with ``task/cgroup`` and
+``ConstrainRAMSpace=yes``: a step's ``--mem`` is a real memory cgroup limit (cgroup v1 or v2,
+whichever holds the memory controller here), below each node's own ``slurm_<node>``. A step
+of ``--nodes=2`` has a slurmstepd on each node, as on two machines.
 
 Started once per machine by the first test that needs it (``cluster()``, under a lock: the
 test workers share it) and stopped at the end of the run (``stop()``: the controller's
@@ -24,7 +26,8 @@ from pathlib import Path
 
 DIR = Path(os.environ.get("TRAINWATCH_SLURM_DIR", "/tmp/trainwatch-slurm"))
 CONF = DIR / "slurm.conf"
-DAEMONS = ("slurmd", "slurmctld", "munged")  # stopped in this order
+NODES = ("tw1", "tw2")
+DAEMONS = (*(f"slurmd-{n}" for n in NODES), "slurmctld", "munged")  # stopped in this order
 BINARIES = ("munged", "slurmctld", "slurmd", "srun", "scancel", "sinfo")
 
 
@@ -56,8 +59,15 @@ def _write_config() -> None:
             if line.startswith("MemTotal:"):
                 mem_mib = int(line.split()[1]) // 1024
     cgroup = "cgroup/v1" if Path("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists() else "cgroup/v2"
-    for sub in ("state", "spool", "log", "run"):
+    shutil.rmtree(DIR / "state", ignore_errors=True)  # an earlier cluster's jobs and nodes
+    for sub in ("state", "log", "run", *(f"spool/{n}" for n in NODES)):
         (DIR / sub).mkdir(parents=True, exist_ok=True)
+    # each node the whole machine (the tests' steps are small)
+    nodes = "\n".join(
+        f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} CPUs={os.cpu_count()} "
+        f"RealMemory={mem_mib * 9 // 10} State=UNKNOWN"
+        for n in NODES
+    )
     key = DIR / "munge.key"
     if not key.exists():
         key.write_bytes(os.urandom(1024))
@@ -67,15 +77,14 @@ def _write_config() -> None:
 SlurmctldHost={host}(127.0.0.1)
 SlurmUser=root
 SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
 AuthType=auth/munge
 AuthInfo=socket={DIR}/run/munge.sock
 StateSaveLocation={DIR}/state
-SlurmdSpoolDir={DIR}/spool
+SlurmdSpoolDir={DIR}/spool/%n
 SlurmctldPidFile={DIR}/run/slurmctld.pid
-SlurmdPidFile={DIR}/run/slurmd.pid
+SlurmdPidFile={DIR}/run/slurmd-%n.pid
 SlurmctldLogFile={DIR}/log/slurmctld.log
-SlurmdLogFile={DIR}/log/slurmd.log
+SlurmdLogFile={DIR}/log/slurmd-%n.log
 ProctrackType=proctrack/cgroup
 TaskPlugin=task/cgroup
 SelectType=select/cons_tres
@@ -85,8 +94,8 @@ MpiDefault=none
 SchedulerType=sched/builtin
 JobAcctGatherType=jobacct_gather/none
 KillWait=5
-NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count()} RealMemory={mem_mib * 9 // 10} State=UNKNOWN
-PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:8
+{nodes}
+PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:8
 """
     )
     (DIR / "cgroup.conf").write_text(
@@ -95,8 +104,12 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubsc
 
 
 def _running() -> bool:
-    out = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env(), capture_output=True, text=True, timeout=10)
-    return out.returncode == 0 and out.stdout.strip() in ("idle", "mixed", "allocated")
+    """Every node up (a node's state per line)."""
+    out = subprocess.run(
+        ["sinfo", "-h", "-N", "-o", "%T"], env=env(), capture_output=True, text=True, timeout=10
+    )
+    states = out.stdout.split()
+    return out.returncode == 0 and len(states) == len(NODES) and set(states) <= {"idle", "mixed", "allocated"}
 
 
 def cluster(timeout: float = 60) -> dict[str, str]:
@@ -118,12 +131,14 @@ def cluster(timeout: float = 60) -> dict[str, str]:
             check=True,
         )  # fmt: skip
         subprocess.run([_binary("slurmctld"), "-f", str(CONF)], check=True, env=env())
-        subprocess.run([_binary("slurmd"), "-f", str(CONF)], check=True, env=env())
+        for node in NODES:
+            subprocess.run([_binary("slurmd"), "-f", str(CONF), "-N", node], check=True, env=env())
         deadline = time.monotonic() + timeout
         while not _running():
             if time.monotonic() > deadline:
                 logs = "\n".join(
-                    (DIR / "log" / n).read_text()[-2000:] for n in ("slurmctld.log", "slurmd.log")
+                    (DIR / "log" / n).read_text()[-2000:]
+                    for n in ("slurmctld.log", *(f"slurmd-{node}.log" for node in NODES))
                 )
                 raise RuntimeError(f"the test Slurm did not come up in {timeout:.0f} s:\n{logs}")
             time.sleep(0.2)

@@ -129,7 +129,7 @@ def test_trainwatch_run_names_the_death_of_its_own_slurm_step_and_no_other(tmp_p
     env = dict(slurm.cluster(), OMP_NUM_THREADS="1")
     cmd = [
         sys.executable, "-m", "sidecar", "run", "--postmortem-dir", str(tmp_path / "pm"), "--port", "0",
-        "--interval", "0.5", "--", "srun", "--ntasks=2", "--mem=1536M", "--kill-on-bad-exit=1",
+        "--interval", "0.5", "--", "srun", "--nodes=1", "--ntasks=2", "--mem=1536M", "--kill-on-bad-exit=1",
         sys.executable, str(TASK_JOB), f"--port={free_port()}", "--hold-mb=30", "--workers=0",
         "--duration=120", "--raise-rank=1", "--raise-after=3",
     ]  # fmt: skip
