@@ -48,6 +48,7 @@ from tests.e2e import (
     DaemonProc,
     DeepSpeedJob,
     LightningJob,
+    MpichJob,
     MpiJob,
     SlurmJob,
     SpawnJob,
@@ -68,7 +69,8 @@ LAUNCHERS: dict[str, tuple[Any, dict[str, Any], str | None]] = {
     "deepspeed": (DeepSpeedJob, {}, "deepspeed"),
     "spawn": (SpawnJob, {}, None),
     "lightning": (LightningJob, {}, "lightning"),
-    "mpi": (MpiJob, {}, "openmpi"),
+    "openmpi": (MpiJob, {}, "openmpi"),
+    "mpich": (MpichJob, {}, "mpich"),
     "slurm": (SlurmJob, {"kill_on_bad_exit": True}, "slurm"),
 }
 

@@ -353,12 +353,15 @@ class RankProgress:
     """Whether a rank makes progress (``sidecar/sampling/stalls.py``). ``stalled_seconds`` counts from
     the last window in which it did; ``reason`` says why it is judged stalled (None while it
     progresses). ``cpu_busy``/``gpu_busy``: its activity over the judging window (gpu_busy
-    None without GPU utilisation)."""
+    None without GPU utilisation). ``gpu_spinning_seconds``: how long its GPU has held a
+    kernel without pause and without memory traffic (a polling loop: an NCCL kernel waiting
+    for a peer), 0.0 when it does not."""
 
     stalled_seconds: float
     reason: str | None
     cpu_busy: bool
     gpu_busy: bool | None
+    gpu_spinning_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from tests.e2e import (
     DaemonProc,
     TorchrunJob,
     free_port,
+    nvml_stand_in,
     wait_for,
 )
 
@@ -127,3 +128,52 @@ def test_a_survivor_waiting_for_a_dead_rank_is_stranded_and_run_ends_the_job(tmp
     docs = [json.loads(p.read_text()) for p in (tmp_path / "pm").glob("*.json")]
     first = next(d for d in docs if d["victim"]["pid"] == pids[1][0])
     assert first["killer"]["kind"] == "external_signal", first["killer"]
+
+
+def test_a_survivor_whose_gpu_spins_for_a_dead_rank_is_stranded(tmp_path, monkeypatch):
+    """The survivor of an NCCL job does not idle: its GPU holds the collective's kernel,
+    polling for the dead rank's data, at 100 % and without memory traffic in every sample
+    (as measured on an H200), which no idleness rule sees. The two agents' ranks on the NVML
+    stand-in: both working (SM and memory busy), then rank 1 SIGKILLed and rank 0's GPU
+    spinning: rank 0 is stranded, never stalled for it."""
+    on_gpu, busy = tmp_path / "gpu-pids", tmp_path / "gpu-busy"
+    nvml_stand_in(tmp_path, monkeypatch, pids=on_gpu, busy=busy)
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    run_id, endpoint = uuid.uuid4().hex[:12], f"127.0.0.1:{free_port()}"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    agents = [
+        subprocess.Popen(_agent(run_id, endpoint, host, str(ready)), cwd=REPO, env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        for host in (True, False)
+    ]  # fmt: skip
+    try:
+        with DaemonProc(tmp_path / "node", interval=0.5) as daemon:
+            files = wait_for(lambda: _ready(ready, 2), 120, "both ranks")
+            pids = {int(f.name[4]): [int(p) for p in f.read_text().split()] for f in files}
+            r0, r1 = pids[0][0], pids[1][0]
+            on_gpu.write_text(f"{r0}\n{r1}\n")
+            busy.write_text(f"{r0} 97 41\n{r1} 95 38\n")
+            wait_for(
+                lambda: (j := _job(daemon.ranks(), r0)) and j["ranks"][0]["gpu_busy"] is True,
+                30,
+                "rank 0's GPU seen busy",
+            )
+            daemon.wait_rounds(12)  # a window of work, judged
+            busy.write_text(f"{r0} 100 0\n")
+            os.kill(r1, signal.SIGKILL)
+            killed = time.monotonic()
+            job = wait_for(
+                lambda: (j := _job(daemon.ranks(), r0)) and j["stranded"] and j, 40, "rank 0 stranded"
+            )
+            took = time.monotonic() - killed
+            assert took <= 30, took
+            assert job["stranded"]["ranks"] == ["0"], job["stranded"]
+            row = job["ranks"][0]
+            assert row["gpu_busy"] is True and row["stall_reason"] is None and not job["stalled"], row
+            print(f"death -> stranded reported, GPU spinning: {took:.1f} s")
+    finally:
+        for agent in agents:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(agent.pid, signal.SIGKILL)
+            agent.wait(30)

@@ -5,6 +5,8 @@ later of the death and its last progress; never without a death, never while it 
 
 from __future__ import annotations
 
+import dataclasses
+
 from sidecar.model import JobSample, ProcKey, RankSample, Snapshot
 from sidecar.sampling.stalls import StallTracker
 from sidecar.sampling.stranded import STRANDED_AFTER_S, StrandTracker
@@ -156,3 +158,70 @@ def test_a_stranded_rank_that_works_again_is_no_longer_stranded():
     assert r.run(15, lambda t: _snap(_job("j", _rank("j", 1, 5.0))))[-1].jobs[0].stranded is not None
     snaps = r.run(15, lambda t: _snap(_job("j", _rank("j", 1, 5.0 + _busy(t)))))
     assert snaps[-1].jobs[0].stranded is None and len(r.told) == 1
+
+
+def _gpu_rank(pid: int, t: float, sm: float, mem: float) -> RankSample:
+    """A rank on a GPU, its CPU busy (a thread spinning in cudaStreamSynchronize, or work)."""
+    return dataclasses.replace(_rank("j", pid, _busy(t)), gpu_sm_percent=sm, gpu_memory_percent=mem)
+
+
+# The shapes measured per process on an H200 (benchmarks/results/gpu-stall-h200.json, NVML's
+# per-process utilisation every 0.5 s): training steps with gaps to 0 % SM and some memory
+# traffic; a kernel spinning in an all_reduce whose peer never came at 99-100 % SM and 0 %
+# memory in every sample.
+def _training(t: float) -> tuple[float, float]:
+    return (0.0, 0.0) if int(t * 2) % 3 == 0 else (80.0, 3.0)
+
+
+def _spinning(t: float) -> tuple[float, float]:
+    return (99.0 + (int(t * 2) % 2), 0.0)
+
+
+def test_a_survivor_spinning_its_gpu_for_a_dead_peer_is_stranded():
+    """Busy CPU, busy GPU: the rule idle alone would call working; the GPU that holds a
+    kernel in every sample and moves no memory is a polling loop: no progress."""
+    deaths: dict = {}
+    r = Rounds(deaths)
+    r.run(20, lambda t: _snap(_job("j", _gpu_rank(1, t, *_training(t)), _gpu_rank(2, t, *_training(t)))))
+    died_at = r.clock.now
+    deaths[("j", "2", 0)] = ("external_signal", died_at)
+    snaps = r.run(40, lambda t: _snap(_job("j", _gpu_rank(1, t, *_spinning(t)))))
+    assert all(s.jobs[0].ranks[0].progress.reason is None for s in snaps)  # never a stall by itself
+    first = next(i for i, s in enumerate(snaps) if s.jobs[0].stranded is not None)
+    flagged_at = died_at + (first + 1) * 0.5
+    assert STRANDED_AFTER_S <= flagged_at - died_at <= 30, flagged_at - died_at
+    s = snaps[-1].jobs[0].stranded
+    assert s is not None and s.ranks == ("1",) and died_at <= s.since <= flagged_at - STRANDED_AFTER_S
+
+
+def test_a_survivor_training_on_its_gpu_after_the_death_is_not_stranded():
+    """The same busy GPU with gaps between steps, or saturated but moving memory (a large
+    model's steps), is work."""
+    deaths = {("j", "2", 0): ("external_signal", 1000.0)}
+    for shape in (_training, lambda t: (100.0, 25.0)):
+        r = Rounds(deaths)
+        snaps = r.run(60, lambda t, shape=shape: _snap(_job("j", _gpu_rank(1, t, *shape(t)))))
+        assert all(s.jobs[0].stranded is None for s in snaps) and not r.told
+
+
+def test_a_job_spinning_without_a_death_is_never_stranded_nor_stalled_for_it():
+    r = Rounds({})
+    snaps = r.run(
+        60, lambda t: _snap(_job("j", _gpu_rank(1, t, *_spinning(t)), _gpu_rank(2, t, *_spinning(t))))
+    )
+    assert all(s.jobs[0].stranded is None and s.jobs[0].stalled_seconds == 0 for s in snaps)
+    assert snaps[-1].jobs[0].ranks[0].progress.gpu_spinning_seconds >= 50
+
+
+def test_a_spin_broken_by_one_gap_counts_again_from_the_gap():
+    deaths = {("j", "2", 0): ("external_signal", 1000.0)}
+    r = Rounds(deaths)
+    r.run(30, lambda t: _snap(_job("j", _gpu_rank(1, t, *_spinning(t)))))
+    gap = r.clock.now + 0.5
+    snaps = r.run(1, lambda t: _snap(_job("j", _gpu_rank(1, t, 0.0, 0.0))))
+    assert snaps[-1].jobs[0].ranks[0].progress.gpu_spinning_seconds == 0.0
+    snaps = r.run(6, lambda t: _snap(_job("j", _gpu_rank(1, t, *_spinning(t)))))
+    assert snaps[-1].jobs[0].stranded is None  # the window still holds the gap
+    snaps = r.run(30, lambda t: _snap(_job("j", _gpu_rank(1, t, *_spinning(t)))))
+    s = snaps[-1].jobs[0].stranded
+    assert s is not None and s.since > gap

@@ -20,6 +20,14 @@ ticks, and ranks keep background threads):
   a job's ranks launches kernels on each GPU, and a peer whose GPU is silent for the
   whole window cannot be taking part in the collective the busy ones run.
 
+Beside these, a rank is **spinning** when every NVML sample of its GPU in the whole window
+shows a kernel resident at least ``SPIN_SM_PERCENT`` of the time and none shows memory
+traffic: a polling loop, as an NCCL kernel waiting for a peer's data is (measured on an
+H200: 99-100 % SM and 0 % memory in every sample, where training steps left gaps to 0 %
+SM; benchmarks/results/gpu-stall-h200.json). Alone it is no stall (a job's ranks all
+spinning look so while they work, and a saturated kernel may move little memory); after a
+peer's death it is no progress (``stranded.py``).
+
 A rank is stalled for as long as it has been idle, waiting or stuck in a collective; the
 job's ``stalled_seconds`` is its longest-stalled rank's. The ranks the stalled ones wait for
 (``suspected_missing``): the GPU-silent peers of waiting ranks; the ranks the flight recorder
@@ -65,6 +73,7 @@ log = logging.getLogger("sidecar.stalls")  # the log keeps its names across the 
 
 IDLE_CORE_FRACTION = 0.05
 GPU_BUSY_PERCENT = 5.0
+SPIN_SM_PERCENT = 90.0  # a polling kernel's measured floor was 99 %; a margin for sampling
 WINDOW_SECONDS = (2.0, 10.0)
 ENDED_KEPT_S = 30.0  # a stall that ended this recently still preceded a death
 # While every rank's GPU is busy, nothing local tells a job that works from ranks spinning in
@@ -81,8 +90,10 @@ REASONS = {
 
 @dataclass
 class _Rank:
-    history: collections.deque[tuple[float, float, float | None]]  # (at, cpu s, GPU SM %)
+    # (at, cpu s, GPU SM %, GPU memory %)
+    history: collections.deque[tuple[float, float, float | None, float | None]]
     last_progress: float
+    spin_since: float | None = None  # judged spinning since (its window's start)
 
 
 @dataclass
@@ -110,6 +121,7 @@ class _Judged:
     cpu_busy: bool
     gpu_busy: bool | None
     gpu_silent: bool  # GPU data for the whole window, and no kernel ran
+    gpu_spinning: bool = False  # GPU data for the whole window: a kernel always, no memory traffic
 
 
 class StallTracker:
@@ -157,18 +169,31 @@ class StallTracker:
         if rank is None:
             rank = state.ranks[r.key.pid] = _Rank(collections.deque(), now)
         h = rank.history
-        h.append((now, r.cpu_seconds, r.gpu_sm_percent))
+        h.append((now, r.cpu_seconds, r.gpu_sm_percent, r.gpu_memory_percent))
         while len(h) > 2 and h[1][0] <= now - self.window:
             h.popleft()
-        at, cpu, _ = h[0]
+        at, cpu, _, _ = h[0]
         if now - at < self.window:
+            rank.spin_since = None
             return _Judged(True, True, None, False)  # too new to judge (a start, a restart)
         cpu_busy = (r.cpu_seconds - cpu) / (now - at) > IDLE_CORE_FRACTION
-        sms = [sm for _, _, sm in list(h)[1:] if sm is not None]
+        recent = list(h)[1:]
+        sms = [sm for _, _, sm, _ in recent if sm is not None]
         if not sms:
+            rank.spin_since = None
             return _Judged(False, cpu_busy, None, False)
         gpu_busy = sum(sms) / len(sms) >= GPU_BUSY_PERCENT
-        return _Judged(False, cpu_busy, gpu_busy, len(sms) == len(h) - 1 and max(sms) == 0)
+        whole = len(sms) == len(recent)
+        spinning = (
+            whole
+            and min(sms) >= SPIN_SM_PERCENT
+            and all(mem is not None and mem == 0 for _, _, _, mem in recent)
+        )
+        if not spinning:
+            rank.spin_since = None
+        elif rank.spin_since is None:
+            rank.spin_since = at
+        return _Judged(False, cpu_busy, gpu_busy, whole and max(sms) == 0, spinning)
 
     def _judge(self, job: JobSample, state: _Job, now: float) -> JobSample:
         seen = {r.key.pid for r in job.ranks}
@@ -200,7 +225,13 @@ class StallTracker:
             ranks.append(
                 evolve(
                     r,
-                    progress=RankProgress(round(now - rank.last_progress, 3), reason, j.cpu_busy, j.gpu_busy),
+                    progress=RankProgress(
+                        round(now - rank.last_progress, 3),
+                        reason,
+                        j.cpu_busy,
+                        j.gpu_busy,
+                        round(now - rank.spin_since, 3) if rank.spin_since is not None else 0.0,
+                    ),
                 )
             )
         stalled = max((now - state.ranks[r.key.pid].last_progress for r in job.ranks), default=0.0)

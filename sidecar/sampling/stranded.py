@@ -22,9 +22,11 @@ A live rank is **stranded** when
 Never on a job in which no rank died: a long checkpoint, an eval, a pause of every rank is
 no stranding. A survivor that keeps working after the death (fault-tolerant training that
 shrinks its world, a rank saving its own checkpoint) makes progress and is not stranded. A
-rank spinning its GPU in an NCCL collective looks busy: it is judged stranded only where
-its job's flight recorder can be asked (``TORCH_NCCL_DEBUG_INFO_PIPE_FILE``) and shows the
-collective going nowhere.
+rank spinning its GPU in an NCCL collective looks busy: it makes no progress when its GPU
+spins (the stall tracker's ``gpu_spinning_seconds``: a kernel resident in every sample of
+the window, no memory traffic in any, as a kernel polling for a dead peer's data), counted
+from when the spinning began; or where its job's flight recorder can be asked
+(``TORCH_NCCL_DEBUG_INFO_PIPE_FILE``) and shows the collective going nowhere.
 
 The stranding is the job's ``stranded`` (``/ranks``, the ``trainwatch_job_stranded_*``
 metrics) and, told to the death watch (``on_stranded``), the survivors' fate ``stranded``
@@ -109,9 +111,14 @@ class StrandTracker:
         stranded = []
         for r in job.ranks:
             p = r.progress
-            if p is None or p.reason is None:
-                continue  # it makes progress (or is too new to judge)
-            since = max(first, now - p.stalled_seconds - self.window)
+            if p is None:
+                continue  # too new to judge
+            if p.reason is not None:
+                since = max(first, now - p.stalled_seconds - self.window)
+            elif p.gpu_spinning_seconds > 0:  # busy, polling for a peer: no progress
+                since = max(first, now - p.gpu_spinning_seconds)
+            else:
+                continue  # it makes progress
             if now - since >= STRANDED_AFTER_S:
                 stranded.append((r, since))
         if not stranded:
