@@ -704,6 +704,47 @@ def gpu_stall() -> str:
     )
 
 
+def gpu_stranded() -> str:
+    doc = _load("gpu-stranded-h100")
+    if doc is None:
+        return _missing(
+            "gpu-stranded-h100", "run `benchmarks/gpu_stranded.py` on a GPU machine, then `--results`"
+        )
+    r = doc["results"]
+    rows = [
+        "| scenario | survivor | NVML SM busy before the death, mean (min) | after it, mean (min) |"
+        " memory busy after, max | stranded |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    says = {
+        "killed": "rank 1 SIGKILLed, rank 0 in an all_reduce with it",
+        "killed-other": "rank 1 SIGKILLed, rank 0 in an all_reduce with rank 2, which works on",
+    }
+    for mode, sc in r.items():
+        for rank, x in sc["survivors"].items():
+            b, a = x["before_death"], x["after_death"]
+            told = (
+                f"yes, {sc['death_to_stranded_s']:.1f} s after the death"
+                if rank in sc["stranded_ranks"]
+                else "no"
+            )
+            rows.append(
+                f"| {says.get(mode, mode)} | {rank} | {b.get('sm_mean', 0):.0f} % ({b.get('sm_min', 0)} %)"
+                f" | {a.get('sm_mean', 0):.0f} % ({a.get('sm_min', 0)} %) | {a.get('memory_max', 0)} % | {told} |"
+            )
+    return (
+        f"`benchmarks/gpu_stranded.py` ({_provenance(doc)}): NCCL ranks on one GPU (each its own"
+        " `NCCL_HOSTID`), each under its own torchrun agent so that no agent ends another's rank; 10 s"
+        " of large matmuls, 10 s of a small MLP, then rank 1 SIGKILLs itself. No flight-recorder FIFO:"
+        " the GPU's activity alone tells. NVML's per-process utilisation read beside the daemon every"
+        " 0.5 s. Rank 0 of the first run kept its GPU spinning until NCCL's watchdog took the process"
+        " down a minute later; in the second, rank 0 and rank 2 time-share the one GPU, so rank 0's"
+        " kernel never holds it alone and is not told spinning (a rank owns its GPU in real jobs).\n\n"
+        + "\n".join(rows)
+        + "\n"
+    )
+
+
 def launchers() -> str:
     doc = _load("launchers")
     if doc is None:
@@ -766,6 +807,7 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "story": story,
     "webauth": webauth,
     "launchers": launchers,
+    "gpu_stranded": gpu_stranded,
 }
 BLOCK = re.compile(r"(<!-- generated: (\w+) -->\n)(.*?)(<!-- end generated: \2 -->)", re.S)
 

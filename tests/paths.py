@@ -11,4 +11,5 @@ PUBLIC_CASES = FIXTURES / "public-logs" / "cases.jsonl"
 CAPTURES = FIXTURES / "device-captures"
 FR_DUMP = CAPTURES / "fr-dump-nccl-timeout-rank0.pickle"
 DEVICE_H200 = FIXTURES / "device-h200"  # a real NCCL timeout and CUDA OOM under trainwatch run
+DEVICE_H100 = FIXTURES / "device-h100"  # survivors of a real NCCL job after a rank's death
 RANK_OUTPUT = FIXTURES / "rank-output"

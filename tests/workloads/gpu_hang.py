@@ -12,6 +12,12 @@ short kernels, launch-bound), then ``hang``. MODE ``missing``: rank 1 sleeps out
 collective while rank 0 enters an all_reduce and waits for it in ``torch.cuda.synchronize()``.
 MODE ``crossed``: each rank enters an all_reduce of a different process group (the collectives'
 order differs between ranks, a classic bug): both kernels spin, both GPUs busy, forever.
+
+Deaths (benchmarks/gpu_stranded.py, each rank under its own torchrun agent, so that no agent
+ends the others): MODE ``killed``: rank 1 SIGKILLs itself at the hang while rank 0 enters an
+all_reduce with it. MODE ``killed-other`` (three ranks): rank 1 SIGKILLs itself; rank 0
+enters an all_reduce of the group [0, 2], which rank 2 never joins: it keeps its GPU busy
+with matmuls of its own (a survivor that works on), while rank 0's kernel spins.
 """
 
 from __future__ import annotations
@@ -45,7 +51,11 @@ def main() -> int:
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", timeout=timedelta(seconds=900))
     other = dist.new_group([0, 1])
-    dist.barrier(group=other, device_ids=[0])  # its communicator made now, not at the hang
+    if rank in (0, 1):
+        dist.barrier(group=other, device_ids=[0])  # its communicator made now, not at the hang
+    pair02 = dist.new_group([0, 2]) if dist.get_world_size() == 3 else None
+    if pair02 is not None and rank in (0, 2):
+        dist.barrier(group=pair02, device_ids=[0])
     grad = torch.ones(16 << 20, device="cuda")  # 64 MiB
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     phase(out, rank, "big")
@@ -70,7 +80,17 @@ def main() -> int:
         loss.item()
     dist.barrier()
     phase(out, rank, "hang")
-    if mode == "crossed":
+    if mode in ("killed", "killed-other") and rank == 1:
+        os.kill(os.getpid(), 9)  # SIGKILL: no exception, no exit handler
+    if mode == "killed-other":
+        if rank == 2:
+            while True:  # works on, never joining rank 0's collective
+                a = (a @ a).clamp_(-1, 1)
+                torch.cuda.synchronize()
+        dist.all_reduce(grad, group=pair02)
+    elif mode == "killed":
+        dist.all_reduce(grad)
+    elif mode == "crossed":
         dist.all_reduce(grad, group=other if rank == 1 else None)
     elif rank == 1:
         while True:
