@@ -38,6 +38,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.gpu_common import phases as _phases  # noqa: E402
+from benchmarks.gpu_common import start_nvml_sampler  # noqa: E402
 from benchmarks.results import machine, write  # noqa: E402
 
 BIG_S, SMALL_S, STALL_AFTER = 30.0, 30.0, 10.0
@@ -55,16 +57,6 @@ def _cpu(pid: int) -> float | None:
     except OSError:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _phases(work: Path) -> dict[int, list[tuple[str, float, int]]]:
-    out: dict[int, list[tuple[str, float, int]]] = {}
-    for rank in (0, 1):
-        f = work / f"phase_rank{rank}"
-        if f.exists():
-            rows = (ln.split() for ln in f.read_text().splitlines())
-            out[rank] = [(n, float(t), int(p)) for n, t, p in rows]
-    return out
 
 
 def main() -> int:
@@ -121,31 +113,12 @@ def main() -> int:
     judged: list[dict[str, Any]] = []
     stop = threading.Event()
 
-    def sample_nvml() -> None:
-        seen = 0
-        while not stop.is_set():
-            now = time.time()
-            try:
-                got = pynvml.nvmlDeviceGetProcessUtilization(dev, seen)
-            except pynvml.NVMLError as exc:
-                got = []
-                if "Not Found" not in str(exc):
-                    samples.append({"at": now, "error": str(exc)})
-            per: dict[int, list[tuple[int, int]]] = {}
-            for s in got:
-                per.setdefault(int(s.pid), []).append((int(s.smUtil), int(s.memUtil)))
-                seen = max(seen, int(s.timeStamp))
-            samples.append(
-                {
-                    "at": now,
-                    "util": {str(p): v for p, v in per.items()},
-                    "cpu": {str(p): _cpu(p) for r in _phases(work).values() for _, _, p in r[:1]},
-                }
-            )
-            stop.wait(0.5)
-
-    sampler = threading.Thread(target=sample_nvml, daemon=True)
-    sampler.start()
+    sampler = start_nvml_sampler(
+        dev,
+        samples,
+        stop,
+        lambda: {"cpu": {str(p): _cpu(p) for r in _phases(work).values() for _, _, p in r[:1]}},
+    )
     result: dict[str, Any] = {"machine": machine(), "settings": {"big_s": BIG_S, "small_s": SMALL_S,
                               "stall_after": STALL_AFTER, "interval": 0.5, "mode": mode}}  # fmt: skip
     snapshot_job = None

@@ -40,6 +40,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.gpu_common import phases as _phases  # noqa: E402
+from benchmarks.gpu_common import start_nvml_sampler  # noqa: E402
 from benchmarks.results import machine, write  # noqa: E402
 
 BIG_S, SMALL_S, AFTER_S = 10.0, 10.0, 45.0
@@ -51,14 +53,6 @@ def _get(base: str, path: str) -> Any:
         return json.loads(r.read().decode())
 
 
-def _phases(work: Path) -> dict[int, list[tuple[str, float, int]]]:
-    out: dict[int, list[tuple[str, float, int]]] = {}
-    for f in work.glob("phase_rank*"):
-        rows = [ln.split() for ln in f.read_text().splitlines() if ln.strip()]
-        out[int(f.name.removeprefix("phase_rank"))] = [(n, float(t), int(p)) for n, t, p in rows]
-    return out
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -68,8 +62,6 @@ def _alive(pid: int) -> bool:
 
 
 def scenario(mode: str, base: str, out: Path, dev: Any) -> dict[str, Any]:
-    import pynvml
-
     world = WORLD[mode]
     work = Path(tempfile.mkdtemp(prefix=f"tw-gpu-stranded-{mode}-"))
     env = dict(os.environ, NCCL_SOCKET_IFNAME="lo", NCCL_IB_DISABLE="1", NCCL_NVLS_ENABLE="0")
@@ -113,25 +105,7 @@ def scenario(mode: str, base: str, out: Path, dev: Any) -> dict[str, Any]:
     judged: list[dict[str, Any]] = []
     stop = threading.Event()
 
-    def sample_nvml() -> None:
-        seen = 0
-        while not stop.is_set():
-            now = time.time()
-            try:
-                got = pynvml.nvmlDeviceGetProcessUtilization(dev, seen)
-            except pynvml.NVMLError as exc:
-                got = []
-                if "Not Found" not in str(exc):
-                    samples.append({"at": now, "error": str(exc)})
-            per: dict[str, list[tuple[int, int]]] = {}
-            for s in got:
-                per.setdefault(str(s.pid), []).append((int(s.smUtil), int(s.memUtil)))
-                seen = max(seen, int(s.timeStamp))
-            samples.append({"at": now, "util": per})
-            stop.wait(0.5)
-
-    sampler = threading.Thread(target=sample_nvml, daemon=True)
-    sampler.start()
+    sampler = start_nvml_sampler(dev, samples, stop)
     died_at = stranded_at = None
     victim = None
     deadline = time.time() + BIG_S + SMALL_S + 240
