@@ -23,7 +23,7 @@ from sidecar.catalog import Hit
 from sidecar.model import Confidence, Fate, Kind
 from sidecar.parse.jobs import JobRecord
 from sidecar.parse.kernel import XidRecord
-from sidecar.parse.logs import KernelLine
+from sidecar.parse.logs import Dating, KernelLine
 from sidecar.parse.ranks import Finding
 from sidecar.parse.torchrun import DeathSignal
 
@@ -79,6 +79,7 @@ class LogRecords:
     # "process 1 terminated with signal SIGSEGV", a container's "Exit Code: 137")
     exits: list[tuple[Hit, float | None]] = field(default_factory=list)
     death_at: dict[str, float] = field(default_factory=dict)  # rank label -> its death, where known
+    dating: Dating = field(default_factory=Dating.at_now)  # how year-less stamps are dated
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ from sidecar.catalog import catalog
 from sidecar.diagnose.inputs import MAX_BYTES, LogInput
 from sidecar.diagnose.ranks import exit_of
 from sidecar.parse.jobs import parse_job_line
-from sidecar.parse.logs import kernel_lines, line_time
+from sidecar.parse.logs import dating_of, kernel_lines, line_time
 from sidecar.parse.oomd import parse_userspace_oom_line
 from sidecar.parse.pasted import plain_all
 from sidecar.parse.ranks import parse_rank_output
@@ -31,9 +31,13 @@ _GENERATION = (
 )
 
 
-def gather(inputs: list[LogInput]) -> LogRecords:
+def gather(inputs: list[LogInput], now: float | None = None) -> LogRecords:
     g = LogRecords({}, [], [], [], [], [], False)
-    for inp, text in zip(inputs, plain_all([inp.text for inp in inputs]), strict=True):
+    texts = plain_all([inp.text for inp in inputs])
+    # year-less stamps (syslog's, glog's) are dated from the paste's own dated lines, else
+    # the files' times, never after now
+    g.dating = dating_of(texts, [inp.mtime for inp in inputs if inp.mtime is not None], now)
+    for inp, text in zip(inputs, texts, strict=True):
         kinds: list[str] = []
         agent = parse_agent_text(text)
         if agent:
@@ -48,7 +52,7 @@ def gather(inputs: list[LogInput]) -> LogRecords:
             kinds.append("rank output")
             g.output_read = True
         g.findings += [(None, f) for f in found]
-        klines = kernel_lines(text)
+        klines = kernel_lines(text, g.dating)
         if klines:
             styles = sorted({k.style for k in klines if k.style != "bare"})
             kinds.append("kernel log" + (f" ({', '.join(styles)})" if styles else ""))
@@ -61,9 +65,9 @@ def gather(inputs: list[LogInput]) -> LogRecords:
         for line, hits in zip(lines, others.scan_lines(lines), strict=True):
             for hit in hits:
                 if hit.message.decides:
-                    g.said.append((hit, line_time(line)))
+                    g.said.append((hit, line_time(line, g.dating)))
                 elif hit.message.channel != "kernel" and exit_of(hit) is not None:
-                    g.exits.append((hit, line_time(line)))
+                    g.exits.append((hit, line_time(line, g.dating)))
                 else:
                     continue
                 if hit.message.emitter not in _NAMED_ALREADY:
@@ -78,7 +82,7 @@ def gather(inputs: list[LogInput]) -> LogRecords:
                     g.userspace.append(
                         UserspaceKill(u.daemon, u.pid, u.cgroup, u.signal, None, u.text, "log")
                     )
-                    g.userspace_at.append(line_time(line))
+                    g.userspace_at.append(line_time(line, g.dating))
                     sources.add(u.daemon)
         kinds += sorted(sources)
         if inp.truncated:

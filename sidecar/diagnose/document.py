@@ -29,7 +29,7 @@ def diagnose(inputs: list[LogInput], now: float | None = None) -> dict[str, Any]
     """The postmortem document (trainwatch.postmortem/v1) the logs support; fields they
     cannot fill are null. ``inputs``, ``collect`` and ``diagnosed_by`` are extra fields."""
     now = time.time() if now is None else now
-    g = gather(inputs)
+    g = gather(inputs, now)
     out = decide(g, now)
     v = out.verdict
     by_label = {r.label: r for r in out.ranks}
@@ -55,7 +55,7 @@ def diagnose(inputs: list[LogInput], now: float | None = None) -> dict[str, Any]
     tips: list[str] = []
     if v is not None:
         if vr is not None and vr.lines:
-            cited.append(Cited(source="torchrun", at=when(vr.lines[0]), detail=vr.lines[0]))
+            cited.append(Cited(source="torchrun", at=when(vr.lines[0], g.dating), detail=vr.lines[0]))
         cited += [
             Cited(source=e.source, at=kernel_at.get(e.detail), detail=e.detail)
             for e in (*v.evidence[1:], *out.notes)  # the first item is the synthetic exit line

@@ -22,18 +22,19 @@ class LogInput:
     name: str
     text: str
     truncated: bool = False
+    mtime: float | None = None  # a file's modification time (dates its year-less stamps)
 
 
 _CONTROL = bytes(b for b in range(32) if b not in (9, 10, 12, 13, 27))
 
 
-def _decode(name: str, data: bytes, truncated: bool) -> LogInput:
+def _decode(name: str, data: bytes, truncated: bool, mtime: float | None = None) -> LogInput:
     text = data.decode("utf-8", "replace")
     sample = data[: 1 << 16]
     odd = len(sample) - len(sample.translate(None, _CONTROL)) + text[: 1 << 16].count("\ufffd")
     if sample and odd > len(sample) // 10:
         raise DiagnoseError(f"{name}: not a text log (binary data)")
-    return LogInput(name, text, truncated)
+    return LogInput(name, text, truncated, mtime)
 
 
 def read_inputs(paths: list[str], stdin: BinaryIO | None = None) -> list[LogInput]:
@@ -49,7 +50,8 @@ def read_inputs(paths: list[str], stdin: BinaryIO | None = None) -> list[LogInpu
             continue
         try:
             with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
+                st = os.fstat(f.fileno())
+                size = st.st_size
                 if size > MAX_BYTES:
                     f.seek(size - MAX_BYTES)
                 data = f.read(MAX_BYTES)
@@ -57,5 +59,5 @@ def read_inputs(paths: list[str], stdin: BinaryIO | None = None) -> list[LogInpu
             raise DiagnoseError(f"{path}: is a directory (give the log files in it)") from None
         except OSError as exc:
             raise DiagnoseError(f"{path}: {exc.strerror or exc}") from None
-        out.append(_decode(path, data, size > MAX_BYTES))
+        out.append(_decode(path, data, size > MAX_BYTES, st.st_mtime))
     return out

@@ -14,7 +14,7 @@ import time
 from sidecar.autopsy import EvidenceItem
 from sidecar.autopsy.logs import LogRank, LogRecords
 from sidecar.catalog import Hit
-from sidecar.parse.logs import line_time
+from sidecar.parse.logs import Dating, line_time
 from sidecar.parse.ranks import line_stamp, stamp_to_epoch
 from sidecar.parse.torchrun import ClosingSignal, FailureEntry, WorkerFailed
 
@@ -61,7 +61,7 @@ def log_ranks(g: LogRecords) -> tuple[list[LogRank], list[EvidenceItem]]:
             r.returncode = rec.exitcode
             r.first = True
             r.lines.append(rec.line)
-            r.at = r.at or when(rec.line)  # when the agent noticed: within its monitor interval
+            r.at = r.at or when(rec.line, g.dating)  # when the agent noticed: within its monitor interval
         elif isinstance(rec, ClosingSignal):
             r = get(rec.pid)
             r.torn_down = True
@@ -78,7 +78,7 @@ def log_ranks(g: LogRecords) -> tuple[list[LogRank], list[EvidenceItem]]:
             r.returncode = -job.signal if job.signal else job.exit_code
             r.first = True
             r.lines.append(job.line)
-            r.at = r.at or when(job.line)
+            r.at = r.at or when(job.line, g.dating)
         elif job.what == "killed_by_shell" and job.pid is not None:
             r = get(job.pid)
             r.returncode = -(job.signal or 9)
@@ -182,11 +182,11 @@ def exit_of(hit: Hit) -> int | None:
     return -(code - 128) if 128 < code <= 128 + 64 else code
 
 
-def when(line: str) -> float | None:
+def when(line: str, dating: Dating) -> float | None:
     """A line's own wall-clock time: a syslog/ISO/DeepSpeed stamp, else glog's (no year:
-    the one nearest now)."""
-    at = line_time(line)
+    the one ``dating`` gives, near the paste's own dates and never after now)."""
+    at = line_time(line, dating)
     if at is None:
         stamp = line_stamp(line.strip())
-        at = stamp_to_epoch(stamp, time.time(), 400 * 86400) if stamp else None
+        at = stamp_to_epoch(stamp, dating.anchor, 400 * 86400, not_after=dating.now) if stamp else None
     return at

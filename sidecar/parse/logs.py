@@ -9,6 +9,10 @@ Styles (one prefix per record, then the kernel's own text):
   precision format: ``2026-12-02T11:53:34.123456+00:00 node-17 kernel: ...``;
 * ``dmesg -x``: ``kern  :err   : [...] ...``; /dev/kmsg-like ``<4>[...] ...``.
 
+Syslog's and journalctl's stamps carry no year (nor glog's, parse/ranks.py): a ``Dating``
+gives them one, the year that puts the stamp nearest its anchor (the paste's own dated
+lines, else the file's time, else now: ``dating_of``) and never after now.
+
 A line with no prefix right after a record is its continuation: a terminal wrapped it, or
 the kernel indented a multi-line message. It is joined without a space when the break fell
 inside a word (``total-vm:53312244`` + ``kB, anon-rss...``), with one otherwise. A run of 40
@@ -22,7 +26,16 @@ import re
 import time
 from dataclasses import dataclass
 
-__all__ = ["KernelLine", "TaskRow", "kernel_lines", "line_time", "looks_like_kernel_log", "parse_task_row"]
+__all__ = [
+    "Dating",
+    "KernelLine",
+    "TaskRow",
+    "dating_of",
+    "kernel_lines",
+    "line_time",
+    "looks_like_kernel_log",
+    "parse_task_row",
+]
 
 _MONTHS = {
     m: i
@@ -76,7 +89,58 @@ def _local(y: int, mon: int, d: int, hh: int, mm: int, ss: int) -> float | None:
         return None
 
 
-def _prefix(line: str, year: int) -> KernelLine | None:
+@dataclass(frozen=True, slots=True)
+class Dating:
+    """How a stamp without a year is dated: the year that puts it nearest ``anchor``, never
+    one that puts it after ``now`` (a log is read after it was written)."""
+
+    anchor: float
+    now: float
+
+    @classmethod
+    def at_now(cls) -> Dating:
+        now = time.time()
+        return cls(now, now)
+
+    def year_less(self, mon: int, day: int, hh: int, mm: int, ss: int) -> float | None:
+        base = time.localtime(self.anchor).tm_year
+        best: float | None = None
+        for y in (base - 1, base, base + 1):
+            t = _local(y, mon, day, hh, mm, ss)
+            if t is None or t > self.now:
+                continue
+            if best is None or abs(t - self.anchor) < abs(best - self.anchor):
+                best = t
+        return best
+
+
+# a stamp with its year anywhere in a line: ISO (Python logging, DeepSpeed, journalctl -o
+# short-iso, torchrun's failure table "2024-12-09_06:53:34"), dmesg -T's "[Mon Dec  9 ... 2024]"
+_DATED_ISO = re.compile(r"(?<!\d)(\d{4})-(\d\d)-(\d\d)[T _](\d\d):(\d\d):(\d\d)(?!\d)")
+_DATED_HUMAN = re.compile(r"\b([A-Z][a-z]{2}) +(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d{4})\]")
+
+
+def dating_of(texts: list[str], file_times: list[float] | None = None, now: float | None = None) -> Dating:
+    """The dating of a paste's year-less stamps: anchored at the latest stamp with a year its
+    texts hold (none after now), else at the newest file time given, else at now."""
+    now = time.time() if now is None else now
+    latest: float | None = None
+    for text in texts:
+        for m in _DATED_ISO.finditer(text):
+            at = _local(*(int(m[i]) for i in range(1, 7)))
+            if at is not None and at <= now and (latest is None or at > latest):
+                latest = at
+        for m in _DATED_HUMAN.finditer(text):
+            if m[1] in _MONTHS:
+                at = _local(int(m[6]), _MONTHS[m[1]], int(m[2]), int(m[3]), int(m[4]), int(m[5]))
+                if at is not None and at <= now and (latest is None or at > latest):
+                    latest = at
+    if latest is None:
+        latest = min(max(file_times), now) if file_times else now
+    return Dating(latest, now)
+
+
+def _prefix(line: str, dating: Dating) -> KernelLine | None:
     m = _RAW.match(line)
     if m:
         return KernelLine(m[2], float(m[1]), None, None, "dmesg")
@@ -104,7 +168,7 @@ def _prefix(line: str, year: int) -> KernelLine | None:
         return KernelLine(m[11], float(m[10]) if m[10] else None, at, m[9], "syslog-iso")
     m = _SYSLOG.match(line)
     if m and m[1] in _MONTHS:
-        at = _local(year, _MONTHS[m[1]], int(m[2]), int(m[3]), int(m[4]), int(m[5]))
+        at = dating.year_less(_MONTHS[m[1]], int(m[2]), int(m[3]), int(m[4]), int(m[5]))
         return KernelLine(m[8], float(m[7]) if m[7] else None, at, m[6], "syslog")
     return None
 
@@ -115,11 +179,12 @@ def _utc(y: int, mon: int, d: int, hh: int, mm: int, ss: int) -> float:
     return float(calendar.timegm((y, mon, d, hh, mm, ss, 0, 0, 0)))
 
 
-def kernel_lines(text: str, year: int | None = None) -> list[KernelLine]:
+def kernel_lines(text: str, dating: Dating | None = None) -> list[KernelLine]:
     """The kernel records in ``text``, prefix removed, wrapped lines joined. Lines that are
     neither prefixed nor a continuation are kept when they carry kernel words (a bare
-    ``oom-kill:...`` pasted alone), with no time."""
-    year = year or time.localtime().tm_year
+    ``oom-kill:...`` pasted alone), with no time. Year-less stamps dated by ``dating``
+    (default: near now)."""
+    dating = dating or Dating.at_now()
     out: list[KernelLine] = []
     open_record = False
     for raw in text.splitlines():
@@ -127,7 +192,7 @@ def kernel_lines(text: str, year: int | None = None) -> list[KernelLine]:
         if not line.strip():
             open_record = False
             continue
-        rec = _prefix(line, year)
+        rec = _prefix(line, dating)
         if rec is not None:
             out.append(KernelLine(_WRAP_GAP.sub("", rec.text), rec.uptime, rec.at, rec.host, rec.style))
             open_record = True
@@ -180,17 +245,18 @@ _ANY_SYSLOG = re.compile(r"^([A-Z][a-z]{2}) +(\d{1,20}) (\d\d):(\d\d):(\d\d) \S+
 _ANY_ISO = re.compile(r"^\[?(\d{4})-(\d\d)-(\d\d)[T _](\d\d):(\d\d):(\d\d)")
 
 
-def line_time(line: str, year: int | None = None) -> float | None:
+def line_time(line: str, dating: Dating | None = None) -> float | None:
     """The wall-clock time a log line starts with, in any of the styles above or a program's
     journal/syslog prefix (``Dec 02 11:53:35 node-17 systemd-oomd[612]: ...``), a Python
-    logging or DeepSpeed stamp (``[2026-12-02 11:53:34,123]``); local time. None without one."""
-    year = year or time.localtime().tm_year
-    rec = _prefix(line, year)
+    logging or DeepSpeed stamp (``[2026-12-02 11:53:34,123]``); local time. None without one.
+    Year-less stamps dated by ``dating`` (default: near now)."""
+    dating = dating or Dating.at_now()
+    rec = _prefix(line, dating)
     if rec is not None and rec.at is not None:
         return rec.at
     m = _ANY_SYSLOG.match(line)
     if m and m[1] in _MONTHS:
-        return _local(year, _MONTHS[m[1]], int(m[2]), int(m[3]), int(m[4]), int(m[5]))
+        return dating.year_less(_MONTHS[m[1]], int(m[2]), int(m[3]), int(m[4]), int(m[5]))
     m = _ANY_ISO.match(line)
     if m:
         return _local(*(int(m[i]) for i in range(1, 7)))

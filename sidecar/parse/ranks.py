@@ -97,10 +97,13 @@ def line_stamp(body: str) -> Stamp | None:
     return (year, mon, day, hh, mm, ss, micro)
 
 
-def stamp_to_epoch(stamp: Stamp, near: float, max_gap_s: float = 2 * 86400) -> float | None:
+def stamp_to_epoch(
+    stamp: Stamp, near: float, max_gap_s: float = 2 * 86400, not_after: float | None = None
+) -> float | None:
     """A line's stamp as epoch seconds, read as this machine's local time (the writer's,
-    on the same node); a glog stamp has no year: the one that puts it nearest ``near``.
-    None when it lands more than ``max_gap_s`` from ``near`` (another zone, another run)."""
+    on the same node); a glog stamp has no year: the one that puts it nearest ``near``, and
+    none that puts it after ``not_after`` (a log read later). None when it lands more than
+    ``max_gap_s`` from ``near`` (another zone, another run)."""
     year, mon, day, hh, mm, ss, micro = stamp
     base = time.localtime(near).tm_year
     best: float | None = None
@@ -108,6 +111,8 @@ def stamp_to_epoch(stamp: Stamp, near: float, max_gap_s: float = 2 * 86400) -> f
         try:
             t = time.mktime((y, mon, day, hh, mm, ss, 0, 0, -1)) + micro / 1e6
         except (OverflowError, ValueError):
+            continue
+        if year is None and not_after is not None and t > not_after:
             continue
         if best is None or abs(t - near) < abs(best - near):
             best = t
