@@ -390,6 +390,7 @@ def load(texts: dict[str, str]) -> Catalog:
 FILES = (
     "c10d.toml",
     "cuda.toml",
+    "gpualloc.toml",
     "k8s.toml",
     "launchers.toml",
     "libc.toml",
