@@ -76,3 +76,41 @@ _TMS = "[torch_memory_saver.cpp]"
 )
 def test_gpu_allocators_words(text, kind, confidence):
     assert _killer(text) == (kind, confidence)
+
+
+@pytest.mark.parametrize(
+    "text, kind, confidence",
+    [
+        # heap misuse caught by the allocator, which ends the process
+        ("src/tcmalloc.cc:284] Attempt to free invalid pointer 0x13d801860 \n", "abort", "certain"),
+        (
+            "<jemalloc>: size mismatch detected (true size 0 vs input size 0), likely caused by application "
+            "sized deallocation bugs (source address: 0x7fffe6413810, the current pointer being freed). "
+            "Suggest building with --enable-debug or address sanitizer for debugging. Abort.\n",
+            "abort",
+            "certain",
+        ),
+        ("free(): chunks in smallbin corrupted\nAborted (core dumped)\n", "abort", "certain"),
+        ("mremap_chunk(): invalid pointer\nAborted (core dumped)\n", "abort", "certain"),
+        # a host allocation failure the allocator turns into an abort: not a kernel OOM kill
+        ("<jemalloc>: Error in malloc(): out of memory\n Requested: 56\n", "abort", "certain"),
+        # reports that end nothing: a large allocation that succeeded, a failed span, mimalloc's
+        # errors it ignores by default
+        ("tcmalloc: large alloc 6645350400 bytes == 0x695ff4000 @ 0x7f6d5f840b6b\n", "unknown", "possible"),
+        ("src/central_freelist.cc:333] tcmalloc: allocation failed 8192 \n", "unknown", "possible"),
+        (
+            "mimalloc: error: double free detected of block 0x020000001900 with size 48\n",
+            "unknown",
+            "possible",
+        ),
+        # a failed large allocation is decided by what followed it
+        (
+            "tcmalloc: large alloc 140113840283648 bytes == (nil) @  0x7f6eccf3b887\n"
+            "terminate called after throwing an instance of 'std::bad_alloc'\n  what():  std::bad_alloc\n",
+            "abort",
+            "certain",
+        ),
+    ],
+)
+def test_allocators_words(text, kind, confidence):
+    assert _killer(text) == (kind, confidence)

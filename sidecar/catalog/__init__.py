@@ -388,6 +388,7 @@ def load(texts: dict[str, str]) -> Catalog:
 # the folder's *.toml files; an installation that lacks one is broken (a wheel built without
 # its data), and loading says so instead of reading fewer messages.
 FILES = (
+    "alloc.toml",
     "c10d.toml",
     "cuda.toml",
     "gpualloc.toml",
