@@ -114,3 +114,51 @@ def test_gpu_allocators_words(text, kind, confidence):
 )
 def test_allocators_words(text, kind, confidence):
     assert _killer(text) == (kind, confidence)
+
+
+_SPAWN_PARENT = f"""Traceback (most recent call last):
+  File "/tmp/train.py", line 17, in <module>
+    mp.spawn(fn, nprocs=2)
+  File "/opt/torch/multiprocessing/spawn.py", line 211, in join
+    raise ProcessRaisedException(msg, error_index, failed_process.pid)
+torch.multiprocessing.spawn.ProcessRaisedException:{" "}
+
+-- Process 1 terminated with the following error:
+Traceback (most recent call last):
+  File "/opt/torch/multiprocessing/spawn.py", line 87, in _wrap
+    fn(i, *args)
+  File "/tmp/train.py", line 5, in fn
+    step(batch)
+"""
+
+
+@pytest.mark.parametrize(
+    "last, kind",
+    [
+        ("KeyError: 'image'", "python_exception"),
+        ("AssertionError", "python_exception"),  # an exception without a message
+        (
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+            "capacity of 79.11 GiB of which 1.50 GiB is free.",
+            "cuda_oom",
+        ),
+    ],
+)
+def test_a_spawned_child_s_relayed_exception_is_its_death(last, kind):
+    """mp.spawn's child catches its exception, hands its traceback to the parent and exits 1
+    (torch/multiprocessing/spawn.py _wrap): the relayed block's last exception line is the
+    child's own cause, and the header's index its local rank."""
+    doc = diagnose([LogInput("paste", _SPAWN_PARENT + last + "\n")])
+    assert doc["killer"]["kind"] == kind, doc["killer"]
+    (row,) = doc["ranks"]
+    assert (row["local_rank"], row["exit_code"], row["fate"]) == (1, 1, "root_cause"), row
+
+
+def test_a_spawned_child_ended_by_a_signal_is_not_told_why_by_spawn():
+    """ProcessExitedException names the signal, not its sender: SIGKILL alone is unknown."""
+    text = "torch.multiprocessing.spawn.ProcessExitedException: process 3 terminated with signal SIGKILL\n"
+    assert _killer(text) == ("unknown", "possible")
+    assert _killer("Exception: process 0 terminated with signal SIGKILL\n") == (
+        "unknown",
+        "possible",
+    )  # torch < 1.8

@@ -82,6 +82,7 @@ class Message:
     generic: bool  # its shape is any death of its kind (any exception's last line, any terminate)
     anchors: tuple[str, ...]  # literal words one of which every match holds (see _anchors)
     fold: bool  # the pattern ignores case
+    exit_code: int | None = None  # the status its emitter's source fixes for the process it reports
 
     def said(self, fields: tuple[tuple[str, str], ...] | dict[str, str]) -> str:
         """``says`` with its ``{field}`` placeholders filled from what the pattern captured
@@ -122,7 +123,10 @@ class Hit:
     fields: tuple[tuple[str, str], ...]
 
     def get(self, name: str) -> str | None:
-        return next((v for k, v in self.fields if k == name), None)
+        got = next((v for k, v in self.fields if k == name), None)
+        if got is None and name == "exit_code" and self.message.exit_code is not None:
+            return str(self.message.exit_code)  # fixed by the emitter's source, not printed
+        return got
 
 
 class Catalog:
@@ -359,6 +363,7 @@ def _message(raw: dict[str, Any], emitter: str, channel: str, where: str) -> Mes
         generic=bool(raw.get("generic", False)),
         anchors=anchors,
         fold=bool(pattern.flags & re.IGNORECASE),
+        exit_code=int(raw["exit_code"]) if "exit_code" in raw else None,
     )
 
 
