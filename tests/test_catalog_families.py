@@ -162,3 +162,50 @@ def test_a_spawned_child_ended_by_a_signal_is_not_told_why_by_spawn():
         "unknown",
         "possible",
     )  # torch < 1.8
+
+
+@pytest.mark.parametrize(
+    "text, kind, confidence",
+    [
+        # the raylet's memory monitor, in the words of every version since 2.0
+        (
+            "ray.exceptions.OutOfMemoryError: 2 worker(s) were killed due to the node running low on memory. "
+            "Memory on the node (IP: 10.0.0.3, ID: ab12) was 120.50GB / 125.00GB (0.964)\n",
+            "userspace_oom",
+            "likely",
+        ),
+        (
+            "(raylet) Task compute_log_prob failed due to oom. There are infinite oom retries remaining, "
+            "so the task will be retried. Error: 1 worker(s) were killed due to the node running low on "
+            "memory.\n",
+            "userspace_oom",
+            "likely",
+        ),
+        # Ray's guess on any Kubernetes node is no verdict (ray-project/ray#42864: no OOM there)
+        (
+            "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker "
+            "exit detail: Worker exits unexpectedly. Worker exits with an exit code 1. The worker may have "
+            "exceeded K8s pod memory limits. The process receives a SIGTERM.\n",
+            "unknown",
+            "possible",
+        ),
+        # a Slurm step's OOM that took a Ray actor: Slurm's record decides, Ray's report does not
+        (
+            "slurmstepd: error: Detected 8 oom-kill event(s) in step 59137890.batch cgroup. Some of your "
+            "processes may have been killed by the cgroup out-of-memory handler.\n"
+            "ray.exceptions.RayActorError: The actor died unexpectedly before finishing this task.\n",
+            "cgroup_oom",
+            "likely",
+        ),
+        # a worker's own line behind Ray's prefix and its deduplication suffix
+        (
+            "(WorkerDict pid=27497, ip=10.0.0.3) RuntimeError: CUDA error: out of memory [repeated 2x "
+            "across cluster] (Ray deduplicates logs by default. Set RAY_DEDUP_LOGS=0 to disable log "
+            "deduplication.)\n",
+            "cuda_oom",
+            "certain",
+        ),
+    ],
+)
+def test_ray_words(text, kind, confidence):
+    assert _killer(text) == (kind, confidence)
