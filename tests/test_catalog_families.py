@@ -209,3 +209,62 @@ def test_a_spawned_child_ended_by_a_signal_is_not_told_why_by_spawn():
 )
 def test_ray_words(text, kind, confidence):
     assert _killer(text) == (kind, confidence)
+
+
+@pytest.mark.parametrize(
+    "text, kind, confidence",
+    [
+        # the kubelet stopping a container: deleted, evicted, preempted, scaled down; which, the
+        # events beside it say
+        ("  Normal   Killing    2m57s  kubelet  Stopping container trainer\n", "external_signal", "likely"),
+        (
+            "  Warning  Evicted    2m57s  kubelet  The node was low on resource: memory. Threshold quantity: "
+            "100Mi, available: 87508Ki. Container w was using 580080Ki, request is 0, has larger consumption "
+            "of memory.\n  Normal   Killing    2m57s  kubelet  Stopping container w\n",
+            "userspace_oom",
+            "likely",
+        ),
+        # a liveness kill under restartPolicy Never has no ", will be restarted"
+        (
+            "  Normal   Killing    6m8s   kubelet  Container trainer failed liveness probe\n",
+            "external_signal",
+            "likely",
+        ),
+        (
+            "    message: 'Eviction API: evicting'\n    reason: EvictionByEvictionAPI\n",
+            "external_signal",
+            "likely",
+        ),
+        (
+            "    message: 'Taint manager: deleting due to NoExecute taint'\n"
+            "    reason: DeletionByTaintManager\n",
+            "external_signal",
+            "likely",
+        ),
+        # the eviction as the kubelet's own log and kubectl get pods' STATUS say it
+        (
+            'I1202 10:00:00.000000    1234 event.go:389] "Event occurred" object="ns/pod" kind="Pod" '
+            'type="Warning" reason="Evicted" message="The node was low on resource: memory. "\n',
+            "userspace_oom",
+            "likely",
+        ),
+        ("istio-citadel-894d98c88-zkt23   0/1     Evicted   0          102d\n", "userspace_oom", "possible"),
+        (
+            'Warning  Failed  113s   kubelet  Error: container create failed: time="2022-09-14T11:35:13Z" '
+            'level=error msg="runc create failed: unable to start container process: container init was '
+            'OOM-killed (memory limit too low?)"\n',
+            "cgroup_oom",
+            "likely",
+        ),
+        # a status the kubelet made up (exit code 137 with no signal seen) decides nothing
+        (
+            "      Reason:       ContainerStatusUnknown\n"
+            "      Message:      The container could not be located when the pod was terminated\n"
+            "      Exit Code:    137\n",
+            "unknown",
+            "possible",
+        ),
+    ],
+)
+def test_kubernetes_words(text, kind, confidence):
+    assert _killer(text) == (kind, confidence)
