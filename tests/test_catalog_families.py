@@ -268,3 +268,72 @@ def test_ray_words(text, kind, confidence):
 )
 def test_kubernetes_words(text, kind, confidence):
     assert _killer(text) == (kind, confidence)
+
+
+# torchrun's failure table whose "first observed failure" is a rank the agent SIGTERMed: the
+# table orders by the exit the agent observed first, not by the first failure
+_TABLE = """E1209 06:53:35.200000 812 torch/distributed/elastic/multiprocessing/api.py:869] failed \
+(exitcode: -15) local_rank: 0 (pid: 813) of binary: /usr/bin/python3
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2024-12-09_06:53:35
+  host      : node-3
+  rank      : 1 (local_rank: 1)
+  exitcode  : {code} (pid: 814)
+  error_file: <N/A>
+  traceback : {traceback}
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2024-12-09_06:53:34
+  host      : node-3
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 813)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 813
+============================================================
+"""
+
+
+@pytest.mark.parametrize(
+    "words, code, kind, victim, fates",
+    [
+        # another rank's own failure came first: the SIGTERM is the agent's teardown
+        (
+            "[rank1]: RuntimeError: CUDA error: uncorrectable ECC error encountered\n",
+            "-6",
+            "gpu_error",
+            1,
+            {0: "terminated_by_agent", 1: "root_cause"},
+        ),
+        (
+            "[rank1]: OSError: [Errno 28] No space left on device\n",
+            "1",
+            "python_exception",
+            1,
+            {0: "terminated_by_agent", 1: "root_cause"},
+        ),
+        # the other rank's words only report its peer's end: the SIGTERM stays the first death
+        (
+            "[rank1]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed "
+            "by peer [10.0.0.2]:30872\n",
+            "1",
+            "external_signal",
+            0,
+            None,
+        ),
+        # no words, or every rank SIGTERMed (the agent itself was signalled): nothing to tie it to
+        ("", "-6", "external_signal", 0, None),
+        ("", "-15", "external_signal", 0, None),
+    ],
+)
+def test_the_agent_s_sigterm_after_another_rank_s_own_failure_is_teardown(words, code, kind, victim, fates):
+    traceback = f"Signal {-int(code)} received by PID 814" if code.startswith("-") else "To enable traceback"
+    doc = diagnose([LogInput("paste", words + _TABLE.format(code=code, traceback=traceback))])
+    assert doc["killer"]["kind"] == kind and doc["victim"]["rank"] == victim, doc["killer"]
+    if fates is not None:
+        assert {r["rank"]: r["fate"] for r in doc["ranks"]} == fates

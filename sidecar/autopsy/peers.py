@@ -26,6 +26,7 @@ __all__ = [
     "only_reports",
     "reporters",
     "same_cause",
+    "says_why",
     "timeout_elsewhere",
 ]
 
@@ -59,7 +60,7 @@ def _decides(f: Finding) -> bool:
     return f.kind not in _REPORTING_FINDINGS
 
 
-def _says_why(findings: list[Finding]) -> bool:
+def says_why(findings: list[Finding]) -> bool:
     """Whether these findings (one rank's output) say why it ended: a finding that decides,
     on a line that is not itself a report of another's failure (the gloo line "Connection
     closed by peer" is also an exception's last line; as such it reports, not decides)."""
@@ -77,7 +78,7 @@ def reporters(ev: Evidence) -> frozenset[str]:
     for label, f in ev.output:
         if label is not None:
             mine.setdefault(label, []).append(f)
-    said = {label: _says_why(fs) for label, fs in mine.items()}
+    said = {label: says_why(fs) for label, fs in mine.items()}
     if not any(said.values()):
         return frozenset()
     return frozenset(label for label, decided in said.items() if not decided)
@@ -95,7 +96,7 @@ def only_reports(ev: Evidence, label: str | None, kind: Kind) -> bool:
     if label is None or kind not in _PEER_KINDS:
         return False
     mine = [f for lab, f in ev.output if lab == label]
-    return bool(mine) and not _says_why(mine)
+    return bool(mine) and not says_why(mine)
 
 
 def same_cause(rank: RankState, kind: str, ev: Evidence) -> bool:

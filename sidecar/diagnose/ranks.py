@@ -13,9 +13,10 @@ import time
 
 from sidecar.autopsy import EvidenceItem
 from sidecar.autopsy.logs import LogRank, LogRecords
+from sidecar.autopsy.peers import says_why
 from sidecar.catalog import Hit
 from sidecar.parse.logs import Dating, line_time
-from sidecar.parse.ranks import line_stamp, stamp_to_epoch
+from sidecar.parse.ranks import Finding, line_stamp, stamp_to_epoch
 from sidecar.parse.torchrun import ClosingSignal, FailureEntry, WorkerFailed
 
 __all__ = ["exit_of", "log_ranks", "when"]
@@ -146,7 +147,46 @@ def log_ranks(g: LogRecords) -> tuple[list[LogRank], list[EvidenceItem]]:
                 r.first = not any(o.first for o in ranks if o is not r)
                 r.lines.append(hit.line)
                 r.at = r.at or at
+    teardown_after_own_failure(ranks, g, notes)
     return ranks, notes
+
+
+def teardown_after_own_failure(ranks: list[LogRank], g: LogRecords, notes: list[EvidenceItem]) -> None:
+    """A rank a failure table shows ended by SIGTERM, while another rank of the job ended of
+    a failure its own words name (an ECC error, a failed save, an exception that is not a
+    peer's report): SIGTERM is what the agent sends every other rank when one fails, so the
+    first is the agent's teardown and the other its reason, whichever the table calls the
+    root cause (it is the first exit the agent observed, not the first failure). A SIGTERM
+    from outside reaches every rank through the agent (all SIGTERM, no own failure), or
+    leaves the others failing as its peers' reports, which name no cause of their own."""
+    sigterm = -int(_signal.SIGTERM)
+    termed = [r for r in ranks if r.first and r.returncode == sigterm and not r.torn_down]
+    if not termed:
+        return
+
+    def words(r: LogRank) -> list[Finding]:
+        return [
+            f
+            for _, f in g.findings
+            if (f.rank is not None and f.rank == r.rank)
+            or (f.rank is None and f.local_rank is not None and f.local_rank == r.local_rank)
+        ]
+
+    own = [r for r in ranks if r.returncode not in (None, 0, sigterm) and says_why(words(r))]
+    if len(own) != 1:
+        return
+    for r in termed:
+        r.first, r.torn_down = False, True
+    own[0].first = True
+    names = ", ".join(r.label for r in termed)
+    notes.append(
+        EvidenceItem(
+            "inference",
+            None,
+            f"{names} ended by SIGTERM: the agent's teardown after {own[0].label}'s own failure "
+            "(its words name a cause; the SIGTERMed ranks' name none)",
+        )
+    )
 
 
 def _int(text: str | None) -> int | None:
