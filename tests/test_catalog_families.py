@@ -337,3 +337,21 @@ def test_the_agent_s_sigterm_after_another_rank_s_own_failure_is_teardown(words,
     assert doc["killer"]["kind"] == kind and doc["victim"]["rank"] == victim, doc["killer"]
     if fates is not None:
         assert {r["rank"]: r["fate"] for r in doc["ranks"]} == fates
+
+
+@pytest.mark.parametrize(
+    "text, kind",
+    [
+        # a fixed message is named by its head, whatever a wrap did to its tail
+        ("terminate called after throwing an instance of 'c10::DistBa\nckendError'\n", "abort"),
+        ("[node-3:4242:0:4242] Caught signal 7 (Bus error: nonexistent phys\nical address)\n", "bus_error"),
+        (
+            "ERROR: Unexpected bus error encountered in worker. This might be caused by insu\n"
+            "fficient shared memory (shm).\n",
+            "bus_error",
+        ),
+        ("double free or corruption\nAborted (core dumped)\n", "abort"),
+    ],
+)
+def test_a_message_wrapped_inside_its_tail_is_still_named(text, kind):
+    assert _killer(text)[0] == kind

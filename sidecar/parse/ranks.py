@@ -153,7 +153,10 @@ _CUDA_OOM = re.compile(
 _DATALOADER = re.compile(
     r"DataLoader worker \(pids?\(?s?\)? ?([\d, ]+)\) (?:is killed by signal: ([\w ]+)|exited)"
 )
-_SHM = re.compile(r"bus error encountered in worker.*insufficient shared memory", re.IGNORECASE)
+# DataLoader's SIGBUS handler (torch/csrc/DataLoader.cpp) writes one fixed message, "ERROR:
+# Unexpected bus error encountered in worker. This might be caused by insufficient shared
+# memory (shm).": its head names it, so a paste wrapped inside its hint still does
+_SHM = re.compile(r"Unexpected bus error encountered in worker\b", re.IGNORECASE)
 _SHM_FULL = re.compile(
     r"unable to (?:allocate|write to) shared memory\s?\(shm\)|No space left on device.*?/dev/shm"
 )
