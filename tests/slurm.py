@@ -6,15 +6,17 @@ socket, its own ports, state and logs under one folder), with ``task/cgroup`` an
 whichever holds the memory controller here), below each node's own ``slurm_<node>``. A step
 of ``--nodes=2`` has a slurmstepd on each node, as on two machines.
 
-Started once per machine by the first test that needs it (``cluster()``, under a lock: the
-test workers share it) and stopped at the end of the run (``stop()``: the controller's
-``pytest_sessionfinish`` in tests/conftest.py, and ``python -m tests.slurm --stop``).
+Started once per machine and checkout by the first test that needs it (``cluster()``, under
+a lock: the test workers share it) and stopped at the end of the run (``stop()``: the
+controller's ``pytest_sessionfinish`` in tests/conftest.py, and ``python -m tests.slurm
+--stop``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import shutil
 import signal
@@ -24,11 +26,15 @@ import sys
 import time
 from pathlib import Path
 
-DIR = Path(os.environ.get("TRAINWATCH_SLURM_DIR", "/tmp/trainwatch-slurm"))
+# one cluster per checkout: two checkouts testing on one machine (a developer's and a CI
+# trial's) never stop or reconfigure each other's, nor share node names (whose cgroups,
+# /slurm_<node>, would collide)
+_CHECKOUT = hashlib.sha1(str(Path(__file__).resolve().parents[1]).encode()).hexdigest()[:6]
+DIR = Path(os.environ.get("TRAINWATCH_SLURM_DIR", f"/tmp/trainwatch-slurm-{_CHECKOUT}"))
 CONF = DIR / "slurm.conf"
-NODES = ("tw1", "tw2")
+NODES = (f"tw{_CHECKOUT}a", f"tw{_CHECKOUT}b")
 DAEMONS = (*(f"slurmd-{n}" for n in NODES), "slurmctld", "munged")  # stopped in this order
-BINARIES = ("munged", "slurmctld", "slurmd", "srun", "scancel", "sinfo")
+BINARIES = ("munged", "slurmctld", "slurmd", "srun", "scancel", "sinfo", "scontrol")
 
 
 def available() -> bool:
@@ -103,13 +109,38 @@ PartitionName=debug Nodes={",".join(NODES)} Default=YES MaxTime=INFINITE State=U
     )
 
 
-def _running() -> bool:
-    """Every node up (a node's state per line)."""
+def _states() -> dict[str, str] | None:
+    """Each node's state as the controller tells it (None: no controller answers)."""
     out = subprocess.run(
-        ["sinfo", "-h", "-N", "-o", "%T"], env=env(), capture_output=True, text=True, timeout=10
+        ["sinfo", "-h", "-N", "-o", "%N %T"], env=env(), capture_output=True, text=True, timeout=10
     )
-    states = out.stdout.split()
-    return out.returncode == 0 and len(states) == len(NODES) and set(states) <= {"idle", "mixed", "allocated"}
+    if out.returncode != 0:
+        return None
+    return dict(line.split(None, 1) for line in out.stdout.splitlines() if len(line.split()) == 2)
+
+
+def _running() -> bool:
+    """Every node's slurmd up: any state but down or unknown (a node may be completing a
+    step, or drained after one; steps of other tests may be running on it)."""
+    states = _states()
+    if states is None or set(states) != set(NODES):
+        return False
+    return not any(
+        state.rstrip("*").startswith(("down", "unknown", "not_responding")) for state in states.values()
+    )
+
+
+def _resume_drained() -> None:
+    """A node Slurm drained (a step it could not end in time, on a loaded machine) takes no
+    step: put it back, as an administrator would."""
+    for node, state in (_states() or {}).items():
+        if "drain" in state:
+            subprocess.run(
+                ["scontrol", "update", f"nodename={node}", "state=resume"],
+                env=env(),
+                capture_output=True,
+                timeout=10,
+            )
 
 
 def cluster(timeout: float = 60) -> dict[str, str]:
@@ -118,6 +149,7 @@ def cluster(timeout: float = 60) -> dict[str, str]:
     with open(DIR / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if CONF.exists() and _running():
+            _resume_drained()
             return env()
         stop()
         _write_config()
@@ -145,8 +177,22 @@ def cluster(timeout: float = 60) -> dict[str, str]:
         return env()
 
 
+def _ours() -> list[int]:
+    """The daemons running from this cluster's folder, whatever their pid files say (a
+    daemon started again over a stale pid file leaves the older one running)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if any(str(DIR).encode() + b"/" in a for a in argv[1:]):
+                found.append(int(entry.name))
+    return found
+
+
 def stop() -> None:
-    """Stop the cluster's daemons (those whose pid files it wrote), if any run."""
+    """Stop the cluster's daemons (slurmd first, then slurmctld, then munged), if any run."""
     for name in DAEMONS:
         pidfile = DIR / "run" / f"{name}.pid"
         with contextlib.suppress(OSError, ValueError):
@@ -157,6 +203,9 @@ def stop() -> None:
                 time.sleep(0.05)
         with contextlib.suppress(OSError):
             pidfile.unlink()
+    for pid in _ours():  # any left over
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 if __name__ == "__main__":
