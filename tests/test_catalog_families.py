@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from sidecar.diagnose import LogInput, diagnose
+from tests.agent_text import Failure, failure_table
 
 
 def _killer(text: str) -> tuple[str, str]:
@@ -18,102 +19,92 @@ _TF = "tensorflow/stream_executor/cuda/cuda_driver.cc"
 _TMS = "[torch_memory_saver.cpp]"
 
 
-@pytest.mark.parametrize(
-    "text, kind, confidence",
-    [
-        # the runtime's own word about its allocation: the GPU is full
-        ("RuntimeError: CUDA error: out of memory\n", "cuda_oom", "certain"),
-        # torch's driver-API check under expandable segments: a mapping refused, often with
-        # memory free (Jetson, WSL2, virtual GPUs)
-        ("RuntimeError: CUDA driver error: out of memory\n", "cuda_oom", "likely"),
-        # torch_memory_saver: the retry alone is no death; its exit after it is
-        (
-            "[torch_memory_saver.cpp] cuMemCreate CUDA_ERROR_OUT_OF_MEMORY (may not be an issue e.g. torch "
-            "allocator will free cache and retry)\n",
-            "unknown",
-            "possible",
-        ),
-        (
-            f"{_TMS} cudaError error: 2 (out of memory)  file=csrc/core.cpp func=resume line=172\n",
-            "cuda_oom",
-            "likely",
-        ),
-        (
-            f"{_TMS} CUresult error  result=2 file=csrc/torch_memory_saver.cpp func=cu_mem_create line=103\n",
-            "cuda_oom",
-            "likely",
-        ),
-        (
-            "RuntimeError: CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62\n",
-            "cuda_oom",
-            "likely",
-        ),
-        (
-            "torch.OutOfMemoryError: Allocation on device 0 would exceed allowed memory. (out of memory)\n",
-            "cuda_oom",
-            "certain",
-        ),
-        (
-            "cupy.cuda.memory.OutOfMemoryError: Out of memory allocating 25,600,000 bytes (allocated so far: "
-            "3,635,267,072 bytes).\n",
-            "cuda_oom",
-            "likely",
-        ),
-        # pinned host memory, not the GPU's; an allocator's retry ladder: neither decides
-        (
-            f"E external/org_tensorflow/{_TF}:802] failed to alloc 782758144 bytes on host: "
-            "CUDA_ERROR_OUT_OF_MEMORY: out of memory\n",
-            "unknown",
-            "possible",
-        ),
-        (
-            f"I {_TF}:789] failed to allocate 3.81G (4087755776 bytes) from device: "
-            "CUDA_ERROR_OUT_OF_MEMORY: out of memory\n",
-            "unknown",
-            "possible",
-        ),
-    ],
-)
-def test_gpu_allocators_words(text, kind, confidence):
-    assert _killer(text) == (kind, confidence)
+GPU_ALLOCATORS = [
+    # the runtime's own word about its allocation: the GPU is full
+    ("RuntimeError: CUDA error: out of memory\n", "cuda_oom", "certain"),
+    # torch's driver-API check under expandable segments: a mapping refused, often with
+    # memory free (Jetson, WSL2, virtual GPUs)
+    ("RuntimeError: CUDA driver error: out of memory\n", "cuda_oom", "likely"),
+    # torch_memory_saver: the retry alone is no death; its exit after it is
+    (
+        "[torch_memory_saver.cpp] cuMemCreate CUDA_ERROR_OUT_OF_MEMORY (may not be an issue e.g. torch "
+        "allocator will free cache and retry)\n",
+        "unknown",
+        "possible",
+    ),
+    (
+        f"{_TMS} cudaError error: 2 (out of memory)  file=csrc/core.cpp func=resume line=172\n",
+        "cuda_oom",
+        "likely",
+    ),
+    (
+        f"{_TMS} CUresult error  result=2 file=csrc/torch_memory_saver.cpp func=cu_mem_create line=103\n",
+        "cuda_oom",
+        "likely",
+    ),
+    (
+        "RuntimeError: CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:62\n",
+        "cuda_oom",
+        "likely",
+    ),
+    (
+        "torch.OutOfMemoryError: Allocation on device 0 would exceed allowed memory. (out of memory)\n",
+        "cuda_oom",
+        "certain",
+    ),
+    (
+        "cupy.cuda.memory.OutOfMemoryError: Out of memory allocating 25,600,000 bytes (allocated so far: "
+        "3,635,267,072 bytes).\n",
+        "cuda_oom",
+        "likely",
+    ),
+    # pinned host memory, not the GPU's; an allocator's retry ladder: neither decides
+    (
+        f"E external/org_tensorflow/{_TF}:802] failed to alloc 782758144 bytes on host: "
+        "CUDA_ERROR_OUT_OF_MEMORY: out of memory\n",
+        "unknown",
+        "possible",
+    ),
+    (
+        f"I {_TF}:789] failed to allocate 3.81G (4087755776 bytes) from device: "
+        "CUDA_ERROR_OUT_OF_MEMORY: out of memory\n",
+        "unknown",
+        "possible",
+    ),
+]
 
 
-@pytest.mark.parametrize(
-    "text, kind, confidence",
-    [
-        # heap misuse caught by the allocator, which ends the process
-        ("src/tcmalloc.cc:284] Attempt to free invalid pointer 0x13d801860 \n", "abort", "certain"),
-        (
-            "<jemalloc>: size mismatch detected (true size 0 vs input size 0), likely caused by application "
-            "sized deallocation bugs (source address: 0x7fffe6413810, the current pointer being freed). "
-            "Suggest building with --enable-debug or address sanitizer for debugging. Abort.\n",
-            "abort",
-            "certain",
-        ),
-        ("free(): chunks in smallbin corrupted\nAborted (core dumped)\n", "abort", "certain"),
-        ("mremap_chunk(): invalid pointer\nAborted (core dumped)\n", "abort", "certain"),
-        # a host allocation failure the allocator turns into an abort: not a kernel OOM kill
-        ("<jemalloc>: Error in malloc(): out of memory\n Requested: 56\n", "abort", "certain"),
-        # reports that end nothing: a large allocation that succeeded, a failed span, mimalloc's
-        # errors it ignores by default
-        ("tcmalloc: large alloc 6645350400 bytes == 0x695ff4000 @ 0x7f6d5f840b6b\n", "unknown", "possible"),
-        ("src/central_freelist.cc:333] tcmalloc: allocation failed 8192 \n", "unknown", "possible"),
-        (
-            "mimalloc: error: double free detected of block 0x020000001900 with size 48\n",
-            "unknown",
-            "possible",
-        ),
-        # a failed large allocation is decided by what followed it
-        (
-            "tcmalloc: large alloc 140113840283648 bytes == (nil) @  0x7f6eccf3b887\n"
-            "terminate called after throwing an instance of 'std::bad_alloc'\n  what():  std::bad_alloc\n",
-            "abort",
-            "certain",
-        ),
-    ],
-)
-def test_allocators_words(text, kind, confidence):
-    assert _killer(text) == (kind, confidence)
+ALLOCATORS = [
+    # heap misuse caught by the allocator, which ends the process
+    ("src/tcmalloc.cc:284] Attempt to free invalid pointer 0x13d801860 \n", "abort", "certain"),
+    (
+        "<jemalloc>: size mismatch detected (true size 0 vs input size 0), likely caused by application "
+        "sized deallocation bugs (source address: 0x7fffe6413810, the current pointer being freed). "
+        "Suggest building with --enable-debug or address sanitizer for debugging. Abort.\n",
+        "abort",
+        "certain",
+    ),
+    ("free(): chunks in smallbin corrupted\nAborted (core dumped)\n", "abort", "certain"),
+    ("mremap_chunk(): invalid pointer\nAborted (core dumped)\n", "abort", "certain"),
+    # a host allocation failure the allocator turns into an abort: not a kernel OOM kill
+    ("<jemalloc>: Error in malloc(): out of memory\n Requested: 56\n", "abort", "certain"),
+    # reports that end nothing: a large allocation that succeeded, a failed span, mimalloc's
+    # errors it ignores by default
+    ("tcmalloc: large alloc 6645350400 bytes == 0x695ff4000 @ 0x7f6d5f840b6b\n", "unknown", "possible"),
+    ("src/central_freelist.cc:333] tcmalloc: allocation failed 8192 \n", "unknown", "possible"),
+    (
+        "mimalloc: error: double free detected of block 0x020000001900 with size 48\n",
+        "unknown",
+        "possible",
+    ),
+    # a failed large allocation is decided by what followed it
+    (
+        "tcmalloc: large alloc 140113840283648 bytes == (nil) @  0x7f6eccf3b887\n"
+        "terminate called after throwing an instance of 'std::bad_alloc'\n  what():  std::bad_alloc\n",
+        "abort",
+        "certain",
+    ),
+]
 
 
 _SPAWN_PARENT = f"""Traceback (most recent call last):
@@ -164,139 +155,110 @@ def test_a_spawned_child_ended_by_a_signal_is_not_told_why_by_spawn():
     )  # torch < 1.8
 
 
-@pytest.mark.parametrize(
-    "text, kind, confidence",
-    [
-        # the raylet's memory monitor, in the words of every version since 2.0
-        (
-            "ray.exceptions.OutOfMemoryError: 2 worker(s) were killed due to the node running low on memory. "
-            "Memory on the node (IP: 10.0.0.3, ID: ab12) was 120.50GB / 125.00GB (0.964)\n",
-            "userspace_oom",
-            "likely",
-        ),
-        (
-            "(raylet) Task compute_log_prob failed due to oom. There are infinite oom retries remaining, "
-            "so the task will be retried. Error: 1 worker(s) were killed due to the node running low on "
-            "memory.\n",
-            "userspace_oom",
-            "likely",
-        ),
-        # Ray's guess on any Kubernetes node is no verdict (ray-project/ray#42864: no OOM there)
-        (
-            "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker "
-            "exit detail: Worker exits unexpectedly. Worker exits with an exit code 1. The worker may have "
-            "exceeded K8s pod memory limits. The process receives a SIGTERM.\n",
-            "unknown",
-            "possible",
-        ),
-        # a Slurm step's OOM that took a Ray actor: Slurm's record decides, Ray's report does not
-        (
-            "slurmstepd: error: Detected 8 oom-kill event(s) in step 59137890.batch cgroup. Some of your "
-            "processes may have been killed by the cgroup out-of-memory handler.\n"
-            "ray.exceptions.RayActorError: The actor died unexpectedly before finishing this task.\n",
-            "cgroup_oom",
-            "likely",
-        ),
-        # a worker's own line behind Ray's prefix and its deduplication suffix
-        (
-            "(WorkerDict pid=27497, ip=10.0.0.3) RuntimeError: CUDA error: out of memory [repeated 2x "
-            "across cluster] (Ray deduplicates logs by default. Set RAY_DEDUP_LOGS=0 to disable log "
-            "deduplication.)\n",
-            "cuda_oom",
-            "certain",
-        ),
-    ],
-)
-def test_ray_words(text, kind, confidence):
-    assert _killer(text) == (kind, confidence)
+RAY = [
+    # the raylet's memory monitor, in the words of every version since 2.0
+    (
+        "ray.exceptions.OutOfMemoryError: 2 worker(s) were killed due to the node running low on memory. "
+        "Memory on the node (IP: 10.0.0.3, ID: ab12) was 120.50GB / 125.00GB (0.964)\n",
+        "userspace_oom",
+        "likely",
+    ),
+    (
+        "(raylet) Task compute_log_prob failed due to oom. There are infinite oom retries remaining, "
+        "so the task will be retried. Error: 1 worker(s) were killed due to the node running low on "
+        "memory.\n",
+        "userspace_oom",
+        "likely",
+    ),
+    # Ray's guess on any Kubernetes node is no verdict (ray-project/ray#42864: no OOM there)
+    (
+        "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker "
+        "exit detail: Worker exits unexpectedly. Worker exits with an exit code 1. The worker may have "
+        "exceeded K8s pod memory limits. The process receives a SIGTERM.\n",
+        "unknown",
+        "possible",
+    ),
+    # a Slurm step's OOM that took a Ray actor: Slurm's record decides, Ray's report does not
+    (
+        "slurmstepd: error: Detected 8 oom-kill event(s) in step 59137890.batch cgroup. Some of your "
+        "processes may have been killed by the cgroup out-of-memory handler.\n"
+        "ray.exceptions.RayActorError: The actor died unexpectedly before finishing this task.\n",
+        "cgroup_oom",
+        "likely",
+    ),
+    # a worker's own line behind Ray's prefix and its deduplication suffix
+    (
+        "(WorkerDict pid=27497, ip=10.0.0.3) RuntimeError: CUDA error: out of memory [repeated 2x "
+        "across cluster] (Ray deduplicates logs by default. Set RAY_DEDUP_LOGS=0 to disable log "
+        "deduplication.)\n",
+        "cuda_oom",
+        "certain",
+    ),
+]
 
 
-@pytest.mark.parametrize(
-    "text, kind, confidence",
-    [
-        # the kubelet stopping a container: deleted, evicted, preempted, scaled down; which, the
-        # events beside it say
-        ("  Normal   Killing    2m57s  kubelet  Stopping container trainer\n", "external_signal", "likely"),
-        (
-            "  Warning  Evicted    2m57s  kubelet  The node was low on resource: memory. Threshold quantity: "
-            "100Mi, available: 87508Ki. Container w was using 580080Ki, request is 0, has larger consumption "
-            "of memory.\n  Normal   Killing    2m57s  kubelet  Stopping container w\n",
-            "userspace_oom",
-            "likely",
-        ),
-        # a liveness kill under restartPolicy Never has no ", will be restarted"
-        (
-            "  Normal   Killing    6m8s   kubelet  Container trainer failed liveness probe\n",
-            "external_signal",
-            "likely",
-        ),
-        (
-            "    message: 'Eviction API: evicting'\n    reason: EvictionByEvictionAPI\n",
-            "external_signal",
-            "likely",
-        ),
-        (
-            "    message: 'Taint manager: deleting due to NoExecute taint'\n"
-            "    reason: DeletionByTaintManager\n",
-            "external_signal",
-            "likely",
-        ),
-        # the eviction as the kubelet's own log and kubectl get pods' STATUS say it
-        (
-            'I1202 10:00:00.000000    1234 event.go:389] "Event occurred" object="ns/pod" kind="Pod" '
-            'type="Warning" reason="Evicted" message="The node was low on resource: memory. "\n',
-            "userspace_oom",
-            "likely",
-        ),
-        ("istio-citadel-894d98c88-zkt23   0/1     Evicted   0          102d\n", "userspace_oom", "possible"),
-        (
-            'Warning  Failed  113s   kubelet  Error: container create failed: time="2022-09-14T11:35:13Z" '
-            'level=error msg="runc create failed: unable to start container process: container init was '
-            'OOM-killed (memory limit too low?)"\n',
-            "cgroup_oom",
-            "likely",
-        ),
-        # a status the kubelet made up (exit code 137 with no signal seen) decides nothing
-        (
-            "      Reason:       ContainerStatusUnknown\n"
-            "      Message:      The container could not be located when the pod was terminated\n"
-            "      Exit Code:    137\n",
-            "unknown",
-            "possible",
-        ),
-    ],
-)
-def test_kubernetes_words(text, kind, confidence):
-    assert _killer(text) == (kind, confidence)
+KUBERNETES = [
+    # the kubelet stopping a container: deleted, evicted, preempted, scaled down; which, the
+    # events beside it say
+    ("  Normal   Killing    2m57s  kubelet  Stopping container trainer\n", "external_signal", "likely"),
+    (
+        "  Warning  Evicted    2m57s  kubelet  The node was low on resource: memory. Threshold quantity: "
+        "100Mi, available: 87508Ki. Container w was using 580080Ki, request is 0, has larger consumption "
+        "of memory.\n  Normal   Killing    2m57s  kubelet  Stopping container w\n",
+        "userspace_oom",
+        "likely",
+    ),
+    # a liveness kill under restartPolicy Never has no ", will be restarted"
+    (
+        "  Normal   Killing    6m8s   kubelet  Container trainer failed liveness probe\n",
+        "external_signal",
+        "likely",
+    ),
+    (
+        "    message: 'Eviction API: evicting'\n    reason: EvictionByEvictionAPI\n",
+        "external_signal",
+        "likely",
+    ),
+    (
+        "    message: 'Taint manager: deleting due to NoExecute taint'\n    reason: DeletionByTaintManager\n",
+        "external_signal",
+        "likely",
+    ),
+    # the eviction as the kubelet's own log and kubectl get pods' STATUS say it
+    (
+        'I1202 10:00:00.000000    1234 event.go:389] "Event occurred" object="ns/pod" kind="Pod" '
+        'type="Warning" reason="Evicted" message="The node was low on resource: memory. "\n',
+        "userspace_oom",
+        "likely",
+    ),
+    ("istio-citadel-894d98c88-zkt23   0/1     Evicted   0          102d\n", "userspace_oom", "possible"),
+    (
+        'Warning  Failed  113s   kubelet  Error: container create failed: time="2022-09-14T11:35:13Z" '
+        'level=error msg="runc create failed: unable to start container process: container init was '
+        'OOM-killed (memory limit too low?)"\n',
+        "cgroup_oom",
+        "likely",
+    ),
+    # a status the kubelet made up (exit code 137 with no signal seen) decides nothing
+    (
+        "      Reason:       ContainerStatusUnknown\n"
+        "      Message:      The container could not be located when the pod was terminated\n"
+        "      Exit Code:    137\n",
+        "unknown",
+        "possible",
+    ),
+]
 
 
 # torchrun's failure table whose "first observed failure" is a rank the agent SIGTERMed: the
 # table orders by the exit the agent observed first, not by the first failure
-_TABLE = """E1209 06:53:35.200000 812 torch/distributed/elastic/multiprocessing/api.py:869] failed \
-(exitcode: -15) local_rank: 0 (pid: 813) of binary: /usr/bin/python3
-torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
-============================================================
-train.py FAILED
-------------------------------------------------------------
-Failures:
-[1]:
-  time      : 2024-12-09_06:53:35
-  host      : node-3
-  rank      : 1 (local_rank: 1)
-  exitcode  : {code} (pid: 814)
-  error_file: <N/A>
-  traceback : {traceback}
-------------------------------------------------------------
-Root Cause (first observed failure):
-[0]:
-  time      : 2024-12-09_06:53:34
-  host      : node-3
-  rank      : 0 (local_rank: 0)
-  exitcode  : -15 (pid: 813)
-  error_file: <N/A>
-  traceback : Signal 15 (SIGTERM) received by PID 813
-============================================================
-"""
+def _table(code: str, traceback: str) -> str:
+    failed = (
+        "E1209 06:53:35.200000 812 torch/distributed/elastic/multiprocessing/api.py:869] failed "
+        "(exitcode: -15) local_rank: 0 (pid: 813) of binary: /usr/bin/python3\n"
+    )
+    root = Failure(0, 0, -15, 813, "2024-12-09_06:53:34", "Signal 15 (SIGTERM) received by PID 813")
+    return failed + failure_table(root, Failure(1, 1, int(code), 814, "2024-12-09_06:53:35", traceback))
 
 
 @pytest.mark.parametrize(
@@ -333,7 +295,7 @@ Root Cause (first observed failure):
 )
 def test_the_agent_s_sigterm_after_another_rank_s_own_failure_is_teardown(words, code, kind, victim, fates):
     traceback = f"Signal {-int(code)} received by PID 814" if code.startswith("-") else "To enable traceback"
-    doc = diagnose([LogInput("paste", words + _TABLE.format(code=code, traceback=traceback))])
+    doc = diagnose([LogInput("paste", words + _table(code, traceback))])
     assert doc["killer"]["kind"] == kind and doc["victim"]["rank"] == victim, doc["killer"]
     if fates is not None:
         assert {r["rank"]: r["fate"] for r in doc["ranks"]} == fates
@@ -355,3 +317,18 @@ def test_the_agent_s_sigterm_after_another_rank_s_own_failure_is_teardown(words,
 )
 def test_a_message_wrapped_inside_its_tail_is_still_named(text, kind):
     assert _killer(text)[0] == kind
+
+
+_FAMILIES = {"gpu-allocators": GPU_ALLOCATORS, "allocators": ALLOCATORS, "ray": RAY, "kubernetes": KUBERNETES}
+
+
+@pytest.mark.parametrize(
+    "text, kind, confidence",
+    [
+        pytest.param(*case, id=f"{family}-{i}")
+        for family, cases in _FAMILIES.items()
+        for i, case in enumerate(cases)
+    ],
+)
+def test_a_family_s_own_words_yield_its_verdict(text, kind, confidence):
+    assert _killer(text) == (kind, confidence)

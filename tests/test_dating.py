@@ -8,6 +8,7 @@ import time
 
 from sidecar.diagnose import LogInput, diagnose
 from sidecar.parse.logs import Dating, dating_of, kernel_lines, line_time
+from tests.agent_text import Failure, failure_table
 
 
 def _epoch(y: int, mon: int, d: int, hh: int = 0, mm: int = 0, ss: int = 0) -> float:
@@ -18,26 +19,12 @@ NOW = _epoch(2026, 12, 6, 8, 0, 0)
 
 # torch 2.4+'s agent: glog stamps without a year, a failure table with one (2024)
 _API = "torch/distributed/elastic/multiprocessing/api.py"
-AGENT = f"""\
-W1209 06:53:34.100000 812 {_API}:897] Sending process 813 closing signal SIGTERM
-E1209 06:53:46.200000 812 {_API}:869] failed (exitcode: -9) local_rank: 1 (pid: 814) of binary: /bin/python3
-torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
-============================================================
-train.py FAILED
-------------------------------------------------------------
-Failures:
-  <NO_OTHER_FAILURES>
-------------------------------------------------------------
-Root Cause (first observed failure):
-[0]:
-  time      : 2024-12-09_06:53:34
-  host      : node-3
-  rank      : 1 (local_rank: 1)
-  exitcode  : -9 (pid: 814)
-  error_file: <N/A>
-  traceback : Signal 9 (SIGKILL) received by PID 814
-============================================================
-"""
+AGENT = (
+    f"W1209 06:53:34.100000 812 {_API}:897] Sending process 813 closing signal SIGTERM\n"
+    f"E1209 06:53:46.200000 812 {_API}:869] failed (exitcode: -9) local_rank: 1 (pid: 814) of binary: "
+    "/bin/python3\n"
+    + failure_table(Failure(1, 1, -9, 814, "2024-12-09_06:53:34", "Signal 9 (SIGKILL) received by PID 814"))
+)
 
 
 def test_the_paste_s_own_dated_lines_give_the_year():
