@@ -95,14 +95,23 @@ def main() -> int:
                     f"  {key:<24} {k['right']}/{k['cases']} right; "
                     f"decisive {k['decisive_right']}/{k['decisive']}"
                 )
-    # the held-out cases no one had read when any rule was written (collected after the split)
-    unseen = [r for r in rows if r["half"] == "held_out" and r["collected"] == "2026-12-04"]
-    halves["held_out_unseen"] = _tally(unseen)
-    t = halves["held_out_unseen"]
-    print(
-        f"\nheld_out, collected after the split: {t['right']}/{t['cases']} right; "
-        f"decisive {t['decisive_right']}/{t['decisive']}; confidently wrong: {t['confident_wrong']}"
-    )
+    # the held-out cases no one had read when any rule was written: collected after the split
+    # (2026-12-04); collected by an outside collector after issue 40's families were written
+    # (2026-12-06: both halves, and the held-out half alone)
+    for key, said, wanted in (
+        ("held_out_unseen", "held_out, collected after the split", ("held_out", "2026-12-04")),
+        ("collected_wave4", "both halves, collected after the wave-4 families", (None, "2026-12-06")),
+        ("held_out_wave4", "held_out, collected after the wave-4 families", ("held_out", "2026-12-06")),
+    ):
+        which, day = wanted
+        mine = [r for r in rows if r["collected"] == day and (which is None or r["half"] == which)]
+        if not mine:
+            continue
+        halves[key] = t = _tally(mine)
+        print(
+            f"\n{said}: {t['right']}/{t['cases']} right; "
+            f"decisive {t['decisive_right']}/{t['decisive']}; confidently wrong: {t['confident_wrong']}"
+        )
     total = _tally(rows)
     try:
         shown = str(path.resolve().relative_to(results.REPO))

@@ -329,13 +329,28 @@ def diagnose() -> str:
             f"| {name} | {h['cases']} | {h['right']} | {h['decisive']} |"
             f" {h['decisive_right']} ({_share(h['decisive_right'], h['decisive'])}) | {h['confident_wrong']} |"
         )
-    unseen = r["halves"].get("held_out_unseen")
-    if unseen:
-        out.append(
-            f"| held_out, collected after the split (no case text read while writing rules) | {unseen['cases']} |"
-            f" {unseen['right']} | {unseen['decisive']} | {unseen['decisive_right']}"
-            f" ({_share(unseen['decisive_right'], unseen['decisive'])}) | {unseen['confident_wrong']} |"
-        )
+    wave4 = _load("diagnose-wave4")  # tests/fixtures/public-logs/cases-wave4.jsonl, scored apart
+    later = wave4["results"]["halves"] if wave4 else {}
+    for halves, key, said in (
+        (
+            r["halves"],
+            "held_out_unseen",
+            "held_out, collected after the split (no case text read while writing rules)",
+        ),
+        (
+            later,
+            "collected_wave4",
+            "cases-wave4.jsonl, collected after the fourth wave's families (both halves)",
+        ),
+        (later, "held_out_wave4", "cases-wave4.jsonl, held_out (no case text read while writing rules)"),
+    ):
+        unseen = halves.get(key)
+        if unseen:
+            out.append(
+                f"| {said} | {unseen['cases']} |"
+                f" {unseen['right']} | {unseen['decisive']} | {unseen['decisive_right']}"
+                f" ({_share(unseen['decisive_right'], unseen['decisive'])}) | {unseen['confident_wrong']} |"
+            )
     out += [
         "",
         "A decisive case is one whose excerpt holds the record that decides the label; on the others an"

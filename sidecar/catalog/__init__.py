@@ -393,6 +393,7 @@ def load(texts: dict[str, str]) -> Catalog:
 # the folder's *.toml files; an installation that lacks one is broken (a wheel built without
 # its data), and loading says so instead of reading fewer messages.
 FILES = (
+    "absl.toml",
     "alloc.toml",
     "c10d.toml",
     "cuda.toml",
