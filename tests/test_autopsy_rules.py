@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from sidecar.autopsy import Evidence, KernelOom, RankState, UserspaceKill, autopsy
+from sidecar.autopsy import Evidence, KernelOom, RankState, UserspaceKill, agent_name, autopsy
 from tests.paths import CAPTURES
 from tests.test_parse_oomd import EARLYOOM_18, SYSTEMD_OOMD  # the daemons' real lines
 
@@ -143,7 +143,12 @@ def test_the_tracepoint_names_the_sender():
     by_earlyoom = SignalSent("earlyoom", 900, 102, 9, 0, int(9.999 * S))
     assert autopsy(Evidence((victim,), signals=(by_earlyoom,))).kind == "userspace_oom"
     by_agent = SignalSent("pt_elastic", 77, 102, 9, 0, int(9.999 * S))
-    assert autopsy(Evidence((victim,), signals=(by_agent,), agent_pid=77)).kind == "agent_teardown"
+    v = autopsy(Evidence((victim,), signals=(by_agent,), agent_pid=77))
+    assert v.kind == "agent_teardown" and "by the torchrun agent (pid 77)" in v.summary
+    # the launching process is named as what it is: mpirun's abort is no torchrun agent's
+    by_mpirun = SignalSent("mpirun.openmpi", 77, 102, 9, 0, int(9.999 * S))
+    v = autopsy(Evidence((victim,), signals=(by_mpirun,), agent_pid=77, agent_name=agent_name("mpi")))
+    assert v.kind == "agent_teardown" and "by the MPI launcher (pid 77)" in v.summary, v.summary
     # an old signal to the same pid is not this death's
     stale = SignalSent("kill", 4242, 102, 9, 0, int(1 * S))
     assert autopsy(Evidence((victim,), signals=(stale,))).confidence != "certain"

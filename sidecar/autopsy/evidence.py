@@ -25,6 +25,7 @@ __all__ = [
     "SignalSent",
     "UserspaceKill",
     "Verdict",
+    "agent_name",
     "rank_label",
     "rank_name",
     "signal_name",
@@ -201,6 +202,7 @@ class Evidence:
     kernel: tuple[KernelOom, ...] = ()
     signals: tuple[SignalSent, ...] = ()
     agent_pid: int | None = None
+    agent_name: str = "the torchrun agent"  # the launching process, as a verdict names it (agent_name)
     oom_daemons: tuple[tuple[str, int], ...] = ()  # userspace OOM daemons running here: (comm, pid)
     host_oom_kills_before: int | None = None
     host_oom_kills_after: int | None = None
@@ -276,3 +278,18 @@ class Verdict:
     fates: dict[str, Fate]
     oom: KernelOom | None = None
     facts: Facts = Facts()
+
+
+# how a verdict names a job's launching process, by its launcher (sampling/jobs.py's names)
+_AGENT_NAMES = {
+    "torchrun": "the torchrun agent",
+    "deepspeed": "DeepSpeed's launcher",
+    "spawn": "the process that called mp.spawn",
+    "lightning": "Lightning's launcher (rank 0)",
+    "mpi": "the MPI launcher",
+    "slurm": "Slurm's slurmstepd",
+}
+
+
+def agent_name(launcher: str) -> str:
+    return _AGENT_NAMES.get(launcher, "the job's launcher")

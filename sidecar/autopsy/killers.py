@@ -125,13 +125,14 @@ def victim_verdict(
                 return (
                     Kind.EXTERNAL_SIGNAL,
                     confidence,
-                    f"The torchrun agent (pid {ev.agent_pid}) {how} and shut the workers down: {who} was "
+                    f"{ev.agent_name[0].upper()}{ev.agent_name[1:]} (pid {ev.agent_pid}) {how} and shut the "
+                    f"workers down: {who} was "
                     f"sent {name} by it before any rank died of its own.",
                 )
             return (
                 Kind.AGENT_TEARDOWN,
                 Confidence.CERTAIN,
-                f"{who} was sent {name} by the torchrun agent (pid {sent.sender_pid}) "
+                f"{who} was sent {name} by {ev.agent_name} (pid {sent.sender_pid}) "
                 "before any other rank died.",
             )
         if tool in ("unknown", "torchelastic"):
@@ -163,7 +164,8 @@ def victim_verdict(
             return (
                 Kind.EXTERNAL_SIGNAL,
                 weaker(confidence, Confidence.LIKELY),  # that the agent's signal ended it is inferred
-                f"The torchrun agent (pid {ev.agent_pid}) {how} and shut the workers down; {ended}.",
+                f"{ev.agent_name[0].upper()}{ev.agent_name[1:]} (pid {ev.agent_pid}) {how} and shut the "
+                f"workers down; {ended}.",
             )
     found = userspace_for(victim, ev)
     if found is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecar.autopsy import Evidence, RankState, UserspaceKill, Verdict
+from sidecar.autopsy import Evidence, RankState, UserspaceKill, Verdict, agent_name
 from sidecar.deaths.records import Records
 from sidecar.model import Fate, Kind, RankSample, Snapshot
 from sidecar.parse.flight import FlightVerdict
@@ -199,6 +199,7 @@ def join_evidence(
         kernel=tuple(records.ooms.kills),
         signals=tuple(records.signals),
         agent_pid=inc.gen.agent_pid,
+        agent_name=agent_name(inc.gen.launcher),
         oom_daemons=tuple((comm, pid) for comm, pid, _ in reads.daemons),
         host_oom_kills_before=inc.host_oom_before,
         host_oom_kills_after=reads.host_oom_after,
