@@ -121,7 +121,6 @@ class _Judged:
     cpu_busy: bool
     gpu_busy: bool | None
     gpu_silent: bool  # GPU data for the whole window, and no kernel ran
-    gpu_spinning: bool = False  # GPU data for the whole window: a kernel always, no memory traffic
 
 
 class StallTracker:
@@ -193,7 +192,7 @@ class StallTracker:
             rank.spin_since = None
         elif rank.spin_since is None:
             rank.spin_since = at
-        return _Judged(False, cpu_busy, gpu_busy, whole and max(sms) == 0, spinning)
+        return _Judged(False, cpu_busy, gpu_busy, whole and max(sms) == 0)
 
     def _judge(self, job: JobSample, state: _Job, now: float) -> JobSample:
         seen = {r.key.pid for r in job.ranks}
