@@ -99,10 +99,21 @@ def test_real_nccl_timeout_and_cuda_oom_from_the_h200_under_trainwatch_run():
     # two ranks, the other still running: the unprefixed lines are likely the victim's, not certain
     v = autopsy(Evidence((lone, _rank("1", 2638, None, None)), output=((None, oom[0]),), world_size=2))
     assert v is not None and (v.kind, v.confidence) == ("cuda_oom", "likely")
-    # two ranks that both failed by themselves: whose lines these are cannot be told
+    # two ranks that both failed by themselves with one status, no line naming a rank:
+    # the words are one of theirs, which one cannot be told
     both = (lone, _rank("1", 2638, 1 << 8, S + 1))
     v = autopsy(Evidence(both, output=((None, oom[0]),), world_size=2))
-    assert v is not None and (v.kind, v.confidence) == ("python_exception", "possible")
+    assert v is not None and (v.kind, v.confidence) == ("cuda_oom", "possible"), v
+    assert v.summary.startswith("One of the 2 ranks that exited with status 1 (no line says which)"), (
+        v.summary
+    )
+    # ... but when a line names a rank, the unnamed ones are nobody's in particular
+    named = next(f for f in nccl if f.kind == "nccl_timeout" and f.rank is not None)
+    v = autopsy(Evidence(both, output=((None, oom[0]), ("1", named)), world_size=2))
+    assert v is not None and v.kind != "cuda_oom", v
+    # ... and so when the two ended differently (one by a signal)
+    v = autopsy(Evidence((lone, _rank("1", 2638, 9, S + 1)), output=((None, oom[0]),), world_size=2))
+    assert v is not None and (v.kind, v.confidence) != ("cuda_oom", "possible"), v
     # a world of one whose all_reduce waited on its own GPU work
     nccl_only = next(f for f in nccl if f.kind == "nccl_timeout")
     v = autopsy(Evidence((_rank("0", 511, 6, S),), output=(("0", nccl_only),), world_size=1))

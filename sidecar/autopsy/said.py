@@ -93,6 +93,15 @@ def _cited(f: Finding) -> EvidenceItem:
     return EvidenceItem("output", f.at_ns, f.line)
 
 
+def _one_end_no_prefix(victim: RankState, ev: Evidence) -> bool:
+    """No line of the output read names its rank, and every rank that ended with an error
+    ended with the victim's status, none by a signal."""
+    if not ev.output or any(label is not None for label, _ in ev.output):
+        return False
+    failed = [r for r in ev.ranks if r.dead and (r.returncode not in (None, 0) or r.signal is not None)]
+    return all(r.signal is None and r.returncode == victim.returncode for r in failed)
+
+
 def from_output(
     victim: RankState, ev: Evidence, items: list[EvidenceItem], facts: dict[str, Any]
 ) -> tuple[Kind, Confidence, str] | None:
@@ -112,6 +121,13 @@ def from_output(
         if alone and victim.signal is None:
             mine = [f for label, f in ev.output if label is None]
             confidence = Confidence.LIKELY if len(ev.ranks) > 1 else Confidence.CERTAIN
+        elif victim.signal is None and _one_end_no_prefix(victim, ev):
+            # several ranks ended with this status and no line carries a rank: the words
+            # are one of theirs (srun without -l, one shared file), which one nobody knows
+            mine = [f for label, f in ev.output if label is None]
+            confidence = Confidence.POSSIBLE
+            ended = sum(1 for r in ev.ranks if r.dead and r.returncode == victim.returncode)
+            who = f"One of the {ended} ranks that exited with status {victim.status} (no line says which)"
         elif victim.signal is not None and not any(
             r is not victim and r.dead and r.signal == victim.signal for r in ev.ranks
         ):

@@ -146,6 +146,14 @@ class Catalog:
         for m in messages:
             for a in m.anchors:
                 self._by_anchor.setdefault((a, m.fold), []).append(m)
+        # for scan: the anchors by their first two characters (an anchor is 4 or longer)
+        self._by_pair: dict[str, list[tuple[str, list[Message]]]] = {}
+        self._by_pair_folded: dict[str, list[tuple[str, list[Message]]]] = {}
+        self._unindexed = [m for m in messages if not m.anchors or any(len(a) < 2 for a in m.anchors)]
+        for (a, fold), found in self._by_anchor.items():
+            if len(a) < 2:
+                continue
+            (self._by_pair_folded if fold else self._by_pair).setdefault(a[:2], []).append((a, found))
 
     def __len__(self) -> int:
         return len(self.messages)
@@ -154,19 +162,21 @@ class Catalog:
         """Every message found in ``line`` (its first ``LINE_MAX`` characters), in
         catalog order."""
         line = line[:LINE_MAX]
+        low = line.lower() if self._folded else line
+        todo = {m.id: m for m in self._unindexed}
+        # only the anchors that start with a pair of characters the line has are looked for
+        for text, index in ((line, self._by_pair), (low, self._by_pair_folded)):
+            if not index:
+                continue
+            for pair in {text[i : i + 2] for i in range(len(text) - 1)}:
+                for anchor, messages in index.get(pair, ()):
+                    if anchor in text:
+                        todo.update((m.id, m) for m in messages)
         hits = []
-        for m in self._plain:
-            if any(a in line for a in m.anchors) or not m.anchors:
-                found = m.pattern.search(line)
-                if found is not None:
-                    hits.append(_hit(m, line, found))
-        if self._folded:
-            low = line.lower()
-            for m in self._folded:
-                if any(a in low for a in m.anchors) or not m.anchors:
-                    found = m.pattern.search(line)
-                    if found is not None:
-                        hits.append(_hit(m, line, found))
+        for m in sorted(todo.values(), key=lambda m: (m.fold, self._order[m.id])):
+            found = m.pattern.search(line)
+            if found is not None:
+                hits.append(_hit(m, line, found))
         return hits
 
     def scan_lines(self, lines: list[str]) -> list[list[Hit]]:
@@ -174,6 +184,9 @@ class Catalog:
         is looked for once in the whole text (``str.find``), and only the lines an anchor
         is in are searched with the patterns of its messages. A rank's output of
         megabytes is read at every death."""
+        return self._scan_lines(lines)[0]
+
+    def _scan_lines(self, lines: list[str]) -> tuple[list[list[Hit]], dict[int, set[str]]]:
         cut = [line[:LINE_MAX] for line in lines]
         joined = "\n".join(cut)
         starts = [0]
@@ -200,7 +213,7 @@ class Catalog:
                 found = m.pattern.search(line)
                 if found is not None:
                     out[index].append(_hit(m, line, found))
-        return out
+        return out, candidates
 
     def part(self, *channels: str, deciding: bool = False) -> Catalog:
         """The messages written on ``channels`` (those that decide alone, with

@@ -1,0 +1,116 @@
+"""No catalog message is lost to a wrap: every deciding message's real public lines,
+pasted among other lines of a log and wrapped at 80 and 120 columns as a terminal and as
+a web page does, is found again once the paste is made plain, with the same fields (a
+space a wrap moved inside a free-text field aside). Generated from the catalog itself, so
+an entry added later is held to it too."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from sidecar.catalog import Hit, Message, catalog
+from sidecar.parse.pasted import plain
+from tests.pastes import PERTURBATIONS
+
+# the lines around the message: a launcher's long warning, a traceback, a progress bar;
+# short lines only; long records of nearly one width (a config dump)
+_AROUND = [
+    "W1202 11:53:35.000000 4200 torch/distributed/run.py:793] Setting OMP_NUM_THREADS environment "
+    "variable for each process to be 1 in default, to avoid your system being overloaded, please "
+    "further tune the variable for optimal performance in your application as needed.",
+    "Traceback (most recent call last):",
+    '  File "/workspace/train.py", line 412, in <module>',
+    "    main()",
+    "{'loss': 2.3141, 'grad_norm': 1.0391845703125, 'learning_rate': 1.9999e-05, 'epoch': 0.01}",
+    "  0%|          | 12/10000 [00:31<7:12:44,  2.60s/it]",
+]
+_AFTER = [
+    "E1202 11:53:36.000000 4200 torch/distributed/elastic/multiprocessing/api.py:869] failed "
+    "(exitcode: 1) local_rank: 0 (pid: 4242) of binary: /usr/bin/python3",
+    "Traceback (most recent call last):",
+    '  File "/usr/local/bin/torchrun", line 8, in <module>',
+    "    sys.exit(main())",
+]
+_SHORT = ["Epoch 1/10", "step 120 loss 2.31", "Traceback (most recent call last):", '  File "t.py", line 3']
+_DUMP = [
+    f"[2024-05-0{i} 10:0{i}:11,5{i}3] [INFO] [config.py:98{i}:print]   zero_optimization_stage_{i} "
+    f"..... {{'stage': {i}, 'offload_param': {{'device': 'cpu', 'pin_memory': True, 'buffer_count': "
+    f"5}}, 'reduce_bucket_size': 500000000}}"
+    for i in range(1, 8)
+]
+CONTEXTS = {"launcher": (_AROUND, _AFTER), "short": (_SHORT, _SHORT), "dump": (_DUMP, _DUMP[:3] + _AFTER)}
+# what a rank's or a worker's line may carry before the message (output channel only)
+PREFIXES = ("", "[rank1]: ", "[default3]:", "(RayWorker pid=1450) ")
+WRAPS = ("wrap80", "wrap120", "web80", "web120")
+
+
+Found = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def _found(hit: Hit) -> Found:
+    return hit.message.id, tuple((k, "".join((v or "").split())) for k, v in hit.fields)
+
+
+def _messages(text: str, message: Message) -> set[Found]:
+    cat = catalog()
+    return {_found(h) for line in plain(text).split("\n") for h in cat.scan(line) if h.message is message}
+
+
+def _kept(whole: Found, wrapped: set[Found], message: Message) -> bool:
+    """The message found again with each field's value, or with a value cut short where a
+    field takes the rest of the line (a wrap may leave its tail on the next line, which
+    no message shape says is its own)."""
+    rest = _TAKES_THE_REST.get(message.id, ())
+
+    def same(k: str, v: str, got: dict[str, str]) -> bool:
+        return got.get(k) == v or (k in rest and bool(got.get(k)) and v.startswith(got[k]))
+
+    return any(all(same(k, v, dict(fields)) for k, v in whole[1]) for _, fields in wrapped)
+
+
+def _rest_fields(message: Message) -> tuple[str, ...]:
+    """The fields of a pattern that take any text to the end of the line."""
+    return tuple(
+        name
+        for name in message.pattern.groupindex
+        if re.search(rf"\(\?P<{name}>(?:\[\^\\n\]|\.)\{{0,\d+\}}\)", message.pattern.pattern)
+    )
+
+
+_TAKES_THE_REST = {m.id: _rest_fields(m) for m in catalog().messages}
+
+
+def _cases() -> list[tuple[Message, str, str, tuple[list[str], list[str]]]]:
+    """Each deciding message's real lines, each with a prefix and lines around it, in turn."""
+    out = []
+    contexts = list(CONTEXTS.items())
+    for m in catalog().messages:
+        if not m.decides:
+            continue
+        for _, text in m.real:
+            line = next((x for x in text.split("\n") if m.pattern.search(x)), None)
+            if line is not None:
+                k = len(out)
+                prefix = PREFIXES[k % len(PREFIXES)] if m.channel == "output" else ""
+                name, around = contexts[k % len(contexts)]
+                out.append((m, prefix + line, name, around))
+    return out
+
+
+@pytest.mark.parametrize("wrap", WRAPS)
+def test_no_deciding_message_is_lost_to_a_wrap(wrap):
+    cut = PERTURBATIONS[wrap]
+    tried, lost, cases = 0, [], _cases()
+    for message, line, context, (before, after) in cases:
+        text = "\n".join([*before, line, *after])
+        whole = _messages(text, message)
+        if not whole:
+            continue  # a neighbour's words take it as collected: not a wrap's doing
+        tried += 1
+        wrapped = _messages(cut([("rank_stderr", text)])[0][1], message)
+        if not all(_kept(found, wrapped, message) for found in whole):
+            lost.append(f"{message.id} ({context}): {line[:120]}")
+    assert tried > 250 and tried > 0.95 * len(cases), (tried, len(cases))  # every real line, near enough
+    assert not lost, "\n".join(lost)
