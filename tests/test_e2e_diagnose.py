@@ -95,3 +95,53 @@ def test_a_real_kill_9_diagnosed_with_and_without_the_kernel_log(tmp_path):
     ]
     fates = {r["pid"]: r["fate"] for r in doc["ranks"]}
     assert fates == {pids[1][0]: "root_cause", pids[0][0]: "terminated_by_agent"}, fates
+
+
+@pytest.mark.root
+@requires("memcg", "kmsg")
+def test_a_real_cgroup_oom_in_a_pid_namespace_is_tied_by_the_command_s_name(tmp_path):
+    """As in a container: the shell that ran the job lives in its own pid namespace and
+    names its own pid for the process; the host's kernel log names the host's. The shell's
+    report and the kernel's kill agree on the command's name only, and only one OOM kill
+    has that name: the verdict ties them (likely at most: a name, not a pid)."""
+    script = tmp_path / "train.sh"
+    grow = "import time\nb=[]\nwhile True:\n    b.append(bytearray(64 << 20)); time.sleep(0.01)\n"
+    (tmp_path / "grow.py").write_text(grow)
+    script.write_text(f"#!/bin/bash\necho started\npython3 {tmp_path / 'grow.py'}\necho after $?\n")
+    script.chmod(0o755)
+    with memory_cgroup(256 << 20, "trainwatch-ns") as (_version, _parent, child):
+        run = subprocess.run(
+            [*join_cgroup(child), "unshare", "--pid", "--fork", "--mount-proc", str(script)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    shell = run.stdout + run.stderr
+    told = re.search(r"line 3: +(\d+) Killed +python3 ", shell)
+    assert told is not None, shell  # bash's own report, with the namespace's pid
+    inner = int(told[1])
+    deadline = time.monotonic() + 10
+    kills: list[tuple[int, str]] = []
+    while time.monotonic() < deadline:
+        kills = [(int(m[1]), m[2]) for m in re.finditer(r"Killed process (\d+) \(([^)]*)\)", _dmesg())]
+        if kills and kills[-1][1] == "python3":
+            break
+        time.sleep(0.2)
+    host = kills[-1][0]
+    assert kills[-1][1] == "python3" and host != inner, kills[-3:]
+    # only this death's kernel records: other tests' OOM kills of python3 would (rightly)
+    # make the name ambiguous
+    records = [line for line in _dmesg().splitlines() if str(host) in line or "invoked oom-killer" in line]
+    (tmp_path / "shell.txt").write_text(shell)
+    (tmp_path / "dmesg.txt").write_text("\n".join(records[-40:]))
+    rc, out, err = _diagnose("--format", "json", str(tmp_path / "shell.txt"), str(tmp_path / "dmesg.txt"))
+    assert rc == 0, err
+    doc = json.loads(out)
+    k = doc["killer"]
+    assert k["kind"] == "cgroup_oom" and k["confidence"] in ("likely", "possible"), k
+    assert f"pid {host} (python3)" in k["summary"] and f"pid {inner}" in k["summary"], k["summary"]
+    # a second OOM kill of another python3 makes the name ambiguous: no tie
+    other = re.sub(rf"\b{host}\b", str(host + 1), "\n".join(records[-40:]))
+    (tmp_path / "dmesg2.txt").write_text("\n".join(records[-40:]) + "\n" + other)
+    rc, out, _ = _diagnose("--format", "json", str(tmp_path / "shell.txt"), str(tmp_path / "dmesg2.txt"))
+    assert json.loads(out)["killer"]["kind"] != "cgroup_oom", out

@@ -77,3 +77,13 @@ def test_public_kernel_logs():
     events = [e for e in map(parse_oom_line, text.splitlines()) if e is not None]
     kills = [e for e in events if isinstance(e, OomKill)]
     assert kills and kills[0].scope == "global" and kills[0].pid == 25315
+
+
+def test_the_pre_4_19_choice_line_is_read_when_a_paste_cut_it_after_the_comm():
+    line = "Memory cgroup out of memory: Kill process 17811 (python3)"
+    whole, cut = parse_oom_line(line + " score 1000 or sacrifice child"), parse_oom_line(line)
+    assert isinstance(whole, OomKill) and isinstance(cut, OomKill)
+    assert (cut.scope, cut.pid, cut.comm) == (whole.scope, whole.pid, whole.comm)
+    assert (cut.scope, cut.pid, cut.comm) == ("memcg", 17811, "python3")
+    # cut inside the words that follow, it is not that line (nor anything else the kernel writes)
+    assert parse_oom_line("Memory cgroup out of memory: Kill process 17811 (python3) sco") is None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import signal as _signal
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from typing import Any
 
 from sidecar.autopsy.evidence import EvidenceItem, KernelOom, UserspaceKill, Verdict, rank_name, signal_name
@@ -230,6 +231,23 @@ def logs_rules(
             + "; the launcher's log gives no pid to tie that kill to the rank.",
             items,
         )
+    namesake = _namesake(v, g, k) if weak and sigkill and v.victim.pid else None
+    if namesake is not None and not _far(k.oom_at.get(namesake.pid), death):
+        # a container's pid namespace: the shell inside it names its own pid for the
+        # process, the host's kernel log another; the command's name is the same in both
+        oom = namesake
+        items += [EvidenceItem("kmsg", None, line) for line in oom.lines]
+        memcg = oom.scope == "memcg" or oom.oom_memcg is not None
+        return _with(
+            v,
+            Kind.CGROUP_OOM if memcg else Kind.KERNEL_OOM,
+            Confidence.LIKELY if _near(k.oom_at.get(oom.pid), death) else Confidence.POSSIBLE,
+            f"{who} was SIGKILLed and the kernel's OOM killer killed pid {oom.pid} ({oom.comm})"
+            + (f" for the limit of memory cgroup {oom.oom_memcg}" if oom.oom_memcg else "")
+            + f": the only OOM kill of a process of that name; pid {v.victim.pid} is its number in "
+            "another pid namespace (a container's), the kernel's is the host's.",
+            items,
+        )
     near_kills = [u for u, at in zip(g.userspace, g.userspace_at, strict=True) if _near(at, death)]
     if weak and near_kills and (sigkill or v.victim.exit_code is None):
         u = near_kills[0]
@@ -367,6 +385,24 @@ def logs_rules(
     if v.confidence == Confidence.POSSIBLE:
         collect += [COLLECT_KERNEL, COLLECT_RANK_LOGS]
     return v
+
+
+def _namesake(v: Verdict, g: LogRecords, k: KernelRecords) -> KernelOom | None:
+    """The one kernel OOM kill whose process has the name of the command the logs say the
+    victim's pid ran (a shell's ``943 Killed  /usr/bin/python3 train.py``), when no OOM
+    kill names that pid: the kernel's comm is the first 15 characters of the name the
+    program was run by. None when several kills have that name, or none does."""
+    pid = str(v.victim.pid)
+    commands = {
+        hit.get("command") or ""
+        for hit, _ in (*g.exits, *g.said)
+        if hit.get("pid") == pid and hit.get("command")
+    }
+    names = {PurePosixPath(c.split()[0]).name[:15] for c in commands if c.split()}
+    if len(names) != 1 or any(o.pid == v.victim.pid for o in k.ooms):
+        return None
+    same = [o for o in k.ooms if o.comm == next(iter(names))]
+    return same[0] if len(same) == 1 else None
 
 
 def _catalog_says(

@@ -133,10 +133,12 @@ _KILLED = re.compile(
     r"(?:, shmem-rss:(?P<shmem>\d{1,20})kB)?(?:, UID:(?P<uid>\d{1,20}))?(?: pgtables:\d+kB)?"
     r"(?: oom_score_adj:(?P<adj>-?\d{1,20}))?"
 )
+# the prefix and "Kill process N (comm)" are this line's alone, so a paste that cut it after
+# the comm is still read
 _CHOICE = re.compile(
     r"(?P<prefix>Out of memory|Memory cgroup out of memory): "
-    r"Kill process (?P<pid>\d{1,20}) \((?P<comm>.*?)\) "
-    r"score -?\d+ or sacrifice child"
+    r"Kill process (?P<pid>\d{1,20}) \((?P<comm>.*?)\)"
+    r"(?:$| score -?\d+ or sacrifice child)"
 )
 _TASK_IN = re.compile(r"Task in (?P<task>\S+) killed as a result of limit of (?P<limit>\S+)")
 # gfp_mask=0x140dca(GFP_HIGHUSER_MOVABLE|__GFP_ZERO|__GFP_COMP), order=0, ... (5.x+);
