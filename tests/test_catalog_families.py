@@ -332,3 +332,43 @@ _FAMILIES = {"gpu-allocators": GPU_ALLOCATORS, "allocators": ALLOCATORS, "ray": 
 )
 def test_a_family_s_own_words_yield_its_verdict(text, kind, confidence):
     assert _killer(text) == (kind, confidence)
+
+
+_LOST = """    State:          Terminated
+      Reason:       ContainerStatusUnknown
+      Message:      The container could not be located when the pod was terminated
+      Exit Code:    137
+      Started:      Mon, 02 Dec 2024 10:00:00 +0000"""
+_OOM = """    Last State:     Terminated
+      Reason:       OOMKilled
+      Exit Code:    137"""
+_ERROR = """    State:          Terminated
+      Reason:       Error
+      Exit Code:    137"""
+
+
+def test_the_kubelet_s_own_137_for_a_container_it_lost_is_no_sigkill():
+    """ContainerStatusUnknown's exit code is written by the kubelet (kubelet_pods.go), not
+    the status of a process: it vetoes the `Exit Code: 137` of its own record only."""
+    lost = diagnose([LogInput("describe", _LOST)])["killer"]
+    assert lost["kind"] == "unknown" and "SIGKILL" not in lost["summary"], lost
+    plain = diagnose([LogInput("describe", _ERROR)])["killer"]
+    assert plain["kind"] == "unknown" and "SIGKILL" in plain["summary"], plain  # a real 137 is one
+    # another container's record, further down, is not vetoed
+    other = diagnose(
+        [LogInput("describe", _LOST + "\n      Finished:     -\n    Ready: False\n  sidecar:\n" + _OOM)]
+    )
+    assert (other["killer"]["kind"], other["killer"]["confidence"]) == ("cgroup_oom", "likely"), other[
+        "killer"
+    ]
+    far = diagnose([LogInput("describe", _LOST + "\n" + "\n".join(["    Ready: False"] * 5) + "\n" + _ERROR)])
+    assert "SIGKILL" in far["killer"]["summary"], far["killer"]
+
+
+def test_a_veto_of_a_message_the_catalog_lacks_is_refused():
+    from sidecar.catalog import CatalogError, load, texts
+
+    files = texts()
+    files["k8s.toml"] = files["k8s.toml"].replace('"k8s.exit_code_json"]', '"k8s.no_such_message"]')
+    with pytest.raises(CatalogError, match=r"k8s\.no_such_message"):
+        load(files)

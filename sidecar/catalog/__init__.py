@@ -83,6 +83,7 @@ class Message:
     anchors: tuple[str, ...]  # literal words one of which every match holds (see _anchors)
     fold: bool  # the pattern ignores case
     exit_code: int | None = None  # the status its emitter's source fixes for the process it reports
+    vetoes: tuple[str, ...] = ()  # messages whose exit status, beside this one, no process ended with
 
     def said(self, fields: tuple[tuple[str, str], ...] | dict[str, str]) -> str:
         """``says`` with its ``{field}`` placeholders filled from what the pattern captured
@@ -377,6 +378,7 @@ def _message(raw: dict[str, Any], emitter: str, channel: str, where: str) -> Mes
         anchors=anchors,
         fold=bool(pattern.flags & re.IGNORECASE),
         exit_code=int(raw["exit_code"]) if "exit_code" in raw else None,
+        vetoes=tuple(str(v) for v in raw.get("vetoes", ())),
     )
 
 
@@ -399,6 +401,10 @@ def load(texts: dict[str, str]) -> Catalog:
                 raise CatalogError(f"{name}: {m.id}: a second message with this id")
             seen.add(m.id)
             messages.append(m)
+    for m in messages:
+        unknown = [v for v in m.vetoes if v not in seen]
+        if unknown:
+            raise CatalogError(f"{m.id}: vetoes {', '.join(unknown)}: no such message")
     return Catalog(messages)
 
 

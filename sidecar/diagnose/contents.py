@@ -9,7 +9,7 @@ import re
 
 from sidecar.autopsy import UserspaceKill
 from sidecar.autopsy.logs import LogRecords
-from sidecar.catalog import catalog
+from sidecar.catalog import Hit, catalog
 from sidecar.diagnose.inputs import MAX_BYTES, LogInput
 from sidecar.diagnose.ranks import exit_of
 from sidecar.parse.jobs import parse_job_line
@@ -62,17 +62,23 @@ def gather(inputs: list[LogInput], now: float | None = None) -> LogRecords:
         sources: set[str] = set()
         others = catalog().part("agent", "kernel", "shell", "scheduler")
         lines = text.splitlines()
-        for line, hits in zip(lines, others.scan_lines(lines), strict=True):
+        scanned = others.scan_lines(lines)
+        vetoed = _vetoed(scanned)
+        for n, (line, hits) in enumerate(zip(lines, scanned, strict=True)):
             for hit in hits:
                 if hit.message.decides:
                     g.said.append((hit, line_time(line, g.dating)))
                 elif hit.message.channel != "kernel" and exit_of(hit) is not None:
+                    if (n, hit.message.id) in vetoed:
+                        continue  # a status no process ended with (the kubelet's own 137)
                     g.exits.append((hit, line_time(line, g.dating)))
                 else:
                     continue
                 if hit.message.emitter not in _NAMED_ALREADY:
                     sources.add(hit.message.emitter)
             rec = parse_job_line(line)
+            if rec is not None and rec.what == "exit_code" and any(at == n for at, _ in vetoed):
+                rec = None  # the same status, read by the job-line reader
             if rec is not None:
                 g.jobs.append(rec)
                 sources.add(rec.source)
@@ -89,6 +95,20 @@ def gather(inputs: list[LogInput], now: float | None = None) -> LogRecords:
             kinds.append(f"(its last {MAX_BYTES >> 20} MiB read)")
         g.kinds[inp.name] = kinds or ["nothing recognised"]
     return g
+
+
+VETO_LINES = 4  # a vetoing message and the status it vetoes are in one record, this close
+
+
+def _vetoed(found: list[list[Hit]]) -> set[tuple[int, str]]:
+    """(line, message id) of every exit report that a message beside it vetoes (the
+    catalog's ``vetoes``: ContainerStatusUnknown's synthesised ``Exit Code: 137``)."""
+    out: set[tuple[int, str]] = set()
+    for n, hits in enumerate(found):
+        for hit in hits:
+            for other in range(max(0, n - VETO_LINES), min(len(found), n + VETO_LINES + 1)):
+                out |= {(other, h.message.id) for h in found[other] if h.message.id in hit.message.vetoes}
+    return out
 
 
 # emitters whose texts the structured readers above already name as a kind of input
