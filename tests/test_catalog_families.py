@@ -19,7 +19,61 @@ _TF = "tensorflow/stream_executor/cuda/cuda_driver.cc"
 _TMS = "[torch_memory_saver.cpp]"
 
 
+_NUMBA = "numba.cuda.cudadrv.driver.CudaAPIError: "
+_TB = 'Traceback (most recent call last):\n  File "train.py", line 10, in <module>\n    run()\n'
 GPU_ALLOCATORS = [
+    # programs that call the driver themselves: KeOps 2.x and NVIDIA's CUDA_SAFE_CALL sample
+    (
+        "\n[KeOps] error: cuMemAlloc(&p_data, sizeof(TYPE *) * nargs) failed with error "
+        "CUDA_ERROR_OUT_OF_MEMORY\n\n" + _TB + "RuntimeError: [KeOps] Cuda error.\n",
+        "cuda_oom",
+        "certain",
+    ),
+    (
+        "\nerror: cuMemAlloc(&dX, bufferSize) failed with error CUDA_ERROR_OUT_OF_MEMORY\n",
+        "cuda_oom",
+        "certain",
+    ),
+    # Numba's CudaAPIError (ctypes, and NVIDIA's bindings' two enum forms), device memory only
+    (
+        _TB + _NUMBA + "[2] Call to cuMemAlloc results in CUDA_ERROR_OUT_OF_MEMORY\n",
+        "cuda_oom",
+        "likely",
+    ),
+    (
+        _TB + _NUMBA + "[<CUresult.CUDA_ERROR_OUT_OF_MEMORY: 2>] Call to cuMemAlloc "
+        "results in CUDA_ERROR_OUT_OF_MEMORY\n",
+        "cuda_oom",
+        "likely",
+    ),
+    (
+        _TB + _NUMBA + "[2] Call to cuMemHostAlloc results in CUDA_ERROR_OUT_OF_MEMORY\n",
+        "python_exception",
+        "possible",
+    ),
+    # PyCUDA: device memory (and its pool) is the GPU's; page-locked host memory is not
+    (_TB + "pycuda._driver.MemoryError: cuMemAlloc failed: out of memory\n", "cuda_oom", "certain"),
+    (
+        _TB
+        + "pycuda._driver.MemoryError: memory_pool::allocate failed: out of memory - failed to free memory "
+        "for allocation\n",
+        "cuda_oom",
+        "certain",
+    ),
+    (
+        _TB + "pycuda._driver.MemoryError: cuMemHostAlloc failed: out of memory\n",
+        "python_exception",
+        "likely",
+    ),
+    # TensorFlow: the fatal ResourceExhaustedError of a GPU's allocator
+    (
+        _TB
+        + "tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when allocating tensor with "
+        "shape[64,3,224,224] and type float on /job:localhost/replica:0/task:0/device:GPU:0 by allocator "
+        "GPU_0_bfc\n",
+        "cuda_oom",
+        "likely",
+    ),
     # the runtime's own word about its allocation: the GPU is full
     ("RuntimeError: CUDA error: out of memory\n", "cuda_oom", "certain"),
     # torch's driver-API check under expandable segments: a mapping refused, often with
