@@ -329,8 +329,10 @@ def diagnose() -> str:
             f"| {name} | {h['cases']} | {h['right']} | {h['decisive']} |"
             f" {h['decisive_right']} ({_share(h['decisive_right'], h['decisive'])}) | {h['confident_wrong']} |"
         )
-    wave4 = _load("diagnose-wave4")  # tests/fixtures/public-logs/cases-wave4.jsonl, scored apart
+    # the outside collections (tests/fixtures/public-logs/cases-wave4.jsonl, -wave5), scored apart
+    wave4, wave5 = _load("diagnose-wave4"), _load("diagnose-wave5")
     later = wave4["results"]["halves"] if wave4 else {}
+    latest = wave5["results"]["halves"] if wave5 else {}
     for halves, key, said in (
         (
             r["halves"],
@@ -343,6 +345,12 @@ def diagnose() -> str:
             "cases-wave4.jsonl, collected after the fourth wave's families (both halves)",
         ),
         (later, "held_out_wave4", "cases-wave4.jsonl, held_out (no case text read while writing rules)"),
+        (
+            latest,
+            "collected_wave4",
+            "cases-wave5.jsonl, collected after the wrap and family fixes (both halves)",
+        ),
+        (latest, "held_out_wave4", "cases-wave5.jsonl, held_out (no case text read while writing rules)"),
     ):
         unseen = halves.get(key)
         if unseen:
