@@ -102,26 +102,10 @@ def _cases() -> list[tuple[Message, str, str, tuple[list[str], list[str]]]]:
     return out
 
 
-# Known losses, each still lost (the test fails when one is fixed, so the list only
-# shrinks): a terminal wrapped one long line of a short paste, so no width is seen (one
-# or two pieces as wide), and the break fell inside a field, a path or a number, that
-# the line before already matched shorter. Joining there needs a rule that tells a
-# terminal's cut from a line that simply ends; issue 40 leaves it open.
-KNOWN_LOST = {
-    ("wrap80", "c10d.store_based_barrier_timeout"),
-    ("wrap80", "gpualloc.safe_call_cumemalloc_oom"),
-    ("wrap80", "nvrm.xid_79"),
-    ("wrap120", "cuda.operating_system"),
-    ("wrap120", "cuda.unknown"),
-    ("wrap120", "k8s.eviction_container_memory"),
-}
-
-
 @pytest.mark.parametrize("wrap", WRAPS)
 def test_no_deciding_message_is_lost_to_a_wrap(wrap):
     cut = PERTURBATIONS[wrap]
     tried, lost, cases = 0, [], _cases()
-    known: set[str] = set()
     for message, line, context, (before, after) in cases:
         text = "\n".join([*before, line, *after])
         whole = _messages(text, message)
@@ -130,10 +114,6 @@ def test_no_deciding_message_is_lost_to_a_wrap(wrap):
         tried += 1
         wrapped = _messages(cut([("rank_stderr", text)])[0][1], message)
         if not all(_kept(found, wrapped, message) for found in whole):
-            if (wrap, message.id) in KNOWN_LOST and context == "short":
-                known.add(message.id)
-                continue
             lost.append(f"{message.id} ({context}): {line[:120]}")
     assert tried > 250 and tried > 0.95 * len(cases), (tried, len(cases))  # every real line, near enough
     assert not lost, "\n".join(lost)
-    assert known == {m for w, m in KNOWN_LOST if w == wrap}, "fixed: take it off KNOWN_LOST"

@@ -211,15 +211,9 @@ def logs_rules(
                 v, kind, Confidence.LIKELY, text.format(src=src, scope=scope, who=who, unit=unit), items
             )
     death = _death_time(v, g)
-    if (
-        weak
-        and sigkill
-        and not v.victim.pid
-        and len(k.ooms) == 1
-        and not _far(k.oom_at.get(k.ooms[0].pid), death)
-    ):
-        # the launcher gave no pid (DeepSpeed, accelerate): one OOM kill in the kernel log
-        oom = k.ooms[0]
+    untied = _untied_oom(v, g, k) if weak and sigkill else None
+    if untied is not None and not _far(k.oom_at.get(untied[0].pid), death):
+        oom, why = untied
         items += [EvidenceItem("kmsg", None, line) for line in oom.lines]
         memcg = oom.scope == "memcg" or oom.oom_memcg is not None
         return _with(
@@ -228,24 +222,7 @@ def logs_rules(
             Confidence.LIKELY if _near(k.oom_at.get(oom.pid), death) else Confidence.POSSIBLE,
             f"{who} was SIGKILLed and the kernel's OOM killer killed pid {oom.pid} ({oom.comm})"
             + (f" for the limit of memory cgroup {oom.oom_memcg}" if oom.oom_memcg else "")
-            + "; the launcher's log gives no pid to tie that kill to the rank.",
-            items,
-        )
-    namesake = _namesake(v, g, k) if weak and sigkill and v.victim.pid else None
-    if namesake is not None and not _far(k.oom_at.get(namesake.pid), death):
-        # a container's pid namespace: the shell inside it names its own pid for the
-        # process, the host's kernel log another; the command's name is the same in both
-        oom = namesake
-        items += [EvidenceItem("kmsg", None, line) for line in oom.lines]
-        memcg = oom.scope == "memcg" or oom.oom_memcg is not None
-        return _with(
-            v,
-            Kind.CGROUP_OOM if memcg else Kind.KERNEL_OOM,
-            Confidence.LIKELY if _near(k.oom_at.get(oom.pid), death) else Confidence.POSSIBLE,
-            f"{who} was SIGKILLed and the kernel's OOM killer killed pid {oom.pid} ({oom.comm})"
-            + (f" for the limit of memory cgroup {oom.oom_memcg}" if oom.oom_memcg else "")
-            + f": the only OOM kill of a process of that name; pid {v.victim.pid} is its number in "
-            "another pid namespace (a container's), the kernel's is the host's.",
+            + why,
             items,
         )
     near_kills = [u for u, at in zip(g.userspace, g.userspace_at, strict=True) if _near(at, death)]
@@ -385,6 +362,24 @@ def logs_rules(
     if v.confidence == Confidence.POSSIBLE:
         collect += [COLLECT_KERNEL, COLLECT_RANK_LOGS]
     return v
+
+
+def _untied_oom(v: Verdict, g: LogRecords, k: KernelRecords) -> tuple[KernelOom, str] | None:
+    """The kernel's OOM kill a SIGKILLed victim's logs give no pid to tie to it, and why it
+    is the victim's all the same: the only one, where the launcher gave no pid (DeepSpeed,
+    accelerate); or the only one of the command's name, where the shell's pid is its number
+    in a container's pid namespace and the kernel's is the host's."""
+    if not v.victim.pid:
+        if len(k.ooms) == 1:
+            return k.ooms[0], "; the launcher's log gives no pid to tie that kill to the rank."
+        return None
+    namesake = _namesake(v, g, k)
+    if namesake is None:
+        return None
+    return namesake, (
+        f": the only OOM kill of a process of that name; pid {v.victim.pid} is its number in another "
+        "pid namespace (a container's), the kernel's is the host's."
+    )
 
 
 def _namesake(v: Verdict, g: LogRecords, k: KernelRecords) -> KernelOom | None:

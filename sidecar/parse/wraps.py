@@ -33,12 +33,20 @@ def join(lines: list[str]) -> str:
     cat = catalog()
     found = cat.scan_lines(lines)  # each line's own messages, found once
     edges = _edges(cat)
+    width = max((len(line) for line in lines), default=0)
     joined: list[str] = []
     i = 0
     while i < len(lines):
         line = lines[i]
         span = (
-            _run(cat, joined[-1], lines[i : i + RUN_MAX], found[i], _begun(edges, lines, found, i))
+            _run(
+                cat,
+                joined[-1],
+                lines[i : i + RUN_MAX],
+                found[i],
+                _begun(edges, lines, found, i),
+                _cut_short(cat, joined[-1], lines, i, width),
+            )
             if joined and joined[-1] and line
             else None
         )
@@ -58,9 +66,27 @@ def _begun(edges: _Edges, lines: list[str], found: list[list[Hit]], i: int) -> f
     """The messages the break before line ``i`` may have cut inside a field (a path, a
     number): the line before is long, the line may continue it, and one of the two holds
     some of a message's words but not the message."""
-    if i == 0 or len(lines[i - 1]) < 40 or not _wrapped(lines[i]):
+    line = lines[i][1:] if lines[i][:2] == " " + lines[i][1:2].strip() else lines[i]  # a cut before a space
+    if i == 0 or len(lines[i - 1]) < 40 or not _wrapped(line):
         return frozenset()
     return frozenset(edges.begun(lines[i - 1], found[i - 1]) | edges.begun(lines[i], found[i]))
+
+
+def _cut_short(cat: Catalog, joined: str, lines: list[str], i: int, width: int) -> frozenset[str]:
+    """The messages the text before line ``i`` (``joined``: that line's own, or more lines
+    already joined) holds up to its very end, when line ``i - 1`` is as wide as the
+    paste's widest (60 or more: a terminal's width) and line ``i`` may continue it: a
+    terminal cut there, and the field the message ends with (a number, a path) may go on
+    in line ``i`` (``worker_count=179`` + ``2, timeout=...``)."""
+    line = lines[i][1:] if lines[i][:1] == " " else lines[i]
+    if width < 60 or i == 0 or len(lines[i - 1]) != width or not _wrapped(line):
+        return frozenset()
+    ends = set()
+    for hit in cat.scan(joined):
+        m = hit.message.pattern.search(joined)
+        if not hit.message.generic and m is not None and m.end() == len(joined):
+            ends.add(hit.message.id)
+    return frozenset(ends)
 
 
 # how a record starts: a rank's or a launcher's prefix, a log level, a timestamp, a traceback's
@@ -209,7 +235,7 @@ class _Edges:
         for m in cat.messages:
             for run in literal_runs(m.pattern):
                 run = run.strip()
-                if len(run) >= 6:
+                if len(run) >= 5:
                     self.starts.setdefault(run[:4], {}).setdefault(run, set()).add(m.id)
                     if not m.generic:
                         words.setdefault(run, set()).add(m.id)
@@ -240,8 +266,9 @@ class _Edges:
         found: set[str] = set()
         if not before:
             return found
-        for run, ids in self.starts.get(after[:4], {}).items():
-            if after.startswith(run):
+        lead = after.lstrip(" ")  # a terminal's cut may leave the space at the line's start
+        for run, ids in self.starts.get(lead[:4], {}).items():
+            if lead.startswith(run):
                 found |= ids  # the break fell right before a message's words
         for i in self.lengths.get(before[-1], ()):
             if i > len(before):
@@ -270,6 +297,7 @@ def _run(
     after: list[str],
     hits: list[Hit] | None = None,
     begun: frozenset[str] = frozenset(),
+    cut: frozenset[str] = frozenset(),
 ) -> tuple[int, str] | None:
     """How many of the lines ``after`` continue ``before`` (a message runs across the
     break after it when the first 1..RUN_MAX of them are joined to it), and the text they
@@ -277,15 +305,17 @@ def _run(
     when the copy dropped it (each break its own: ``failed (exitcode: -6)`` + ``local_rank:
     6 (pid`` + ``: 541332) of binary``). Tried for the messages whose literal words run
     across the break, and those (``begun``) a line at it holds words of but not the
-    message: a break inside a field (a path cut at the width)."""
+    message: a break inside a field (a path cut at the width), and (``cut``) those the
+    line before holds to its very end, cut by a terminal inside their last field."""
     if len(before) >= LINE_MAX or not after or not after[0]:
         return None
     edges = _edges(cat)
     glues = _glues(before, after[0])
     first = {g: edges.crossed(before + g, after[0]) for g in glues}
-    crossing = {g: ids | begun for g, ids in first.items() if ids or begun}
+    crossing = {g: ids | begun | (cut if g == "" else set()) for g, ids in first.items()}
+    crossing = {g: ids for g, ids in crossing.items() if ids}
     if crossing:
-        joined = _across(cat, before, after, crossing)
+        joined = _across(cat, before, after, crossing, cut)
         if joined is not None or any(first.values()):
             return joined
     # no message's words at this break: the common case, cheap
@@ -293,7 +323,7 @@ def _run(
 
 
 def _across(
-    cat: Catalog, before: str, after: list[str], first: dict[str, set[str]]
+    cat: Catalog, before: str, after: list[str], first: dict[str, set[str]], cut: frozenset[str] = frozenset()
 ) -> tuple[int, str] | None:
     """The fewest of the lines ``after`` that a message runs into from ``before``, the
     first break glued each way ``first`` lists, with the messages to try across it."""
@@ -309,7 +339,7 @@ def _across(
         messages = [cat.by_id[i] for i in sorted(set().union(*first.values()))]
         for glue in first:
             for glues in itertools.product((glue,), *rest):
-                read = _crossing(messages, parts, glues)
+                read = _crossing(messages, parts, glues, cut if glue == "" else frozenset())
                 if read and (best is None or read > best[0]):
                     best = read, parts[0] + "".join(g + p for g, p in zip(glues, parts[1:], strict=True))
         if best is not None:
@@ -356,7 +386,9 @@ def _glues(before: str, after: str) -> tuple[str, ...]:
     return ("",) if before.endswith(" ") or after.startswith(" ") else ("", " ")
 
 
-def _crossing(messages: list[Message], parts: list[str], glues: tuple[str, ...]) -> int:
+def _crossing(
+    messages: list[Message], parts: list[str], glues: tuple[str, ...], cut: frozenset[str] = frozenset()
+) -> int:
     """How many of ``messages`` run across the first break of ``parts`` joined with
     ``glues`` (one a break):
     it starts before the break, ends after it, and the line before the break does not
@@ -371,14 +403,15 @@ def _crossing(messages: list[Message], parts: list[str], glues: tuple[str, ...])
     for message in messages:
         if message.anchors and not any(a in (low if message.fold else joined) for a in message.anchors):
             continue  # every match holds one of its anchors
-        if _across_one(message, joined, before, edge):
+        if _across_one(message, joined, before, edge, message.id in cut):
             read += 1
     return read
 
 
-def _across_one(message: Message, joined: str, before: str, edge: int) -> bool:
+def _across_one(message: Message, joined: str, before: str, edge: int, cut: bool = False) -> bool:
     """``message`` runs across the break at ``edge`` of ``joined``, whose text before it
-    is ``before`` (see ``_crossing``)."""
+    is ``before`` (see ``_crossing``); with ``cut``, also where the line alone holds it to
+    the break and the joined text holds it further (a terminal cut its last field)."""
     rx = message.pattern
     for m in rx.finditer(joined):
         if m.start() < edge < m.end():
@@ -387,6 +420,8 @@ def _across_one(message: Message, joined: str, before: str, edge: int) -> bool:
                 return True  # it reads only across the break
             if message.generic:  # any exception's last line takes any text: it
                 break  # would run on into whatever line follows
+            if cut and own.end() == edge and m.end() > edge:
+                return True
             # the line alone holds the message but leaves a field the next line fills
             # (the watchdog's "ran for" + "600060 milliseconds ...")
             filled = sum(g is not None for g in m.groups())
