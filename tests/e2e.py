@@ -434,14 +434,16 @@ class DeepSpeedJob(LaunchedJob):
 
     ENV: ClassVar[dict[str, str]] = {"DS_ACCELERATOR": "cpu"}
     LAUNCHER = "deepspeed"
+    LOCAL_RANK_ARG: ClassVar[bool] = False  # DeepSpeed's default passes --local_rank=N to each rank
     _launcher: int | None = None
 
     def command(self, nproc: int, args: list[str]) -> list[str]:
-        # --no_local_rank: rank.py reads LOCAL_RANK from its environment
+        # --no_local_rank: rank.py reads LOCAL_RANK from its environment (it accepts the
+        # argument too, as DeepSpeed's default gives it)
         return [
             DEEPSPEED,
             f"--num_gpus={nproc}",
-            "--no_local_rank",
+            *([] if self.LOCAL_RANK_ARG else ["--no_local_rank"]),
             f"--master_port={free_port()}",
             str(WORKLOAD),
             *args,

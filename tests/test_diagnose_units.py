@@ -390,3 +390,35 @@ def test_local_rank_0_s_own_words_are_its_own():
     doc = diagnose([LogInput("agent", agent), LogInput("out", output)])
     assert doc["victim"]["local_rank"] == 0 and doc["victim"]["pid"] == 4241
     assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("cuda_oom", "certain"), doc["killer"]
+
+
+def test_deepspeed_s_spawned_pids_tie_its_exit_line_to_the_kernel_s_kill():
+    """``process N spawned with command: [... --local_rank=1 ...]`` gives local rank 1's
+    pid; the exit line names only the local rank; the kernel names only the pid."""
+    ds = "\n".join(
+        [
+            "[2024-05-01 10:00:00,000] [INFO] [launch.py:256:main] process 4101 spawned with command: "
+            "['/usr/bin/python3', '-u', 'train.py', '--local_rank=0', '--deepspeed']",
+            "[2024-05-01 10:00:00,010] [INFO] [launch.py:256:main] process 4102 spawned with command: "
+            "['/usr/bin/python3', '-u', 'train.py', '--local_rank=1', '--deepspeed']",
+            "[2024-05-01 10:05:00,000] [INFO] [launch.py:319:sigkill_handler] Killing subprocess 4101",
+            "[2024-05-01 10:05:00,000] [INFO] [launch.py:319:sigkill_handler] Killing subprocess 4102",
+            "[2024-05-01 10:05:00,100] [ERROR] [launch.py:325:sigkill_handler] ['/usr/bin/python3', '-u', "
+            "'train.py', '--local_rank=1', '--deepspeed'] exits with return code = -9",
+        ]
+    )
+    kernel = (
+        "[Wed May  1 10:04:59 2024] Out of memory: Killed process 4102 (python3) total-vm:90000000kB, "
+        "anon-rss:80000000kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:160000kB oom_score_adj:0"
+    )
+    doc = diagnose([LogInput("ds", ds), LogInput("dmesg", kernel)])
+    assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("kernel_oom", "certain"), doc["killer"]
+    assert (doc["victim"]["pid"], doc["victim"]["local_rank"]) == (4102, 1)
+    # one row per process, the failed one not the launcher's teardown for its kill of every worker
+    assert sorted((r["local_rank"], r["pid"], r["fate"]) for r in doc["ranks"]) == [
+        (0, 4101, "terminated_by_agent"),
+        (1, 4102, "root_cause"),
+    ]
+    # without the starts, the exit line's local rank and the kernel's pid stay apart
+    alone = diagnose([LogInput("ds", "\n".join(ds.splitlines()[2:])), LogInput("dmesg", kernel)])
+    assert alone["killer"]["confidence"] != "certain", alone["killer"]

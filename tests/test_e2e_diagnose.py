@@ -14,7 +14,7 @@ import time
 import pytest
 
 from sidecar.demo import join_cgroup, memory_cgroup
-from tests.e2e import REPO, TorchrunJob
+from tests.e2e import REPO, DeepSpeedJob, TorchrunJob
 from tests.skips import requires
 
 GIB = 1 << 30
@@ -145,3 +145,52 @@ def test_a_real_cgroup_oom_in_a_pid_namespace_is_tied_by_the_command_s_name(tmp_
     (tmp_path / "dmesg2.txt").write_text("\n".join(records[-40:]) + "\n" + other)
     rc, out, _ = _diagnose("--format", "json", str(tmp_path / "shell.txt"), str(tmp_path / "dmesg2.txt"))
     assert json.loads(out)["killer"]["kind"] != "cgroup_oom", out
+
+
+class _DeepSpeedLocalRank(DeepSpeedJob):
+    LOCAL_RANK_ARG = True  # DeepSpeed's default: each rank's command line says its local rank
+
+
+@pytest.mark.root
+@requires("deepspeed", "memcg", "kmsg")
+def test_a_deepspeed_rank_s_oom_is_tied_by_the_pid_its_launcher_spawned(tmp_path):
+    """DeepSpeed's launcher logs each worker's pid as it starts it (``process N spawned
+    with command: [... '--local_rank=1' ...]``) and, at the end, the failed worker's local
+    rank only (``[... '--local_rank=1' ...] exits with return code = -9``). Joined, the
+    kernel's record of that pid is the rank's: certain, no longer a guess from there being
+    one OOM kill in the log."""
+    with (
+        memory_cgroup(int(1.5 * GIB), "trainwatch-ds-diag") as (_version, _parent, child),
+        _DeepSpeedLocalRank(
+            # handoff: rank 0 waits on the store, in no collective, so it outlives rank 1 and
+            # the launcher's one exit line is rank 1's (it reports the first exit it polls)
+            tmp_path,
+            "ds-oom",
+            wrap=join_cgroup(child),
+            hold_mb=50,
+            workers=0,
+            grow_rank=1,
+            grow_after=2,
+            handoff=1,
+        ) as job,
+    ):
+        pids = job.ready()
+        assert job.proc.wait(120) != 0
+    victim = pids[1][0]
+    log = (job.dir / "torchrun.log").read_text()
+    assert f"process {victim} spawned with command" in log and "exits with return code = -9" in log, log[
+        -2000:
+    ]
+    deadline = time.monotonic() + 10
+    while f"Killed process {victim} " not in _dmesg() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    records = [line for line in _dmesg().splitlines() if str(victim) in line]
+    (tmp_path / "dmesg.txt").write_text("\n".join(records))
+    rc, out, err = _diagnose("--format", "json", str(job.dir / "torchrun.log"), str(tmp_path / "dmesg.txt"))
+    assert rc == 0, err
+    doc = json.loads(out)
+    k = doc["killer"]
+    assert (k["kind"], k["confidence"]) == ("cgroup_oom", "certain"), k
+    assert doc["victim"]["pid"] == victim and doc["victim"]["local_rank"] == 1, doc["victim"]
+    fates = {r["pid"]: r["fate"] for r in doc["ranks"]}
+    assert fates[victim] == "root_cause" and len(doc["ranks"]) == 2, doc["ranks"]

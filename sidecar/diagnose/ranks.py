@@ -84,6 +84,19 @@ def log_ranks(g: LogRecords) -> tuple[list[LogRank], list[EvidenceItem]]:
             r = get(job.pid)
             r.returncode = -(job.signal or 9)
             r.lines.append(job.line)
+    # DeepSpeed's launcher names each worker's pid as it starts it, with its local rank on
+    # the command line (--local_rank=N): the ranks other lines named by one get the other,
+    # so a kernel record naming the pid is the rank's. No rank is made of a start alone.
+    spawned = [j for j in g.jobs if j.what == "spawned" and j.pid is not None and j.local_rank is not None]
+    local_of = {j.pid: j.local_rank for j in spawned}
+    pid_of = {j.local_rank: j.pid for j in spawned}
+    if len(local_of) == len(spawned) and len(pid_of) == len(spawned):  # one node's starts, unambiguous
+        for r in ranks:
+            if r.pid is None and r.local_rank in pid_of:
+                r.pid = pid_of[r.local_rank]
+            elif r.local_rank is None and r.pid in local_of:
+                r.local_rank = local_of[r.pid]
+        _merge_by_pid(ranks)
     # ranks whose own lines name them (the watchdog's [Rank N], a [rankN]: prefix). A global
     # rank no table gave, on a rank whose local rank is the same number, is taken to be it
     # (true on one node; said as inferred, so never certain)
@@ -149,6 +162,29 @@ def log_ranks(g: LogRecords) -> tuple[list[LogRank], list[EvidenceItem]]:
                 r.at = r.at or at
     teardown_after_own_failure(ranks, g, notes)
     return ranks, notes
+
+
+def _merge_by_pid(ranks: list[LogRank]) -> None:
+    """Ranks found to be one process (a pid and a local rank joined late) made one: its
+    exit and its lines kept; a launcher's kill of every worker after a failure is no
+    teardown of the worker whose own exit it reacted to (DeepSpeed's sigkill_handler
+    kills them all, the failed one too)."""
+    kept: dict[int, LogRank] = {}
+    for r in list(ranks):
+        if r.pid is None:
+            continue
+        other = kept.get(r.pid)
+        if other is None:
+            kept[r.pid] = r
+            continue
+        other.rank = other.rank if other.rank is not None else r.rank
+        other.local_rank = other.local_rank if other.local_rank is not None else r.local_rank
+        other.returncode = other.returncode if other.returncode is not None else r.returncode
+        other.at = other.at if other.at is not None else r.at
+        other.first = other.first or r.first
+        other.torn_down = (other.torn_down or r.torn_down) and not other.first
+        other.lines += r.lines
+        ranks.remove(r)
 
 
 def teardown_after_own_failure(ranks: list[LogRank], g: LogRecords, notes: list[EvidenceItem]) -> None:

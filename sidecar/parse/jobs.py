@@ -41,6 +41,8 @@ class JobRecord:
     (Kubernetes evicted the pod for node memory pressure), memory_monitor (Ray's), time_limit,
     preempted, node_failure, cancelled, exit_signal, exit_code, killed_by_shell (a shell
     reports its child's death by a signal), teardown (a launcher killing its workers),
+    spawned (a launcher starting a worker: its pid, and its local rank where the command
+    says it),
     memory_usage (a host-memory reading), worker_died (a launcher's generic report)."""
 
     source: str
@@ -86,6 +88,8 @@ _RAY_OOM = re.compile(
 )
 _RAY_DIED = re.compile(r"Worker unexpectedly exits|The actor is dead because its worker process has died")
 _DS_KILLING = re.compile(r"sigkill_handler\] Killing subprocess (\d{1,20})")
+# deepspeed/launcher/launch.py main(): logger.info(f"process {process.pid} spawned with command: {cmd}")
+_DS_SPAWNED = re.compile(r"launch\.py:\d{1,6}:main\] process (\d{1,20}) spawned with command: (\[.*\])")
 _DS_EXITS = re.compile(r"sigkill_handler\] (\[.*\]) exits with return code = (-?\d{1,20})")
 _DS_MEMORY = re.compile(r"CPU Virtual Memory:\s+used = ([\d.]+) GB, percent = ([\d.]+)%")
 _CALLED = re.compile(
@@ -181,6 +185,10 @@ def parse_job_line(text: str) -> JobRecord | None:
     m = _DS_KILLING.search(line)
     if m:
         return JobRecord("deepspeed", "teardown", line, pid=int(m[1]))
+    m = _DS_SPAWNED.search(line)
+    if m:
+        lr = _LOCAL_RANK.search(m[2])
+        return JobRecord("deepspeed", "spawned", line, pid=int(m[1]), local_rank=int(lr[1]) if lr else None)
     m = _DS_EXITS.search(line)
     if m:
         code = int(m[2])

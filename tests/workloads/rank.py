@@ -229,6 +229,13 @@ def main() -> int:
     )
     ap.add_argument("--hf-token", default=None, help="ignored: a credential on the command line")
     ap.add_argument("--print-secrets", type=int, default=0, help="1: print credentials before the loop")
+    ap.add_argument(
+        "--local_rank",
+        "--local-rank",
+        type=int,
+        default=None,
+        help="DeepSpeed's (LOCAL_RANK is read)",
+    )
     args = ap.parse_args()
     if args.error_file and os.environ.get("TW_REEXECUTED") != "1":
         env = dict(os.environ, TW_REEXECUTED="1", TORCHELASTIC_ERROR_FILE=args.error_file)
