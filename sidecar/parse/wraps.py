@@ -66,8 +66,7 @@ def _begun(edges: _Edges, lines: list[str], found: list[list[Hit]], i: int) -> f
     """The messages the break before line ``i`` may have cut inside a field (a path, a
     number): the line before is long, the line may continue it, and one of the two holds
     some of a message's words but not the message."""
-    line = lines[i][1:] if lines[i][:2] == " " + lines[i][1:2].strip() else lines[i]  # a cut before a space
-    if i == 0 or len(lines[i - 1]) < 40 or not _wrapped(line):
+    if i == 0 or len(lines[i - 1]) < 40 or not _wrapped(_unspaced(lines[i])):
         return frozenset()
     return frozenset(edges.begun(lines[i - 1], found[i - 1]) | edges.begun(lines[i], found[i]))
 
@@ -78,8 +77,7 @@ def _cut_short(cat: Catalog, joined: str, lines: list[str], i: int, width: int) 
     paste's widest (60 or more: a terminal's width) and line ``i`` may continue it: a
     terminal cut there, and the field the message ends with (a number, a path) may go on
     in line ``i`` (``worker_count=179`` + ``2, timeout=...``)."""
-    line = lines[i][1:] if lines[i][:1] == " " else lines[i]
-    if width < 60 or i == 0 or len(lines[i - 1]) != width or not _wrapped(line):
+    if width < 60 or i == 0 or len(lines[i - 1]) != width or not _wrapped(_unspaced(lines[i])):
         return frozenset()
     ends = set()
     for hit in cat.scan(joined):
@@ -347,6 +345,12 @@ def _across(
         if count < len(after) and _RECORD_START.match(after[count]):
             return None  # a record of its own starts there: no message runs on into it
     return None
+
+
+def _unspaced(line: str) -> str:
+    """``line`` without the one space a terminal's cut leaves at its start when it fell
+    right before a space (an indented line keeps its indent)."""
+    return line[1:] if line[:1] == " " and line[1:2] not in ("", " ") else line
 
 
 def _wrapped(line: str) -> bool:
