@@ -248,7 +248,9 @@ def test_the_postmortem_curve_spans_its_window_after_the_sampler_sped_up(tmp_pat
     first = datetime.fromisoformat(doc["timeline"][0]["at"]).timestamp()
     last = datetime.fromisoformat(doc["timeline"][-1]["at"]).timestamp()
     assert first - (died - TIMELINE_WINDOW_S) < 1.5, (first, died)  # the whole window, not a minute
-    assert died - last < 1.0
+    # ... up to the newest sample before the death (how long building 1,500 samples took on
+    # a loaded machine moves the death, not the curve's end)
+    assert abs(last - (start + offsets[-1])) < 0.01, (last, start + offsets[-1])
 
 
 def test_only_signals_that_end_a_process_have_their_sender_described(tmp_path, monkeypatch):
