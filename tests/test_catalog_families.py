@@ -426,3 +426,36 @@ def test_a_veto_of_a_message_the_catalog_lacks_is_refused():
     files["k8s.toml"] = files["k8s.toml"].replace('"k8s.exit_code_json"]', '"k8s.no_such_message"]')
     with pytest.raises(CatalogError, match=r"k8s\.no_such_message"):
         load(files)
+
+
+_ECC = (
+    'Traceback (most recent call last):\n  File "train.py", line 80, in <module>\n    loss.backward()\n'
+    "RuntimeError: CUDA error: uncorrectable ECC error encountered\n"
+)
+
+
+def _termed(*ranks: int) -> str:
+    fails = [
+        Failure(r, r, -15, 501 + r, "2024-12-09_06:53:34", f"Signal 15 (SIGTERM) received by PID {501 + r}")
+        for r in ranks
+    ]
+    return failure_table(fails[0], *fails[1:])
+
+
+def test_a_device_fault_before_the_sigterms_is_the_failure_they_followed():
+    """A rank whose CUDA context is lost cannot go on: it raises, aborts, or hangs until it
+    is killed (the agent's SIGTERM, the SIGKILL after it), as a rank hung in a collective
+    is. Its own words decide; words that name no rank, where every death is a SIGTERM,
+    decide at possible and say no rank."""
+    own = diagnose([LogInput("rank0", _ECC), LogInput("agent", _termed(0))])["killer"]
+    assert (own["kind"], own["confidence"]) == ("gpu_error", "certain"), own
+    unnamed = diagnose([LogInput("ranks", _ECC), LogInput("agent", _termed(0, 1))])["killer"]
+    assert (unnamed["kind"], unnamed["confidence"]) == ("gpu_error", "possible"), unnamed
+    assert unnamed["summary"].startswith("A rank (no line says which)"), unnamed["summary"]
+    # every rank SIGTERMed and no fault said: a signal from outside, as before
+    plain = diagnose([LogInput("agent", _termed(0, 1))])["killer"]
+    assert plain["kind"] == "external_signal", plain
+    # a rank that ended of its own beside them: the SIGTERMs are not all there is
+    mixed = _termed(0) + "\n" + failure_table(Failure(1, 1, 1, 502, "2024-12-09_06:53:30", "<N/A>"))
+    other = diagnose([LogInput("ranks", _ECC), LogInput("agent", mixed)])["killer"]
+    assert "A rank (no line says which)" not in other["summary"], other

@@ -93,6 +93,12 @@ def _cited(f: Finding) -> EvidenceItem:
     return EvidenceItem("output", f.at_ns, f.line)
 
 
+def _all_terminated(ev: Evidence) -> bool:
+    """Every rank that ended, ended by SIGTERM."""
+    dead = [r for r in ev.ranks if r.dead and (r.signal is not None or r.returncode not in (None, 0))]
+    return bool(dead) and all(r.signal == _signal.SIGTERM for r in dead)
+
+
 def _one_end_no_prefix(victim: RankState, ev: Evidence) -> bool:
     """No line of the output read names its rank, and every rank that ended with an error
     ended with the victim's status, none by a signal."""
@@ -143,6 +149,20 @@ def from_output(
                 and _ends_with(Kind(f.get("said_kind") or "unknown"), victim.signal)
             ]
             confidence = Confidence.LIKELY
+        elif victim.signal == _signal.SIGTERM and _all_terminated(ev):
+            # every death the logs give is a SIGTERM: what a launcher sends every rank once
+            # something failed. A device fault in lines that name no rank (its CUDA context
+            # lost, that rank could not go on) is that failure; whose, no line says
+            mine = [
+                f
+                for label, f in ev.output
+                if label is None
+                and f.kind == "said"
+                and f.get("layer") in ("mechanism", "symptom")
+                and f.get("said_kind") == Kind.GPU_ERROR
+            ]
+            confidence = Confidence.POSSIBLE
+            who = "A rank (no line says which)"
     if not mine or victim.returncode == 0:
         return None
 
@@ -367,7 +387,11 @@ _ENDS: dict[Kind, frozenset[int]] = {
     Kind.ABORT: frozenset({_signal.SIGABRT}),
     # raised in Python (exit 1), or in a C++ thread (terminate: SIGABRT)
     Kind.CUDA_OOM: frozenset({0, _signal.SIGABRT}),
-    Kind.GPU_ERROR: frozenset({0, _signal.SIGABRT, _signal.SIGSEGV, _signal.SIGBUS, _signal.SIGKILL}),
+    # raised, aborted or crashed on; or, its CUDA context lost, hung until killed (the
+    # agent's SIGTERM or the SIGKILL after it), as a rank hung in a collective is
+    Kind.GPU_ERROR: frozenset(
+        {0, _signal.SIGABRT, _signal.SIGSEGV, _signal.SIGBUS, _signal.SIGKILL, _signal.SIGTERM}
+    ),
     Kind.PYTHON_EXCEPTION: frozenset({0, _signal.SIGABRT}),
 }
 
