@@ -329,29 +329,30 @@ def diagnose() -> str:
             f"| {name} | {h['cases']} | {h['right']} | {h['decisive']} |"
             f" {h['decisive_right']} ({_share(h['decisive_right'], h['decisive'])}) | {h['confident_wrong']} |"
         )
-    # the outside collections (tests/fixtures/public-logs/cases-wave4.jsonl, -wave5), scored apart
-    wave4, wave5 = _load("diagnose-wave4"), _load("diagnose-wave5")
-    later = wave4["results"]["halves"] if wave4 else {}
-    latest = wave5["results"]["halves"] if wave5 else {}
-    for halves, key, said in (
+    # the outside collections (tests/fixtures/public-logs/cases-waveN.jsonl), scored apart
+    rows: list[tuple[dict[str, Any], str, str]] = [
         (
             r["halves"],
             "held_out_unseen",
             "held_out, collected after the split (no case text read while writing rules)",
-        ),
-        (
-            later,
-            "collected_wave4",
-            "cases-wave4.jsonl, collected after the fourth wave's families (both halves)",
-        ),
-        (later, "held_out_wave4", "cases-wave4.jsonl, held_out (no case text read while writing rules)"),
-        (
-            latest,
-            "collected_wave4",
-            "cases-wave5.jsonl, collected after the wrap and family fixes (both halves)",
-        ),
-        (latest, "held_out_wave4", "cases-wave5.jsonl, held_out (no case text read while writing rules)"),
+        )
+    ]
+    for wave, when in (
+        (4, "after the fourth wave's families"),
+        (5, "after the wrap and family fixes"),
+        (6, "after the fifth collection was scored"),
     ):
+        doc_n = _load(f"diagnose-wave{wave}")
+        halves_n = doc_n["results"]["halves"] if doc_n else {}
+        rows += [
+            (halves_n, "collected_wave4", f"cases-wave{wave}.jsonl, collected {when} (both halves)"),
+            (
+                halves_n,
+                "held_out_wave4",
+                f"cases-wave{wave}.jsonl, held_out (no case text read while writing rules)",
+            ),
+        ]
+    for halves, key, said in rows:
         unseen = halves.get(key)
         if unseen:
             out.append(

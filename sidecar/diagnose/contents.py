@@ -106,6 +106,8 @@ def _vetoed(found: list[list[Hit]]) -> set[tuple[int, str]]:
     out: set[tuple[int, str]] = set()
     for n, hits in enumerate(found):
         for hit in hits:
+            if not hit.message.vetoes:
+                continue
             for other in range(max(0, n - VETO_LINES), min(len(found), n + VETO_LINES + 1)):
                 out |= {(other, h.message.id) for h in found[other] if h.message.id in hit.message.vetoes}
     return out
