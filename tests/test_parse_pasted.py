@@ -241,3 +241,14 @@ def test_a_launcher_s_report_of_the_job_s_exit_is_never_the_reason():
     assert doc["victim"]["rank"] == 1 and doc["victim"]["pid"] == 1234
     assert "CalledProcessError" not in doc["killer"]["summary"]
     assert [r["rank"] for r in doc["ranks"]] == [1]
+
+
+def test_fullwidth_ascii_from_a_cjk_locale_or_input_method_reads_as_ascii():
+    """bash's zh_CN "已放弃（核心已转储）" and a copy that turned glibc's "(!prev)" fullwidth:
+    the emitters' ASCII words again, the space a fullwidth bracket swallowed put back."""
+    assert plain("double free or corruption（！prev）") == "double free or corruption (!prev)"
+    assert plain("已放弃（核心已转储）") == "已放弃 (核心已转储)"
+    assert plain("exitcode　：　－９") == "exitcode : -9"  # the ideographic space, fullwidth digits
+    assert plain("中文日志，没有ASCII") == "中文日志,没有ASCII"
+    doc = diagnose([LogInput("rank", "    double free or corruption（！prev）\n    已放弃（核心已转储）")])
+    assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("abort", "certain"), doc["killer"]

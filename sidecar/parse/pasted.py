@@ -3,7 +3,8 @@
 What a copy adds and what it breaks, undone here:
 
 * colours (ANSI escape sequences) and carriage returns (CRLF files, progress bars that
-  redraw a line) are removed;
+  redraw a line) are removed; fullwidth ASCII (a CJK locale's or input method's
+  punctuation) is read as ASCII;
 * prefixes a tool puts on every line are recognised and taken off, and what they say is
   kept: ``srun -l``'s task id (``3: ...``, a rank) becomes the ``[rank3]:`` prefix torch
   itself writes, so the rules attribute the line as they would torch's own; a container
@@ -52,7 +53,17 @@ _TORCH_RANK = re.compile(r"^\s{0,4}\[(?:rank|default)\d{1,6}\]:")
 _NAMES_RANK = re.compile(r"^\s{0,4}\[rank(\d{1,6})\]:|\[Rank (\d{1,6})\]")
 
 
+# fullwidth forms of ASCII (U+FF01-FF5E) and the ideographic space, as ASCII: a CJK locale's
+# translations (bash's "已放弃（核心已转储）") and a copy through a CJK input method or site
+# turn an emitter's ASCII punctuation fullwidth, which no log message means
+_FULLWIDTH = {0xFF01 + i: 0x21 + i for i in range(0x5E)} | {0x3000: 0x20}
+_WIDE_OPEN = re.compile(r"(?<=[^\s\uff08\uff3b])[\uff08\uff3b]")  # （ ［ after a non-space
+
+
 def _strip(line: str) -> str:
+    if not line.isascii():
+        # a fullwidth bracket carries its own spacing: the space before it was dropped
+        line = _WIDE_OPEN.sub(" \\g<0>", line).translate(_FULLWIDTH)
     if "\x1b" in line:
         line = _ANSI.sub("", line)
     if "\r" in line:  # a redrawn line keeps what was drawn last; a CRLF end is dropped
