@@ -171,12 +171,15 @@ def _unwrap_web(lines: list[str]) -> list[str]:
     return out
 
 
-def _read(cat: Catalog, text: str, before: str | None) -> set[str]:
-    """The catalog messages in ``text``, alone and after the line ``before`` it (either glue)."""
+def _read(cat: Catalog, text: str, before: str | None = None, after: str | None = None) -> set[str]:
+    """The catalog messages in ``text``, alone and with the line ``before`` or ``after`` it
+    glued on either way (a message whose head or tail is there)."""
     ids = {h.message.id for h in cat.scan(text)}
-    if before:
-        for glue in ("", " "):
+    for glue in ("", " ") if before or after else ():
+        if before:
             ids |= {h.message.id for h in cat.scan(before + glue + text)}
+        if after:
+            ids |= {h.message.id for h in cat.scan(text + glue + after)}
     return ids
 
 
@@ -190,15 +193,7 @@ def _glued(cat: Catalog, before: str, after: str, following: str = "") -> str:
     if before.endswith(" ") or after.startswith(" "):
         return tight
     spaced = before + " " + after
-
-    def found(text: str) -> set[str]:
-        ids = {h.message.id for h in cat.scan(text)}
-        if following:
-            for glue in ("", " "):
-                ids |= {h.message.id for h in cat.scan(text + glue + following)}
-        return ids
-
-    wide, narrow = found(spaced), found(tight)
+    wide, narrow = _read(cat, spaced, after=following), _read(cat, tight, after=following)
     return spaced if narrow < wide else tight  # the space reads more, and loses nothing
 
 
