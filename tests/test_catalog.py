@@ -99,6 +99,8 @@ def test_an_entry_is_well_formed(message: Message):
             or message.kind.value == "agent_teardown"
             or message.confidence == Confidence.POSSIBLE
         )
+    if message.relays_death:  # another's death, told without its cause: it names no killer
+        assert message.kind is None and message.layer == "report", message.id
     assert message.anchors and min(map(len, message.anchors)) >= 3, (
         f"{message.id}: the pattern has no literal words to look for: {message.anchors}"
     )

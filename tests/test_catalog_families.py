@@ -4,8 +4,11 @@ tests/test_catalog.py): the verdict, its confidence, and the words that must dec
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from sidecar.catalog import catalog
 from sidecar.diagnose import LogInput, diagnose
 from tests.agent_text import Failure, failure_table
 
@@ -459,3 +462,46 @@ def test_a_device_fault_before_the_sigterms_is_the_failure_they_followed():
     mixed = _termed(0) + "\n" + failure_table(Failure(1, 1, 1, 502, "2024-12-09_06:53:30", "<N/A>"))
     other = diagnose([LogInput("ranks", _ECC), LogInput("agent", mixed)])["killer"]
     assert "A rank (no line says which)" not in other["summary"], other
+
+
+_RELAY_VALUES = {"task": "ff00", "worker": "ab12", "node_id": "cd34", "ip": "10.0.0.7", "port": "10046",
+                 "pid": "4242", "pids": "4242"}  # fmt: skip
+_MEMORY_RECORDS = (
+    (
+        "slurmstepd: error: Detected 2 oom-kill event(s) in StepId=59137890.batch. Some of your "
+        "processes may have been killed by the cgroup out-of-memory handler.",
+        "cgroup_oom",
+    ),
+    ("Warning  Evicted  2m  kubelet  The node was low on resource: memory.", "userspace_oom"),
+)
+
+
+def _relayed() -> list[tuple[str, str]]:
+    """Each catalog message that relays another process's abrupt death, rendered from its
+    format, and torch's own DataLoader words for a worker killed by SIGKILL."""
+    out = [
+        (m.id, re.sub(r"\{(\w+)(?::\w+)?\}", lambda g: _RELAY_VALUES.get(g[1], "x"), m.format))
+        for m in catalog().messages
+        if m.relays_death
+    ]
+    return [*out, ("dataloader_killed", "DataLoader worker (pid 4242) is killed by signal: Killed.")]
+
+
+@pytest.mark.parametrize(("record", "kind"), _MEMORY_RECORDS)
+def test_an_exception_that_relays_an_abrupt_death_is_explained_by_a_memory_record(record, kind):
+    """A driver that ends on an exception only relaying that a worker, an actor or a child
+    died abruptly (no word of its own on why), in a job whose scheduler recorded a memory
+    kill: the memory kill is why, at likely (the record names no pid). Without the record no
+    killer is named beyond possible; an exception of the process's own is not explained by it."""
+    trace = 'Traceback (most recent call last):\n  File "train.py", line 9, in <module>\n    run()\n'
+    for mid, relay in _relayed():
+        last = relay if "Error:" in relay else f"RuntimeError: {relay}"
+        text = trace + last + "\n"
+        with_record = diagnose([LogInput("driver", text), LogInput("scheduler", record)])["killer"]
+        assert (with_record["kind"], with_record["confidence"]) == (kind, "likely"), (mid, with_record)
+        alone = diagnose([LogInput("driver", text)])["killer"]
+        answer = (alone["kind"], alone["confidence"])
+        assert answer in (("python_exception", "possible"), ("unknown", "possible")), (mid, alone)
+    own = trace + "KeyError: 'labels'\n"
+    mine = diagnose([LogInput("driver", own), LogInput("scheduler", record)])["killer"]
+    assert mine["kind"] == "python_exception", mine

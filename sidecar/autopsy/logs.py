@@ -79,6 +79,8 @@ class LogRecords:
     # their reports of a process's exit status or signal that name no killer (spawn's
     # "process 1 terminated with signal SIGSEGV", a container's "Exit Code: 137")
     exits: list[tuple[Hit, float | None]] = field(default_factory=list)
+    # their lines that relay another process's abrupt death (the catalog's ``relays_death``)
+    relayed: list[str] = field(default_factory=list)
     death_at: dict[str, float] = field(default_factory=dict)  # rank label -> its death, where known
     dating: Dating = field(default_factory=Dating.at_now)  # how year-less stamps are dated
 
@@ -210,6 +212,23 @@ def logs_rules(
             return _with(
                 v, kind, Confidence.LIKELY, text.format(src=src, scope=scope, who=who, unit=unit), items
             )
+    relay = _relayed_death(v, g)
+    memory = next((jobs[w] for w in _MEMORY_RECORDS if w in jobs), None)
+    if relay is not None and memory is not None:
+        # the exception only relays that a worker, an actor or a child died abruptly: the
+        # job's memory killer, which kills without a word to the process, is why
+        items += [EvidenceItem("output", None, relay), EvidenceItem(memory.source, None, memory.line)]
+        scope = f" in {memory.scope}" if memory.scope else ""
+        return _with(
+            v,
+            _MEMORY_RECORDS[memory.what],
+            Confidence.LIKELY,
+            f"{who} ended on an exception that only relays another process's abrupt death "
+            f"({relay.strip()[:160]}), and {_SOURCES.get(memory.source, memory.source)} reports "
+            f"a memory kill{scope}: that process was most likely killed for memory (the record "
+            "names no pid).",
+            items,
+        )
     death = _death_time(v, g)
     untied = _untied_oom(v, g, k) if weak and sigkill else None
     if untied is not None and not _far(k.oom_at.get(untied[0].pid), death):
@@ -362,6 +381,36 @@ def logs_rules(
     if v.confidence == Confidence.POSSIBLE:
         collect += [COLLECT_KERNEL, COLLECT_RANK_LOGS]
     return v
+
+
+# a scheduler's or a memory daemon's record of a memory kill in the job, and its killer
+_MEMORY_RECORDS = {
+    "oom_cgroup": Kind.CGROUP_OOM,
+    "memory_policy": Kind.USERSPACE_OOM,
+    "eviction": Kind.USERSPACE_OOM,
+    "memory_monitor": Kind.USERSPACE_OOM,
+}
+_SOURCES = {"slurm": "Slurm", "kubernetes": "Kubernetes", "docker": "Docker"}
+
+
+def _relayed_death(v: Verdict, g: LogRecords) -> str | None:
+    """The line that relays another process's abrupt death (a Ray actor or worker, a
+    DataLoader worker: the catalog's ``relays_death``), in the victim's output, output that
+    names no rank, or a launcher's lines, where the victim ended on an exception: the
+    exception is that report, not a cause of its own."""
+    if v.kind != Kind.PYTHON_EXCEPTION:
+        return None
+    label = v.victim.label
+    for lab, f in g.findings:
+        if lab not in (None, label):
+            continue
+        if f.kind == "said" and f.get("relays_death") == "1":
+            return f.line
+        # torch's own words for a DataLoader worker's death: by SIGKILL ("Killed", strsignal's
+        # word) or with no status at all ("exited unexpectedly")
+        if f.kind == "dataloader_killed" and f.get("signal") in (None, "Killed"):
+            return f.line
+    return g.relayed[0] if g.relayed else None
 
 
 def _untied_oom(v: Verdict, g: LogRecords, k: KernelRecords) -> tuple[KernelOom, str] | None:

@@ -84,6 +84,9 @@ class Message:
     fold: bool  # the pattern ignores case
     exit_code: int | None = None  # the status its emitter's source fixes for the process it reports
     vetoes: tuple[str, ...] = ()  # messages whose exit status, beside this one, no process ended with
+    # a report that another process of the job (a worker, an actor, a child) died abruptly,
+    # with no word of its own on why: a memory killer's record of the job explains it
+    relays_death: bool = False
 
     def said(self, fields: tuple[tuple[str, str], ...] | dict[str, str]) -> str:
         """``says`` with its ``{field}`` placeholders filled from what the pattern captured
@@ -379,6 +382,7 @@ def _message(raw: dict[str, Any], emitter: str, channel: str, where: str) -> Mes
         fold=bool(pattern.flags & re.IGNORECASE),
         exit_code=int(raw["exit_code"]) if "exit_code" in raw else None,
         vetoes=tuple(str(v) for v in raw.get("vetoes", ())),
+        relays_death=bool(raw.get("relays_death", False)),
     )
 
 

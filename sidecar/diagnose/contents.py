@@ -68,6 +68,8 @@ def gather(inputs: list[LogInput], now: float | None = None) -> LogRecords:
             for hit in hits:
                 if hit.message.decides:
                     g.said.append((hit, line_time(line, g.dating)))
+                elif hit.message.relays_death:
+                    g.relayed.append(line)
                 elif hit.message.channel != "kernel" and exit_of(hit) is not None:
                     if (n, hit.message.id) in vetoed:
                         continue  # a status no process ended with (the kubelet's own 137)

@@ -340,5 +340,6 @@ def said_fields(hit: Hit) -> tuple[tuple[str, str], ...]:
         ("said_kind", m.kind.value if m.kind else ""),
         ("layer", m.layer),
         ("ceiling", m.confidence.value),
+        *((("relays_death", "1"),) if m.relays_death else ()),
         *hit.fields,
     )
