@@ -422,3 +422,52 @@ def test_deepspeed_s_spawned_pids_tie_its_exit_line_to_the_kernel_s_kill():
     # without the starts, the exit line's local rank and the kernel's pid stay apart
     alone = diagnose([LogInput("ds", "\n".join(ds.splitlines()[2:])), LogInput("dmesg", kernel)])
     assert alone["killer"]["confidence"] != "certain", alone["killer"]
+
+
+def test_srun_task_lists_are_read_in_order_and_bounded():
+    from sidecar.parse.jobs import parse_job_line, srun_tasks
+
+    assert srun_tasks("0,2-3") == (0, 2, 3) and srun_tasks("7") == (7,)
+    assert srun_tasks("3-1") == () and srun_tasks("0-99999999") == () and srun_tasks("1,,2") == ()
+    rec = parse_job_line("srun: error: node01: tasks 10-11: Exited with exit code 1")
+    assert rec is not None and (rec.what, rec.exit_code, rec.tasks) == ("exit_code", 1, (10, 11))
+
+
+_OWN_FAILURE = (
+    "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total "
+    "capacity of 79.15 GiB of which 1.02 GiB is free.\n"
+)
+_SRUN_ENDS = (
+    "srun: error: node01: task 1: Exited with exit code 1\n"
+    "srun: launch/slurm: _step_signal: Terminating StepId=1234.0\n"
+    "slurmstepd: error: *** STEP 1234.0 ON node01 CANCELLED AT 2024-10-01T10:00:00 ***\n"
+    "srun: error: node01: tasks 0,2-3: Killed\n"
+)
+
+
+def test_srun_s_kills_after_a_task_s_own_failure_are_its_teardown():
+    """srun reports tasks as they end: after a task's own failure (an exit status, a fault)
+    the tasks it reports Killed or Terminated are its --kill-on-bad-exit teardown, and the
+    step's CANCELLED line is that teardown, not a cancel from outside. Killed tasks reported
+    first are the death, and the cancel explains them."""
+    doc = diagnose([LogInput("srun", _OWN_FAILURE + _SRUN_ENDS)])
+    assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("cuda_oom", "likely"), doc["killer"]
+    fates = {r["rank"]: r["fate"] for r in doc["ranks"]}
+    assert fates == {
+        1: "root_cause",
+        0: "terminated_by_agent",
+        2: "terminated_by_agent",
+        3: "terminated_by_agent",
+    }
+    killed_first = (
+        "slurmstepd: error: *** STEP 1234.0 ON node01 CANCELLED AT 2024-10-01T10:00:00 ***\n"
+        "srun: error: node01: tasks 0-3: Killed\n"
+    )
+    doc = diagnose([LogInput("srun", killed_first)])
+    assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("external_signal", "likely"), doc[
+        "killer"
+    ]
+    # under a launcher a task is a node's agent, whose exit status 1 reports its worker's end
+    agent = "torch.distributed.elastic.multiprocessing.api: [ERROR] failed (exitcode: 1) local_rank: 0 (pid: 77)\n"
+    doc = diagnose([LogInput("srun", agent + "srun: error: node01: task 1: Exited with exit code 1\n")])
+    assert all(r["rank"] != 1 for r in doc["ranks"]), doc["ranks"]

@@ -15,7 +15,7 @@ import pytest
 
 from sidecar.demo import join_cgroup, memory_cgroup
 from tests import slurm
-from tests.e2e import REPO, DeepSpeedJob, TorchrunJob
+from tests.e2e import REPO, TASK_JOB, DeepSpeedJob, TorchrunJob, free_port
 from tests.skips import requires
 
 GIB = 1 << 30
@@ -229,3 +229,32 @@ def test_a_dataloader_worker_killed_by_its_slurm_step_s_limit_is_named_from_srun
     rc, out, _ = _diagnose("--format", "json", str(alone))
     killer = json.loads(out)["killer"]
     assert (killer["kind"], killer["confidence"]) == ("python_exception", "possible"), killer
+
+
+@pytest.mark.root
+@requires("slurm")
+def test_srun_s_teardown_after_a_task_s_own_failure_is_no_cancel_from_outside(tmp_path):
+    """``srun -l --kill-on-bad-exit=1``: rank 1 raises; srun reports ``task 1: Exited with
+    exit code 1``, ends the step (slurmstepd's ``*** STEP ... CANCELLED ***``) and reports
+    rank 0 ``Terminated``. From srun's output alone: rank 1's exception, rank 0 ended by the
+    launcher; the step's cancellation is srun's teardown, not a cancel from outside (it was
+    named external_signal, likely)."""
+    env = dict(slurm.cluster(), OMP_NUM_THREADS="1")
+    cmd = [
+        "srun", "-l", "--nodes=1", "--ntasks=2", "--mem=1536M", "--kill-on-bad-exit=1",
+        "--job-name=tw-bad-exit", sys.executable, str(TASK_JOB), f"--port={free_port()}",
+        "--hold-mb=30", "--workers=0", "--duration=60", "--raise-rank=1", "--raise-after=3",
+    ]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO, env=env)
+    text = run.stdout + run.stderr
+    assert run.returncode != 0 and "task 1: Exited with exit code 1" in text, text[-3000:]
+    assert "CANCELLED" in text, text[-3000:]  # the step's end, as slurmstepd writes it
+    log = tmp_path / "srun.log"
+    log.write_text(text)
+    rc, out, _ = _diagnose("--format", "json", str(log))
+    doc = json.loads(out)
+    killer = doc["killer"]
+    assert rc == 0 and killer["kind"] == "python_exception", killer
+    assert "a bad batch on purpose" in killer["summary"], killer
+    fates = {r["rank"]: r["fate"] for r in doc["ranks"]}
+    assert fates == {1: "root_cause", 0: "terminated_by_agent"}, doc["ranks"]

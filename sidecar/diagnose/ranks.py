@@ -69,7 +69,36 @@ def log_ranks(g: LogRecords) -> tuple[list[LogRank], list[EvidenceItem]]:
             if r.returncode is None and rec.signal is not None:
                 r.returncode = -rec.signal
             r.lines.append(rec.line)
+    # srun started the ranks, no launcher of their own (a torchrun agent's or DeepSpeed's
+    # lines): its task ids are ranks (SLURM_PROCID); else a task is a node's launcher
+    tasks_are_ranks = not g.agent and not any(j.source == "deepspeed" for j in g.jobs)
+    srun_failed = False  # srun reported a task's own failure: the kills it reports next are its teardown
     for job in g.jobs:
+        if job.source == "slurm" and job.what == "exit_code" and not tasks_are_ranks:
+            continue  # a node's launcher exiting 1 after its worker failed: a report, not an end
+        if (
+            job.source == "slurm"
+            and job.what in ("exit_signal", "exit_code")
+            and job.tasks
+            and tasks_are_ranks
+        ):
+            # srun reports each group of tasks as it ends, in order; after a task's bad exit it
+            # ends the step (--kill-on-bad-exit; "_step_signal: Terminating", "Job step
+            # aborted"), so the tasks it then reports Killed or Terminated are its teardown
+            teardown = srun_failed and job.signal in (_signal.SIGKILL, _signal.SIGTERM)
+            for task in job.tasks:
+                # srun's task id is the rank (SLURM_PROCID) when srun started the ranks
+                r = get(None, task, None)
+                r.inferred_rank = True
+                if r.returncode is not None:
+                    continue
+                r.returncode = -job.signal if job.signal else job.exit_code
+                r.first, r.torn_down = not teardown, teardown
+                r.lines.append(job.line)
+                r.at = r.at or when(job.line, g.dating)
+            # a task that failed of its own (an exit status, a fault), not one killed with others
+            srun_failed = srun_failed or job.signal not in (_signal.SIGKILL, _signal.SIGTERM)
+            continue
         if job.source == "deepspeed" and job.what == "teardown":
             r = get(job.pid)
             r.torn_down = True

@@ -54,6 +54,7 @@ class JobRecord:
     local_rank: int | None = None
     scope: str | None = None  # the step, container or node the record names
     value: float | None = None  # memory_usage: percent of host memory used
+    tasks: tuple[int, ...] = ()  # srun: the task ids the line reports (``tasks 0,2-3``), in order
 
 
 def _sig(name: str) -> int | None:
@@ -73,6 +74,8 @@ _SRUN_OOM = re.compile(r"srun: error: (\S+): task (\d{1,20}): Out Of Memory")
 _SRUN_KILLED = re.compile(
     r"srun: error: (\S+): tasks? ([\d,-]+): (Killed|Terminated|Segmentation fault|Aborted)"
 )
+_SRUN_EXITED = re.compile(r"srun: error: (\S+): tasks? ([\d,-]+): Exited with exit code (\d{1,10})")
+_MAX_TASKS = 65536  # a task list longer than any step's is no list srun printed
 _SLURM_STATE = re.compile(r"\bOUT_OF_ME(?:MORY|\+)|JobState=OUT_OF_MEMORY|Reason=OutOfMemory")
 _SLURM_CANCEL = re.compile(
     r"\*\*\* (?:JOB|STEP) (\S+) ON (\S+) CANCELLED AT (\S+)(?: DUE TO (TIME LIMIT|PREEMPTION|NODE FAILURE))?"
@@ -128,6 +131,21 @@ _SHELL_SIGNALS = {
 _CORE = re.compile(r"\s*\((?:core dumped|核心已转储|Speicherabzug geschrieben)\)$")
 
 
+def srun_tasks(text: str) -> tuple[int, ...]:
+    """srun's task list (``0,2-3``) as task ids in order; empty when it is malformed or
+    longer than any step."""
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            return ()
+        first, last = int(lo), int(hi or lo)
+        if last < first or len(out) + last - first + 1 > _MAX_TASKS:
+            return ()
+        out += range(first, last + 1)
+    return tuple(out)
+
+
 def parse_job_line(text: str) -> JobRecord | None:
     line = text.strip()
     if not line:
@@ -142,16 +160,19 @@ def parse_job_line(text: str) -> JobRecord | None:
     m = _SRUN_OOM.search(line)
     if m:
         return JobRecord("slurm", "oom_cgroup", line, local_rank=int(m[2]), scope=m[1])
-    m = _SRUN_KILLED.search(line)
+    m = _SRUN_KILLED.search(line) or _SRUN_EXITED.search(line)
     if m:
-        task = m[2]
+        task, tasks = m[2], srun_tasks(m[2])
+        code = m[3] if m.re is _SRUN_EXITED else None
         return JobRecord(
             "slurm",
-            "exit_signal",
+            "exit_code" if code is not None else "exit_signal",
             line,
-            signal=_sig(_SHELL_SIGNALS[m[3]]),
+            signal=None if code is not None else _sig(_SHELL_SIGNALS[m[3]]),
+            exit_code=int(code) if code is not None else None,
             local_rank=int(task) if task.isdigit() else None,
             scope=m[1],
+            tasks=tasks,
         )
     m = _SLURM_CANCEL.search(line)
     if m:
