@@ -471,3 +471,20 @@ def test_srun_s_kills_after_a_task_s_own_failure_are_its_teardown():
     agent = "torch.distributed.elastic.multiprocessing.api: [ERROR] failed (exitcode: 1) local_rank: 0 (pid: 77)\n"
     doc = diagnose([LogInput("srun", agent + "srun: error: node01: task 1: Exited with exit code 1\n")])
     assert all(r["rank"] != 1 for r in doc["ranks"]), doc["ranks"]
+
+
+def test_a_verdict_leaves_out_the_words_of_a_value_its_line_lacks():
+    """torch 1.x's blocking-wait timeout names its rank in the message; a paste that lost the
+    "[Rank N] " still names the timeout, and the sentence says no "on rank" of nobody. A gloo
+    timeout whose collective is unknown is "a gloo collective"."""
+    tb = 'Traceback (most recent call last):\n  File "t.py", line 1, in <module>\n'
+    line = (
+        "RuntimeError: Caught collective operation timeout: WorkNCCL(SeqNum=10, OpType=BARRIER, "
+        "Timeout(ms)=1800000) ran for 1800034 milliseconds before timing out.\n"
+    )
+    killer = diagnose([LogInput("rank", tb + line)])["killer"]
+    assert killer["kind"] == "collective_timeout", killer
+    assert "on rank" not in killer["summary"] and killer["summary"].endswith("in a blocking wait."), killer
+    gloo = "RuntimeError: [pair.cc:81] Timed out waiting 1800000ms for recv operation to complete\n"
+    killer = diagnose([LogInput("rank", tb + gloo)])["killer"]
+    assert killer["kind"] == "collective_timeout" and "a gloo collective did not" in killer["summary"], killer

@@ -238,10 +238,11 @@ def from_output(
                 # not show it
                 confidence = Confidence.POSSIBLE
                 never += ": what kept it away is the job's root cause, and these logs do not show it"
+        named = f"the {backend} {what}" if op else f"a {backend} collective" + what[len("a collective") :]
         return (
             Kind.COLLECTIVE_TIMEOUT,
             confidence,
-            f"{who}: the {backend} {what} did not complete within {waited:g} s{never}.",
+            f"{who}: {named} did not complete within {waited:g} s{never}.",
         )
     stuck = cite("nccl_heartbeat")
     if stuck:

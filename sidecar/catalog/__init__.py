@@ -55,6 +55,9 @@ LINE_MAX = 4096  # what a scan looks at of one line: a message is far shorter; l
 
 
 _SAYS_FIELD = re.compile(r"\{(\w+)\}")
+_MISSING = re.compile(
+    r"(?: (?:on|in|of|for|at|by|from|with))?(?: (?:local rank|rank|pid|node|GPU|seq))? ?\x00"
+)
 
 
 class CatalogError(ValueError):
@@ -95,9 +98,10 @@ class Message:
 
         def fill(m: re.Match[str]) -> str:
             value = values.get(m[1])
-            return value.strip()[:200] if value else ""
+            return value.strip()[:200] if value else "\x00"
 
-        text = _SAYS_FIELD.sub(fill, self.says)
+        # a missing value goes with the words that name it ("on rank {rank}", "pid {pid}")
+        text = _MISSING.sub("", _SAYS_FIELD.sub(fill, self.says))
         text = re.sub(r"\(\s*\)|\[\s*\]", "", text)
         return re.sub(r" {2,}", " ", text).strip().rstrip(":,").strip()
 
