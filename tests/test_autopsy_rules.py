@@ -74,6 +74,19 @@ def test_counters_without_a_record_are_likely_not_certain():
     assert v.kind == "cgroup_oom" and v.confidence == "likely"
 
 
+def test_the_host_oom_counter_moved_by_another_job_s_kill_is_no_reason():
+    """/proc/vmstat's oom_kill counts every OOM kill on the host: a kill -9 while another
+    container's OOM killed its own process (the kernel's record names that pid) is no OOM;
+    a rise the records do not account for still is (likely)."""
+    other = KernelOom(999, int(9.5 * S), "memcg", "/other", "/other", "python3", None, ())
+    counters = {"host_oom_kills_before": 7, "host_oom_kills_after": 8}
+    v = autopsy(Evidence((_r("1", 102, 9, 10.0),), kernel=(other,), **counters))  # type: ignore[arg-type]
+    assert v.kind == "external_signal", (v.kind, v.summary)
+    more = {"host_oom_kills_before": 7, "host_oom_kills_after": 9}
+    v = autopsy(Evidence((_r("1", 102, 9, 10.0),), kernel=(other,), **more))  # type: ignore[arg-type]
+    assert (v.kind, v.confidence) == ("kernel_oom", "likely"), (v.kind, v.summary)
+
+
 def test_the_agents_sigkill_30_s_later_is_teardown_not_oom():
     oom = KernelOom(102, int(10 * S), "memcg", "/job", "/job", "python3", None, ())
     v = autopsy(

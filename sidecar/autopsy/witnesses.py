@@ -215,12 +215,20 @@ def sender_of(rank: RankState, signals: tuple[SignalSent, ...]) -> SignalSent | 
     return max(candidates, key=lambda s: s.at_ns) if candidates else None
 
 
+_COUNTED_NS = 120 * 10**9  # the counters are read a sampling interval before the death and at the autopsy
+
+
 def counter_moved(ev: Evidence, victim: RankState) -> tuple[bool, bool, str | None]:
-    host = (
-        ev.host_oom_kills_before is not None
-        and ev.host_oom_kills_after is not None
-        and ev.host_oom_kills_after > ev.host_oom_kills_before
-    )
+    before, after = ev.host_oom_kills_before, ev.host_oom_kills_after
+    rise = after - before if before is not None and after is not None else 0
+    host = rise > 0
+    if host and ev.kernel_log_readable and not lost_near(victim, ev) and victim.died_ns is not None:
+        # /proc/vmstat's oom_kill counts every OOM kill on the host, each container's too: the
+        # kernel's records of kills of other processes around the death account for its rise
+        # (another job's cgroup OOM on a shared node is no reason for this SIGKILL)
+        died = victim.died_ns
+        others = {o.pid for o in ev.kernel if o.pid != victim.pid and abs(o.at_ns - died) <= _COUNTED_NS}
+        host = len(others) < rise
     cgroup_path = None
     cgroup = False
     for path in (victim.cgroup, victim.cgroup_limited_by):
