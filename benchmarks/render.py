@@ -342,6 +342,7 @@ def diagnose() -> str:
         (5, "after the wrap and family fixes"),
         (6, "after the fifth collection was scored"),
         (7, "after the sixth collection's rules"),
+        (8, "after the seventh collection's rules"),
     ):
         doc_n = _load(f"diagnose-wave{wave}")
         halves_n = doc_n["results"]["halves"] if doc_n else {}
