@@ -261,3 +261,13 @@ def test_scanning_a_whole_text_finds_what_scanning_each_line_finds(picks, noise,
     ):
         got = [[(h.message.id, h.fields) for h in hits] for hits in part.scan_lines(lines)]
         assert got == [[(h.message.id, h.fields) for h in part.scan(line)] for line in lines]
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=IDS)
+def test_a_says_with_nothing_captured_leaves_no_empty_words(message: Message):
+    """A pattern's optional groups may capture nothing (a paste cut the line, a version prints
+    less): the sentence then leaves the value out with the words that name it (no "on rank."
+    of nobody, no "(seq )", no "after  ms")."""
+    said = message.said({})
+    assert "\x00" not in said and "()" not in said and "  " not in said, said
+    assert not re.search(r"\b(?:on rank|seq|after)\s*(?:[.,:;)]|$)", said), said

@@ -55,8 +55,11 @@ LINE_MAX = 4096  # what a scan looks at of one line: a message is far shorter; l
 
 
 _SAYS_FIELD = re.compile(r"\{(\w+)\}")
+_MISSING_ASIDE = re.compile(r" ?\((?=[^()]{0,60}\x00)[^()]{0,60}\)")
+_MISSING_AMOUNT = re.compile(r"(?: (?:after|of|for|with))? \x00 (?:ms|s|bytes|B|KiB|MiB|GiB|TiB|free|left)\b")
 _MISSING = re.compile(
-    r"(?: (?:on|in|of|for|at|by|from|with))?(?: (?:local rank|rank|pid|node|GPU|seq))? ?\x00"
+    r"(?: (?:on|in|of|for|at|by|from|with))?"
+    r"(?: (?:local rank|rank|pid|node|GPU|seq|exit code|code|thread|container))? ?\x00"
 )
 
 
@@ -100,8 +103,11 @@ class Message:
             value = values.get(m[1])
             return value.strip()[:200] if value else "\x00"
 
-        # a missing value goes with the words that name it ("on rank {rank}", "pid {pid}")
-        text = _MISSING.sub("", _SAYS_FIELD.sub(fill, self.says))
+        # a missing value goes with the words that name it ("on rank {rank}", "pid {pid}",
+        # "(seq {seq})", "after {ran_ms} ms")
+        text = _SAYS_FIELD.sub(fill, self.says)
+        text = _MISSING_ASIDE.sub("", _MISSING_AMOUNT.sub("", text))
+        text = _MISSING.sub("", text)
         text = re.sub(r"\(\s*\)|\[\s*\]", "", text)
         return re.sub(r" {2,}", " ", text).strip().rstrip(":,").strip()
 
