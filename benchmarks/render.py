@@ -343,6 +343,7 @@ def diagnose() -> str:
         (6, "after the fifth collection was scored"),
         (7, "after the sixth collection's rules"),
         (8, "after the seventh collection's rules"),
+        (9, "after the eighth collection's rules"),
     ):
         doc_n = _load(f"diagnose-wave{wave}")
         halves_n = doc_n["results"]["halves"] if doc_n else {}
