@@ -29,6 +29,7 @@ EMITTERS = {
     "k8s",  # kubelet, container statuses, events, Kubeflow, Docker
     "slurm",  # slurmstepd, srun, states
     "launchers",  # DeepSpeed, accelerate, Lightning, Ray
+    "tvmffi",  # TVM FFI's SIGSEGV handler (xgrammar, FlashInfer)
 }
 
 MESSAGES = load(texts()).messages  # raises what is wrong with a shipped file

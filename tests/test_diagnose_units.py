@@ -488,3 +488,35 @@ def test_a_verdict_leaves_out_the_words_of_a_value_its_line_lacks():
     gloo = "RuntimeError: [pair.cc:81] Timed out waiting 1800000ms for recv operation to complete\n"
     killer = diagnose([LogInput("rank", tb + gloo)])["killer"]
     assert killer["kind"] == "collective_timeout" and "a gloo collective did not" in killer["summary"], killer
+
+
+_CLOSING = (
+    "W0908 08:36:53.275135 2716321 torch/distributed/elastic/multiprocessing/api.py:900] Sending process "
+    "2716409 closing signal {sig}\n"
+    "W0908 08:36:53.280205 2716321 torch/distributed/elastic/multiprocessing/api.py:900] Sending process "
+    "2716411 closing signal {sig}\n"
+)
+_CRASH = "Fatal Python error: none_dealloc: deallocating None\nPython runtime state: initialized\n"
+
+
+def test_the_worker_the_agent_closed_the_others_for_is_none_of_them():
+    """The agent sends its closing signal only to the workers still alive: where every
+    process the logs name is one it closed, a process's own end in lines that name no rank
+    is the worker's it reacted to, not theirs. Not where the agent says it was signalled, nor
+    where it closes with the SIGHUP it received, nor where the lines hold only a peer's
+    report (the rendezvous failing closes the group too)."""
+    doc = diagnose([LogInput("rank", _CRASH), LogInput("agent", _CLOSING.format(sig="SIGTERM"))])
+    assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("abort", "likely"), doc["killer"]
+    assert sorted(r["fate"] for r in doc["ranks"]) == [
+        "root_cause",
+        "terminated_by_agent",
+        "terminated_by_agent",
+    ]
+    told = "torch.distributed.elastic.agent.server.api: [WARNING] Received 15 death signal, shutting down workers\n"
+    doc = diagnose([LogInput("rank", _CRASH), LogInput("agent", told + _CLOSING.format(sig="SIGTERM"))])
+    assert doc["killer"]["kind"] == "external_signal", doc["killer"]
+    doc = diagnose([LogInput("rank", _CRASH), LogInput("agent", _CLOSING.format(sig="SIGHUP"))])
+    assert doc["killer"]["kind"] != "abort", doc["killer"]
+    peer = "RuntimeError: [pair.cc:598] Connection closed by peer [10.0.0.2]:12717\n"
+    doc = diagnose([LogInput("rank", peer), LogInput("agent", _CLOSING.format(sig="SIGTERM"))])
+    assert all(r["pid"] is not None for r in doc["ranks"]), doc["ranks"]  # no worker added

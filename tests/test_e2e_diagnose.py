@@ -263,3 +263,37 @@ def test_srun_s_teardown_after_a_task_s_own_failure_is_no_cancel_from_outside(tm
     assert "a bad batch on purpose" in killer["summary"], killer
     fates = {r["rank"]: r["fate"] for r in doc["ranks"]}
     assert fates == {1: "root_cause", 0: "terminated_by_agent"}, doc["ranks"]
+
+
+def test_a_paste_of_the_agent_s_closing_signals_and_a_rank_s_crash_names_the_crash(tmp_path):
+    """A real torchrun job whose rank 1 segfaults (faulthandler prints ``Fatal Python error:
+    Segmentation fault`` with no rank prefix); the agent sends its closing SIGTERM to rank 0.
+    Pasted without the agent's failure report (its ``failed (exitcode: -11)`` line and the
+    ChildFailedError table), every process the paste names is one the agent closed: the worker
+    whose end it reacted to is another, and the crash in the lines is that worker's (likely,
+    no line says which rank). With the whole log, the failure table names rank 1."""
+    faulthandler = {"PYTHONFAULTHANDLER": "1"}  # as many training scripts and launchers set it
+    with TorchrunJob(
+        tmp_path, "segv-paste", env=faulthandler, hold_mb=50, workers=0, segfault_rank=1, raise_after=2
+    ) as job:
+        job.ready()
+        assert job.proc.wait(120) != 0
+    log = (job.dir / "torchrun.log").read_text(errors="replace")
+    assert "Fatal Python error: Segmentation fault" in log and "closing signal SIGTERM" in log, log[-3000:]
+    rc, out, _ = _diagnose("--format", "json", str(job.dir / "torchrun.log"))
+    assert rc == 0
+    whole = json.loads(out)
+    assert whole["killer"]["kind"] == "segfault" and whole["victim"]["rank"] == 1, whole["killer"]
+    cut = log.split("failed (exitcode")[0]
+    cut = "\n".join(cut.splitlines()[:-1])  # the agent's failure report and all after it left out
+    assert "Fatal Python error: Segmentation fault" in cut and "closing signal SIGTERM" in cut
+    paste = tmp_path / "paste.txt"
+    paste.write_text(cut)
+    rc, out, _ = _diagnose("--format", "json", str(paste))
+    assert rc == 0
+    doc = json.loads(out)
+    assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("segfault", "likely"), doc["killer"]
+    (root,) = [r for r in doc["ranks"] if r["fate"] == "root_cause"]
+    assert root["rank"] is None and root["pid"] is None, doc["ranks"]  # no line names it
+    closed = [r for r in doc["ranks"] if r["pid"] is not None]
+    assert closed and all(r["fate"] == "terminated_by_agent" for r in closed), doc["ranks"]

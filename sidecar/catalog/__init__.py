@@ -442,6 +442,7 @@ FILES = (
     "python.toml",
     "slurm.toml",
     "torchelastic.toml",
+    "tvmffi.toml",
 )
 
 

@@ -17,7 +17,7 @@ from sidecar.autopsy.peers import says_why
 from sidecar.catalog import Hit
 from sidecar.parse.logs import Dating, line_time
 from sidecar.parse.ranks import Finding, line_stamp, stamp_to_epoch
-from sidecar.parse.torchrun import ClosingSignal, FailureEntry, WorkerFailed
+from sidecar.parse.torchrun import ClosingSignal, DeathSignal, FailureEntry, WorkerFailed
 
 __all__ = ["exit_of", "log_ranks", "when"]
 
@@ -190,7 +190,57 @@ def log_ranks(g: LogRecords) -> tuple[list[LogRank], list[EvidenceItem]]:
                 r.lines.append(hit.line)
                 r.at = r.at or at
     teardown_after_own_failure(ranks, g, notes)
+    _the_worker_the_agent_reacted_to(ranks, g, notes)
     return ranks, notes
+
+
+# what a process's own words can say of its own end and not of a peer's: a fault, an abort,
+# its GPU's memory or its device
+_OWN_ENDS = frozenset({"abort", "segfault", "bus_error", "gpu_error", "cuda_oom"})
+
+
+def _own_end(f: Finding) -> bool:
+    if f.kind in ("cuda_oom", "shm_bus_error"):
+        return True
+    return f.kind == "said" and f.get("layer") in ("mechanism", "symptom") and f.get("said_kind") in _OWN_ENDS
+
+
+def _the_worker_the_agent_reacted_to(ranks: list[LogRank], g: LogRecords, notes: list[EvidenceItem]) -> None:
+    """The agent sends its closing SIGTERM only to the workers still alive when it stops the
+    group (torch.distributed.elastic's _close polls each one first), and stops it when a
+    worker ended or when it was itself signalled (then it says so: "Received N death
+    signal"). Where every rank the logs give is one it closed (or one whose own words only
+    report a peer's failure) and it says no signal reached it, the worker whose end it
+    reacted to is none of them: that worker is added, its exit unknown, so that words of a
+    process's own end in lines that name no rank (faulthandler writes to the file descriptor,
+    past torch's rank prefix) are its."""
+    sigterm = -int(_signal.SIGTERM)
+
+    def closed(r: LogRank) -> bool:  # the agent says it sent it its closing signal, and it died of it
+        return r.torn_down and r.returncode in (sigterm, None)
+
+    def reporting(r: LogRank) -> bool:  # named only by its own words, which report a peer's failure
+        said = [f for _, f in g.findings if f.rank is not None and f.rank == r.rank]
+        return r.returncode is None and r.pid is None and bool(said) and not says_why(said)
+
+    if not any(closed(r) for r in ranks) or any(r.first or not (closed(r) or reporting(r)) for r in ranks):
+        return
+    # a SIGHUP or SIGINT it closes with is the one it received; it also closes the group when
+    # the rendezvous fails (another node left): only a process's own end in the lines, not a
+    # report or an exception (a peer's failure says itself so), tells a worker ended first
+    if any(isinstance(rec, DeathSignal) for rec in g.agent) or not any(
+        label is None and _own_end(f) for label, f in g.findings
+    ):
+        return
+    ranks.append(LogRank(first=True))
+    notes.append(
+        EvidenceItem(
+            "torchrun",
+            None,
+            "the agent sent its closing SIGTERM to every process these logs name (or its words only "
+            "report a peer's failure): the worker whose end it reacted to is another, which no line names",
+        )
+    )
 
 
 def _merge_by_pid(ranks: list[LogRank]) -> None:
