@@ -2,7 +2,9 @@
 the main process then ends on torch's own word for the worker's death (``DataLoader worker
 (pid N) is killed by signal: Killed.``), which says how the worker died, not why. The worker
 makes itself the OOM killer's choice (``oom_score_adj`` 1000, as the global-OOM tests' victims
-do), so the limit kills it and not the main process. Prints ``worker PID`` once it runs."""
+do), so the limit kills it and not the main process. It grows before it sends any batch: a
+worker killed while its queue's feeder thread is sending leaves the main process an EOFError
+on a half-read pipe instead (a race under load). Prints ``worker PID`` once it runs."""
 
 from __future__ import annotations
 
@@ -19,8 +21,6 @@ class Growing(Dataset):
         return 1_000_000
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        held.append(bytearray(32 << 20))  # touched: bytearray zero-fills its pages
-        time.sleep(0.05)
         return torch.zeros(4)
 
 
@@ -31,6 +31,9 @@ def _victim(_worker_id: int) -> None:
     with open("/proc/self/oom_score_adj", "w") as f:
         f.write("1000")
     print(f"worker {os.getpid()}", flush=True)
+    while True:  # until the limit's OOM killer ends it, before it sends anything
+        held.append(bytearray(32 << 20))  # touched: bytearray zero-fills its pages
+        time.sleep(0.02)
 
 
 def main() -> int:
