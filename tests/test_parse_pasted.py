@@ -252,3 +252,20 @@ def test_fullwidth_ascii_from_a_cjk_locale_or_input_method_reads_as_ascii():
     assert plain("中文日志，没有ASCII") == "中文日志,没有ASCII"
     doc = diagnose([LogInput("rank", "    double free or corruption（！prev）\n    已放弃（核心已转储）")])
     assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("abort", "certain"), doc["killer"]
+
+
+def test_a_markdown_quote_s_markers_are_taken_off():
+    """A log quoted in an issue and copied as it shows carries ``> `` on each line (``>``
+    alone on an empty one): the markers go, the lines are read. One line that starts with
+    ``>`` among others is someone's text, kept."""
+    quoted = (
+        "> [rank1]: Traceback (most recent call last):\n"
+        '> [rank1]:   File "trl/trainer/sft_trainer.py", line 344, in torch_call\n'
+        ">\n"
+        "> [rank1]: KeyError: 'images'\n"
+    )
+    assert plain(quoted).splitlines()[-1] == "[rank1]: KeyError: 'images'"
+    killer = diagnose([LogInput("rank", quoted)])["killer"]
+    assert killer["kind"] == "python_exception" and "KeyError" in killer["summary"], killer
+    mixed = "step 10 loss 2.3\n> 3 is the threshold\nstep 11 loss 2.2\nstep 12 loss 2.1\n"
+    assert plain(mixed) == mixed.rstrip("\n") or plain(mixed) == mixed

@@ -77,6 +77,17 @@ def _strip(line: str) -> str:
     return line
 
 
+_QUOTE = re.compile(r"^ {0,3}>(?: |$)")
+
+
+def _unquoted(lines: list[str]) -> list[str]:
+    """A markdown quote copied as it shows (``> `` before each line of someone's log) without
+    its markers."""
+    if not (_family(lines, _QUOTE) or _all_carry(lines, _QUOTE)):
+        return lines
+    return [_strip(line[m.end() :]) if (m := _QUOTE.match(line)) else line for line in lines]
+
+
 def _family(lines: list[str], prefix: re.Pattern[str]) -> bool:
     """Most non-empty lines carry ``prefix`` (one line with it is not a family: ``0: `` or
     ``[12] `` may be anyone's text)."""
@@ -166,11 +177,12 @@ def plain_output(text: str) -> str:
 
 def plain_all(texts: list[str], unwrap: bool = True) -> list[str]:
     """Texts pasted together (the files of one incident), each with colours, carriage
-    returns and line prefixes removed, ``srun -l`` task ids turned into ``[rankN]:``
-    prefixes where srun started the ranks (no text holds the elastic agent's lines), and
-    wrapped messages joined. A prefix family one text shows (three lines or more) is also
+    returns, a markdown quote's markers and line prefixes removed, ``srun -l`` task ids
+    turned into ``[rankN]:`` prefixes where srun started the ranks (no text holds the elastic
+    agent's lines), and wrapped messages joined. A prefix family one text shows (three lines or more) is also
     taken off a shorter text all of whose lines carry it."""
     split = [[_strip(line) for line in text.split("\n")] for text in texts]
+    split = [_unquoted(lines) for lines in split]
     agents = launched_by_agent(texts)
     numbered = [_numbered(lines) for lines in split]
     tasks = [_srun_tasks(lines) for lines in split]
