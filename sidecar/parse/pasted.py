@@ -177,12 +177,13 @@ def plain_output(text: str) -> str:
 
 def plain_all(texts: list[str], unwrap: bool = True) -> list[str]:
     """Texts pasted together (the files of one incident), each with colours, carriage
-    returns, a markdown quote's markers and line prefixes removed, ``srun -l`` task ids
-    turned into ``[rankN]:`` prefixes where srun started the ranks (no text holds the elastic
-    agent's lines), and wrapped messages joined. A prefix family one text shows (three lines or more) is also
-    taken off a shorter text all of whose lines carry it."""
+    returns, a markdown quote's markers (a paste's only) and line prefixes removed, ``srun -l``
+    task ids turned into ``[rankN]:`` prefixes where srun started the ranks (no text holds the
+    elastic agent's lines), and wrapped messages joined. A prefix family one text shows (three
+    lines or more) is also taken off a shorter text all of whose lines carry it."""
     split = [[_strip(line) for line in text.split("\n")] for text in texts]
-    split = [_unquoted(lines) for lines in split]
+    if unwrap:  # a copy from a web page; a program's own output keeps what it wrote
+        split = [_unquoted(lines) for lines in split]
     agents = launched_by_agent(texts)
     numbered = [_numbered(lines) for lines in split]
     tasks = [_srun_tasks(lines) for lines in split]
