@@ -520,3 +520,31 @@ def test_the_worker_the_agent_closed_the_others_for_is_none_of_them():
     peer = "RuntimeError: [pair.cc:598] Connection closed by peer [10.0.0.2]:12717\n"
     doc = diagnose([LogInput("rank", peer), LogInput("agent", _CLOSING.format(sig="SIGTERM"))])
     assert all(r["pid"] is not None for r in doc["ranks"]), doc["ranks"]  # no worker added
+
+
+@pytest.mark.parametrize(
+    "oom",
+    [
+        "slurmstepd: error: Detected 1 oom_kill event in StepId=123.0. Some of the step tasks have been OOM Killed.",
+        "slurmstepd: error: Detected 2 oom_kill events in StepId=123.0. Some of the step tasks have been OOM Killed.",
+        "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=123.0. Some of your processes may have been "
+        "killed by the cgroup out-of-memory handler.",
+        "slurmstepd: error: Detected 1 oom-kill event(s) in step 123.0 cgroup. Some of your processes may have "
+        "been killed by the cgroup out-of-memory handler.",
+    ],
+)
+def test_a_step_s_oom_kill_in_every_slurm_s_words_beats_its_cancel(oom):
+    """slurmstepd's oom-kill line in each Slurm's words (18.08 to 25.05) is the step's memory
+    limit, whatever cancel line stands beside it: a task srun reports Killed in that step was
+    killed by the limit (likely), not cancelled from outside. srun's own "task N: Out Of
+    Memory" is that task's end: the tasks it then terminates are its teardown."""
+    cancel = "slurmstepd: error: *** STEP 123.0 ON node1 CANCELLED AT 2024-01-01T00:00:00 ***"
+    doc = diagnose([LogInput("srun", f"{cancel}\n{oom}\nsrun: error: node1: task 0: Killed\n")])
+    assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("cgroup_oom", "likely"), doc["killer"]
+    told = (
+        "srun: error: node1: task 1: Out Of Memory\nsrun: launch/slurm: _step_signal: Terminating StepId=123.0\n"
+        f"{cancel}\nsrun: error: node1: task 0: Terminated\n"
+    )
+    doc = diagnose([LogInput("srun", told)])
+    assert (doc["killer"]["kind"], doc["victim"]["rank"]) == ("cgroup_oom", 1), doc["killer"]
+    assert {r["rank"]: r["fate"] for r in doc["ranks"]} == {1: "root_cause", 0: "terminated_by_agent"}

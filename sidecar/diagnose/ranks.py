@@ -74,6 +74,18 @@ def log_ranks(g: LogRecords) -> tuple[list[LogRank], list[EvidenceItem]]:
     tasks_are_ranks = not g.agent and not any(j.source == "deepspeed" for j in g.jobs)
     srun_failed = False  # srun reported a task's own failure: the kills it reports next are its teardown
     for job in g.jobs:
+        if job.source == "slurm" and job.what == "oom_cgroup" and job.tasks and tasks_are_ranks:
+            # srun's "task N: Out Of Memory": the task ended as the step's memory cgroup
+            # killed it, its own end; the kills srun reports after it are its teardown
+            for task in job.tasks:
+                r = get(None, task, None)
+                r.inferred_rank = True
+                if r.returncode is None:
+                    r.returncode, r.first, r.torn_down = -int(_signal.SIGKILL), True, False
+                    r.lines.append(job.line)
+                    r.at = r.at or when(job.line, g.dating)
+            srun_failed = True
+            continue
         if job.source == "slurm" and job.what == "exit_code" and not tasks_are_ranks:
             continue  # a node's launcher exiting 1 after its worker failed: a report, not an end
         if (

@@ -64,8 +64,13 @@ def _sig(name: str) -> int | None:
         return None
 
 
+# slurmstepd's task/cgroup: "Detected N oom-kill event(s) in step J.S cgroup." (18.08 - 20.02),
+# "... in StepId=J.S cgroup." / "... in StepId=J.S." (20.11 - 22.05), "Detected N oom_kill
+# event(s) in StepId=J.S. Some of the step tasks have been OOM Killed." (23.02 on; the
+# catalog's slurm.oom_kill_event*)
 _SLURM_OOM = re.compile(
-    r"Detected (\d{1,20}) oom[-_ ]kill event\(s\) in (?:StepId=|step )?(\S+?)(?: cgroup|\.?$|\s)"
+    r"Detected (\d{1,20}) oom[-_ ]kill events?(?:\(s\))? in (?:StepId=|JobId=|step )?"
+    r"(\S+?)(?: cgroup|\.?$|\s)"
 )
 _SLURM_LIMIT = re.compile(
     r"(?:Job|Step) (\S+) exceeded (?:job )?memory limit(?: \((\d{1,20}) > (\d{1,20})\))?"
@@ -159,7 +164,7 @@ def parse_job_line(text: str) -> JobRecord | None:
         return JobRecord("slurm", "memory_policy", line, scope=m[1])
     m = _SRUN_OOM.search(line)
     if m:
-        return JobRecord("slurm", "oom_cgroup", line, local_rank=int(m[2]), scope=m[1])
+        return JobRecord("slurm", "oom_cgroup", line, local_rank=int(m[2]), scope=m[1], tasks=(int(m[2]),))
     m = _SRUN_KILLED.search(line) or _SRUN_EXITED.search(line)
     if m:
         task, tasks = m[2], srun_tasks(m[2])
