@@ -548,3 +548,16 @@ def test_a_step_s_oom_kill_in_every_slurm_s_words_beats_its_cancel(oom):
     doc = diagnose([LogInput("srun", told)])
     assert (doc["killer"]["kind"], doc["victim"]["rank"]) == ("cgroup_oom", 1), doc["killer"]
     assert {r["rank"]: r["fate"] for r in doc["ranks"]} == {1: "root_cause", 0: "terminated_by_agent"}
+
+
+def test_slurmstepd_s_and_srun_s_reports_glued_in_one_line_are_each_read():
+    """A paste that glued srun's report to slurmstepd's line (a real one: the catalog's
+    slurm.oom_kill_event example) holds two records: the step's oom-kill and the task srun
+    reports Out Of Memory, whose rank it names."""
+    glued = (
+        "slurmstepd: error: Detected 1 oom_kill event in StepId=11300781.0. Some of the step tasks have been "
+        "OOM Killed. srun: error: sdumont6156: task 0: Out Of Memory"
+    )
+    doc = diagnose([LogInput("slurm", glued)])
+    assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("cgroup_oom", "likely"), doc["killer"]
+    assert doc["victim"]["rank"] == 0, doc["victim"]

@@ -12,7 +12,7 @@ from sidecar.autopsy.logs import LogRecords
 from sidecar.catalog import Hit, catalog
 from sidecar.diagnose.inputs import MAX_BYTES, LogInput
 from sidecar.diagnose.ranks import exit_of
-from sidecar.parse.jobs import parse_job_line
+from sidecar.parse.jobs import parse_job_lines
 from sidecar.parse.logs import dating_of, kernel_lines, line_time
 from sidecar.parse.oomd import parse_userspace_oom_line
 from sidecar.parse.pasted import plain_all
@@ -78,10 +78,9 @@ def gather(inputs: list[LogInput], now: float | None = None) -> LogRecords:
                     continue
                 if hit.message.emitter not in _NAMED_ALREADY:
                     sources.add(hit.message.emitter)
-            rec = parse_job_line(line)
-            if rec is not None and rec.what == "exit_code" and any(at == n for at, _ in vetoed):
-                rec = None  # the same status, read by the job-line reader
-            if rec is not None:
+            for rec in parse_job_lines(line):
+                if rec.what == "exit_code" and any(at == n for at, _ in vetoed):
+                    continue  # the same status, read by the job-line reader
                 g.jobs.append(rec)
                 sources.add(rec.source)
             if "oom" in line.lower() or "earlyoom" in line:

@@ -31,7 +31,7 @@ import re
 import signal as _signal
 from dataclasses import dataclass
 
-__all__ = ["JobRecord", "parse_job_line"]
+__all__ = ["JobRecord", "parse_job_line", "parse_job_lines"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +149,17 @@ def srun_tasks(text: str) -> tuple[int, ...]:
             return ()
         out += range(first, last + 1)
     return tuple(out)
+
+
+# srun's own report starts again mid-line where a paste glued it to slurmstepd's
+_SRUN_REPORT = re.compile(r"(?=\bsrun: error: )")
+
+
+def parse_job_lines(text: str) -> list[JobRecord]:
+    """The records of one line: slurmstepd's and srun's reports glued into one line by a paste
+    (``... OOM Killed. srun: error: node: task 0: Out Of Memory``) are each read."""
+    parts = [part for part in _SRUN_REPORT.split(text) if part.strip()] if "srun: error: " in text else [text]
+    return [rec for part in parts if (rec := parse_job_line(part)) is not None]
 
 
 def parse_job_line(text: str) -> JobRecord | None:
