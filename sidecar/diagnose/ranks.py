@@ -75,13 +75,15 @@ def log_ranks(g: LogRecords) -> tuple[list[LogRank], list[EvidenceItem]]:
     srun_failed = False  # srun reported a task's own failure: the kills it reports next are its teardown
     for job in g.jobs:
         if job.source == "slurm" and job.what == "oom_cgroup" and job.tasks and tasks_are_ranks:
-            # srun's "task N: Out Of Memory": the task ended as the step's memory cgroup
-            # killed it, its own end; the kills srun reports after it are its teardown
+            # srun's "task N: Out Of Memory": the task ended while the step's memory cgroup
+            # counted an OOM kill (the status srun got carries the OOM flag; the task itself may
+            # have exited of a child's kill), its own end: the kills srun reports after it are
+            # its teardown. How it ended, the line does not say.
             for task in job.tasks:
                 r = get(None, task, None)
                 r.inferred_rank = True
-                if r.returncode is None:
-                    r.returncode, r.first, r.torn_down = -int(_signal.SIGKILL), True, False
+                if r.returncode is None and not r.first:
+                    r.first, r.torn_down = True, False
                     r.lines.append(job.line)
                     r.at = r.at or when(job.line, g.dating)
             srun_failed = True
