@@ -202,9 +202,7 @@ def logs_rules(
             if job is None:
                 continue
             items.append(EvidenceItem(job.source, None, job.line))
-            src = {"slurm": "Slurm", "kubernetes": "Kubernetes", "docker": "Docker"}.get(
-                job.source, job.source
-            )
+            src = _SOURCES.get(job.source, job.source)
             unit = {"slurm": "step", "kubernetes": "container", "docker": "container"}.get(
                 job.source, "cgroup"
             )
@@ -390,7 +388,7 @@ _MEMORY_RECORDS = {
     "eviction": Kind.USERSPACE_OOM,
     "memory_monitor": Kind.USERSPACE_OOM,
 }
-_SOURCES = {"slurm": "Slurm", "kubernetes": "Kubernetes", "docker": "Docker"}
+_SOURCES = {"slurm": "Slurm", "kubernetes": "Kubernetes", "docker": "Docker"}  # a record's source, named
 
 
 def _relayed_death(v: Verdict, g: LogRecords) -> str | None:
