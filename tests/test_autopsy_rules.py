@@ -241,3 +241,54 @@ def test_the_watch_hands_kernel_log_losses_to_the_autopsy(tmp_path):
     inc = Incident(Generation("j", 1, None, 2, 0, None), {})
     ev = watch.autopsies._evidence(inc, Reads.nothing())  # the join the autopsy round makes
     assert ev.kernel_losses == ((5_000_000_000, 12),)
+
+
+GLOO_TIMEOUT = (
+    "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
+    "Timed out waiting 10000ms for recv operation to complete"
+)
+
+
+def _words(label: str, *lines: str) -> tuple:
+    from sidecar.parse.ranks import parse_rank_output
+
+    return tuple((label, f) for f in parse_rank_output("\n".join(lines) + "\n"))
+
+
+@pytest.mark.parametrize(
+    "peer_said, cause",
+    [
+        # its own failure: why it never arrived; the timeout is the consequence
+        (
+            ("Traceback (most recent call last):", '  File "t.py", line 3, in <module>', "ValueError: bad"),
+            "python_exception",
+        ),
+        (("Fatal Python error: Segmentation fault",), "segfault"),
+        # a signal it received (Ctrl-C after the hang), a peer's report: the timeout stays
+        (
+            ("Traceback (most recent call last):", '  File "t.py", line 3, in <module>', "KeyboardInterrupt"),
+            None,
+        ),
+        (
+            (
+                "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] "
+                "Connection closed by peer [127.0.0.1]:43211",
+            ),
+            None,
+        ),
+        ((), None),
+    ],
+)
+def test_a_peer_s_own_failure_is_why_it_never_reached_the_timed_out_collective(peer_said, cause):
+    """Rank 0 exited 1 of gloo's timeout; rank 1, still alive (a non-daemon thread holds a
+    process after its traceback), never waited in that collective. Where rank 1's own words say
+    it failed, that failure is the cause and the timeout its consequence, at most likely (the
+    order is the words', no clock's); otherwise the timeout is rank 0's own."""
+    output = _words("0", "Traceback (most recent call last):", GLOO_TIMEOUT) + _words("1", *peer_said)
+    v = autopsy(Evidence((_r("0", 101, 1 << 8, 10.0), _r("1", 102)), output=output, output_read=True))
+    if cause is None:
+        assert v.kind == "collective_timeout" and v.victim.label == "0", (v.kind, v.summary)
+        return
+    assert v.kind == cause and v.victim.label == "1" and v.confidence != "certain", (v.kind, v.summary)
+    assert v.fates == {"0": "same_cause", "1": "root_cause"}, v.fates
+    assert any("timed out waiting for it" in e.detail for e in v.evidence), v.evidence

@@ -561,3 +561,35 @@ def test_slurmstepd_s_and_srun_s_reports_glued_in_one_line_are_each_read():
     doc = diagnose([LogInput("slurm", glued)])
     assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("cgroup_oom", "likely"), doc["killer"]
     assert doc["victim"]["rank"] == 0, doc["victim"]
+
+
+_WATCHDOG = (
+    "[rank0]:[E1206 10:31:12.123456 1234 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective "
+    "operation timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) "
+    "ran for 600083 milliseconds before timing out."
+)
+_RAISED = (
+    "[rank1]: Traceback (most recent call last):\n"
+    '[rank1]:   File "/app/train.py", line 40, in <module>\n'
+    "[rank1]:     main()\n"
+    "[rank1]: OSError: [Errno 5] Input/output error: '/mnt/data/shard-0042.tar'\n"
+)
+
+
+def test_a_traceback_written_before_a_peer_s_timeout_is_the_first_failure():
+    """A traceback carries no time; in one log it was written before the stamped lines after
+    it. Rank 1 raised, then rank 0's watchdog timed out waiting for it: rank 1's exception is
+    the first failure (it was collective_timeout, certain, rank 1 ordered last for want of a
+    stamp). Written after the timeout, the exception may be the hang's own end: the timeout
+    stays the first failure."""
+    before = diagnose([LogInput("job.log", _RAISED + _WATCHDOG + "\n")])
+    assert before["killer"]["kind"] == "python_exception" and before["victim"]["rank"] == 1, before["killer"]
+    assert before["killer"]["confidence"] != "certain"
+    fates = {r["rank"]: r["fate"] for r in before["ranks"]}
+    assert fates == {1: "root_cause", 0: "same_cause"}, before["ranks"]
+    after = diagnose([LogInput("job.log", _WATCHDOG + "\n" + _RAISED)])
+    assert after["killer"]["kind"] == "collective_timeout" and after["victim"]["rank"] == 0, after["killer"]
+    # in two files nothing orders them: the exception is why rank 1 never arrived, likely at most
+    apart = diagnose([LogInput("rank1.log", _RAISED), LogInput("rank0.log", _WATCHDOG + "\n")])
+    assert apart["killer"]["kind"] == "python_exception", apart["killer"]
+    assert apart["killer"]["confidence"] != "certain"

@@ -122,3 +122,26 @@ def test_the_kernels_own_segfault_record_names_the_rank(tmp_path):
     doc = json.loads(offline.stdout)
     assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("segfault", "certain"), doc["killer"]
     assert "the kernel's own record names the pid" in doc["killer"]["summary"]
+
+
+def test_an_exception_that_left_a_peer_in_a_timeout_is_the_cause_live_and_from_its_logs(tmp_path):
+    """Rank 1 raises, but a non-daemon thread keeps its process alive (its sockets open):
+    rank 0 waits in its all_reduce until gloo's timeout (10 s), exits 1, and the agent, which
+    saw rank 0 end first, tears rank 1 down with SIGTERM. The first failure is rank 1's
+    exception; the timeout is its consequence (rank 1 never arrived because it had failed).
+    Both were collective_timeout, certain, of rank 0."""
+    live, offline, output = _run_and_diagnose(
+        tmp_path, "--raise-rank=1", "--raise-after=2", "--raise-linger=120", "--pg-timeout=10"
+    )
+    assert "a bad batch on purpose" in output and "Timed out waiting" in output, output[-3000:]
+    for name, doc in (("live", live), ("diagnose", offline)):
+        assert doc["killer"]["kind"] == "python_exception", (name, doc["killer"])
+        assert doc["victim"]["rank"] == 1, (name, doc["victim"], doc["killer"])
+        assert doc["killer"]["confidence"] != "certain", (name, doc["killer"])  # ordered by words
+        fates = {r["rank"]: r["fate"] for r in doc["ranks"]}
+        assert fates == {0: "same_cause", 1: "root_cause"}, (name, doc["ranks"])
+        details = " ".join(e["detail"] for e in doc["killer"]["evidence"])
+        assert "timed out waiting for it" in details and "Timed out waiting 10000ms" in details, (
+            name,
+            details,
+        )

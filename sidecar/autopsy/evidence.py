@@ -216,6 +216,10 @@ class Evidence:
     agent_teardown: frozenset[int] = frozenset()
     # what the ranks wrote: (rank label or None when unattributed, finding), in order
     output: tuple[tuple[str | None, Finding], ...] = ()
+    # the stream (an input of ``diagnose``) each of ``output`` was read from, in step with it:
+    # within one stream the order of ``output`` is the order its lines were written. Empty
+    # where no order is known (the daemon reads each rank's output on its own)
+    output_streams: tuple[int, ...] = ()
     output_read: bool = False  # some output of the job could be read
     run_output: str | None = None  # the job runs under `trainwatch run`, which keeps its output there
     world_size: int | None = None

@@ -82,6 +82,9 @@ class LogRecords:
     # their lines that relay another process's abrupt death (the catalog's ``relays_death``)
     relayed: list[str] = field(default_factory=list)
     death_at: dict[str, float] = field(default_factory=dict)  # rank label -> its death, where known
+    # the input each of ``findings`` was read from (its index), in step with it: the order of
+    # lines within one input is the order they were written
+    finding_inputs: list[int] = field(default_factory=list)
     dating: Dating = field(default_factory=Dating.at_now)  # how year-less stamps are dated
 
 

@@ -18,10 +18,14 @@ No I/O, no clock: everything arrives in ``Evidence``. Rules (CONTRACTS.md, EVIDE
    an ignored SIGTERM) or a status a SIGTERM handler returns, with no OOM record of their
    own, were ended by the agent: ``terminated_by_agent``. Ranks an OOM record names too are
    ``same_cause``.
+6. A collective timeout is the consequence of a rank that never waited in it and whose own
+   words say it failed (an exception, a fault, a CUDA OOM), alive or not: that failure is
+   the verdict, at most ``likely``, unless the lines' times or order put it after.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from sidecar.autopsy.evidence import (
@@ -35,10 +39,18 @@ from sidecar.autopsy.evidence import (
     signal_name,
 )
 from sidecar.autopsy.killers import victim_verdict
-from sidecar.autopsy.peers import died_of_its_own, ended_by_agent, only_reports, reporters, same_cause
-from sidecar.autopsy.said import WAITING, findings_of
+from sidecar.autopsy.peers import (
+    died_of_its_own,
+    ended_by_agent,
+    only_reports,
+    reporters,
+    same_cause,
+    says_why,
+)
+from sidecar.autopsy.said import WAITING, findings_of, from_output, weaker
 from sidecar.autopsy.witnesses import oom_for
-from sidecar.model import Fate
+from sidecar.model import Confidence, Fate, Kind
+from sidecar.parse.ranks import Finding
 
 __all__ = ["autopsy"]
 
@@ -53,6 +65,87 @@ def _describe_exit(rank: RankState) -> str:
     return f"exited with status {rank.status}"
 
 
+# what a rank's own words can say it failed of, alive or not, that keeps it from the next
+# collective: never a timeout (it waited too), a signal or nothing said
+_OWN_FAILURES = frozenset(
+    {Kind.PYTHON_EXCEPTION, Kind.ABORT, Kind.SEGFAULT, Kind.BUS_ERROR, Kind.CUDA_OOM, Kind.GPU_ERROR}
+)
+
+
+def _failed_and_never_arrived(
+    victim: RankState, ev: Evidence, told: frozenset[str]
+) -> tuple[RankState, tuple[Kind, Confidence, str], list[EvidenceItem], dict[str, Any]] | None:
+    """The victim's collective timed out; a rank that never waited in it says in its own words
+    that it failed (an exception, a fault, a CUDA OOM), alive or not: that failure is why it
+    never arrived, and the timeout its consequence (a process can outlive its traceback, a
+    non-daemon thread holding it, its sockets open, until the agent ends it after the peer's
+    timeout). Its verdict, at most likely (which came first, the words order, not a clock);
+    none when the lines' own times put that failure after the timeout."""
+    waited = findings_of(victim, ev, "nccl_timeout", "gloo_timeout")
+    timed_out = min((f.at_ns for f in waited if f.at_ns is not None), default=None)
+    for r in ev.ranks:
+        if r is victim or r.label in told or findings_of(r, ev, *WAITING):
+            continue
+        own = [f for f in findings_of(r, ev) if f.kind != "nccl_progress"]
+        if not own or not says_why(own):
+            continue
+        said_at = min((f.at_ns for f in own if f.at_ns is not None), default=None)
+        if timed_out is not None and said_at is not None and said_at > timed_out:
+            continue
+        if waited and _written_after(own, waited[0], ev):
+            continue  # the same stream wrote its failure after the peer's timeout
+        items: list[EvidenceItem] = [
+            _exit_item(r, ev),
+            EvidenceItem(
+                "output",
+                None,
+                f"{rank_name(r.label, r.pid, ev.from_logs)} failed on its own and never reached the "
+                "collective its peers waited in",
+            ),
+        ]
+        facts: dict[str, Any] = {}
+        # what its words say it failed of, whatever ended it after (the agent's SIGTERM)
+        got = from_output(replace(r, exit_code=None), ev, items, facts)
+        if got is None or got[0] not in _OWN_FAILURES:
+            continue
+        kind, confidence, summary = got
+        for f in waited[:1]:
+            items.append(
+                EvidenceItem(
+                    "output",
+                    f.at_ns,
+                    f"then {rank_label(victim.label, ev.from_logs)} timed out waiting for it: {f.line}",
+                )
+            )
+        return r, (kind, weaker(confidence, Confidence.LIKELY), summary), items, facts
+    return None
+
+
+def _written_after(own: list[Finding], timeout: Finding, ev: Evidence) -> bool:
+    """Every one of ``own`` was written after ``timeout`` in the stream that holds both (one
+    input of ``diagnose``); False where no stream holds both, or none is known."""
+    if len(ev.output_streams) != len(ev.output):
+        return False
+    where = {
+        id(f): (stream, n)
+        for n, ((_, f), stream) in enumerate(zip(ev.output, ev.output_streams, strict=True))
+    }
+    t = where.get(id(timeout))
+    places = [where.get(id(f)) for f in own]
+    if t is None or any(p is None or p[0] != t[0] for p in places):
+        return False
+    return all(p[1] > t[1] for p in places if p is not None)
+
+
+def _exit_item(rank: RankState, ev: Evidence) -> EvidenceItem:
+    return EvidenceItem(
+        _EXIT_SOURCES.get(rank.exit_source or "", "exit" if ev.exits_first_hand else "proc"),
+        rank.died_ns,
+        f"{rank_name(rank.label, rank.pid, ev.from_logs)} {_describe_exit(rank)}"
+        + (" (from the agent's log)" if rank.exit_source == "agent-log" else ""),
+    )
+
+
 def autopsy(ev: Evidence) -> Verdict | None:
     """The verdict for the first abnormal death in ``ev``, or None when no rank died."""
     dead = sorted((r for r in ev.ranks if r.abnormal), key=lambda r: (r.died_ns or 0, r.pid))
@@ -61,17 +154,15 @@ def autopsy(ev: Evidence) -> Verdict | None:
     told = reporters(ev)
     own = [r for r in dead if r.pid not in ev.agent_teardown and r.label not in told]
     victim = own[0] if own else next((r for r in dead if r.pid not in ev.agent_teardown), dead[0])
-    items: list[EvidenceItem] = [
-        EvidenceItem(
-            _EXIT_SOURCES.get(victim.exit_source or "", "exit" if ev.exits_first_hand else "proc"),
-            victim.died_ns,
-            f"{rank_name(victim.label, victim.pid, ev.from_logs)} {_describe_exit(victim)}"
-            + (" (from the agent's log)" if victim.exit_source == "agent-log" else ""),
-        )
-    ]
+    items: list[EvidenceItem] = [_exit_item(victim, ev)]
     oom = oom_for(victim, ev.kernel)
     facts: dict[str, Any] = {}
     kind, confidence, summary = victim_verdict(victim, oom, ev, items, facts)
+    if kind == Kind.COLLECTIVE_TIMEOUT:
+        before = _failed_and_never_arrived(victim, ev, told)
+        if before is not None:
+            victim, (kind, confidence, summary), items, facts = before
+            oom = None
     facts["peer_failure"] = only_reports(ev, victim.label, kind)
 
     fates: dict[str, Fate] = {}
@@ -92,6 +183,8 @@ def autopsy(ev: Evidence) -> Verdict | None:
     for r in sorted((r for r in dead if r is not victim), key=lambda r: r.died_ns or 0):
         said: dict[str, int | None] = {}  # a line printed twice (traceback, torchrun's summary) once
         for f in findings_of(r, ev, *WAITING, "exception"):
+            if any(e.detail.endswith(f.line) for e in items):
+                continue  # cited already (the timeout a peer's failure left it in)
             said.setdefault(f"then {rank_label(r.label, ev.from_logs)}: {f.line}", f.at_ns)
         for line, at in list(said.items())[:2]:
             items.append(EvidenceItem("output", at or r.died_ns, line))

@@ -37,7 +37,7 @@ def gather(inputs: list[LogInput], now: float | None = None) -> LogRecords:
     # year-less stamps (syslog's, glog's) are dated from the paste's own dated lines, else
     # the files' times, never after now
     g.dating = dating_of(texts, [inp.mtime for inp in inputs if inp.mtime is not None], now)
-    for inp, text in zip(inputs, texts, strict=True):
+    for index, (inp, text) in enumerate(zip(inputs, texts, strict=True)):
         kinds: list[str] = []
         agent = parse_agent_text(text)
         if agent:
@@ -52,6 +52,7 @@ def gather(inputs: list[LogInput], now: float | None = None) -> LogRecords:
             kinds.append("rank output")
             g.output_read = True
         g.findings += [(None, f) for f in found]
+        g.finding_inputs += [index] * len(found)
         klines = kernel_lines(text, g.dating)
         if klines:
             styles = sorted({k.style for k in klines if k.style != "bare"})

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sidecar.autopsy import Evidence, EvidenceItem, RankState, Verdict, autopsy
+from sidecar.autopsy.evidence import rank_label
 from sidecar.autopsy.logs import (
     COLLECT_DAEMON,
     COLLECT_KERNEL,
@@ -53,6 +54,63 @@ def _synthetic_victim(k: KernelRecords, g: LogRecords, t0: int) -> list[LogRank]
     return [LogRank(first=True)]
 
 
+def _stream_times(g: LogRecords) -> list[tuple[Finding, tuple[int, ...] | None, Finding]]:
+    """Each finding with the time it sorts by, and the finding that time is from: its own
+    stamp, else the next stamped finding's of the same input (one stream is written in
+    order, so a line came no later than the stamped line after it), ahead of that line."""
+    out: list[tuple[Finding, tuple[int, ...] | None, Finding]] = []
+    after: dict[int, tuple[tuple[int, ...], Finding]] = {}  # input -> the next stamped finding
+    inputs = g.finding_inputs if len(g.finding_inputs) == len(g.findings) else [0] * len(g.findings)
+    for (_, f), where in zip(reversed(g.findings), reversed(inputs), strict=True):
+        if f.stamp is not None:
+            own: tuple[int, ...] = (*f.stamp[1:], 1)
+            after[where] = own, f
+            out.append((f, own, f))
+        elif where in after:
+            at, by = after[where]
+            out.append((f, (*at[:-1], 0), by))
+        else:
+            out.append((f, None, f))
+    out.reverse()
+    return out
+
+
+def _note_bounded(
+    ordered: list[LogRank],
+    said_at: dict[tuple[int | None, int | None], tuple[int, ...]],
+    bounded: dict[tuple[int | None, int | None], Finding],
+    notes: list[EvidenceItem],
+) -> None:
+    """Say so where the first rank in the order is first only by a line of another rank
+    that its own unstamped lines came before."""
+    if len(ordered) < 2 or ordered[0].first or ordered[0].at is not None:
+        return
+    r = ordered[0]
+    key = next(
+        (
+            k
+            for k in said_at
+            if k in bounded
+            and (
+                (k[0] is not None and k[0] == r.rank)
+                or (k[0] is None and k[1] is not None and k[1] == r.local_rank)
+            )
+        ),
+        None,
+    )
+    if key is None:
+        return
+    by, who = bounded[key], rank_label(r.label, True)
+    notes.append(
+        EvidenceItem(
+            "inference",
+            None,
+            f"{who}'s lines carry no time; they were written before this later line of the same log, "
+            f"so {who} failed first: {by.line[:200]}",
+        )
+    )
+
+
 def decide(g: LogRecords, now: float) -> Outcome:
     ranks, notes = log_ranks(g)
     k = kernel_records(g.kernel)
@@ -68,12 +126,18 @@ def decide(g: LogRecords, now: float) -> Outcome:
     states: list[RankState] = []
     # ranks no record times are ordered by the first stamped line they wrote, not by where
     # their lines sit in the files (one file per rank, or one interleaved file); a glog
-    # stamp has no year, so the order is month, day and time of day
+    # stamp has no year, so the order is month, day and time of day. A line with no stamp (a
+    # traceback) was written before the next stamped line of its input: dated by it, ahead
     said_at: dict[tuple[int | None, int | None], tuple[int, ...]] = {}
-    for _, f in g.findings:
-        if f.stamp is not None:
-            key, at = (f.rank, f.local_rank), tuple(f.stamp[1:])
-            said_at[key] = min(at, said_at.get(key, at))
+    bounded: dict[tuple[int | None, int | None], Finding] = {}  # dated by another's line
+    for f, at, by in _stream_times(g):
+        key = (f.rank, f.local_rank)
+        if at is not None and at < said_at.get(key, (99,)):
+            said_at[key] = at
+            if by is not f:
+                bounded[key] = by
+            else:
+                bounded.pop(key, None)
     never = (99,)
 
     def wrote(r: LogRank) -> tuple[int, ...]:
@@ -89,7 +153,9 @@ def decide(g: LogRecords, now: float) -> Outcome:
     def order(r: LogRank) -> tuple[Any, ...]:
         return (not r.first, r.torn_down, wrote(r), r.pid or 0, r.rank if r.rank is not None else 1 << 30)
 
-    for i, r in enumerate(sorted(ranks, key=order)):
+    ordered = sorted(ranks, key=order)
+    _note_bounded(ordered, said_at, bounded, notes)
+    for i, r in enumerate(ordered):
         died = int(r.at * S) if r.at is not None else base + (S if r.torn_down else 0) + i
         if r.at is not None:
             g.death_at[r.label] = r.at
@@ -121,6 +187,7 @@ def decide(g: LogRecords, now: float) -> Outcome:
         userspace=tuple(g.userspace),
         agent_teardown=frozenset(r.pid for r in ranks if r.torn_down and r.pid),
         output=findings,
+        output_streams=tuple(g.finding_inputs) if len(g.finding_inputs) == len(findings) else (),
         output_read=g.output_read,
         xids=xids,
         kernel_said=tuple(

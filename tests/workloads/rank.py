@@ -15,6 +15,7 @@ import argparse
 import multiprocessing as mp
 import os
 import sys
+import threading
 import time
 
 
@@ -181,6 +182,13 @@ def main() -> int:
     ap.add_argument("--pg-timeout", type=float, default=1800.0, help="init_process_group timeout, s")
     ap.add_argument("--raise-rank", type=int, default=-1, help="this rank raises an exception")
     ap.add_argument("--raise-after", type=float, default=2.0)
+    ap.add_argument(
+        "--raise-linger",
+        type=float,
+        default=0.0,
+        help="the --raise-rank first starts a non-daemon thread that lives this long: the "
+        "process outlives its traceback (Python waits for the thread), its sockets open",
+    )
     ap.add_argument(
         "--colour",
         action="store_true",
@@ -386,6 +394,8 @@ def main() -> int:
         if rank == args.raise_rank and restart == 0 and elapsed > args.raise_after:
             if args.colour:
                 _colour_terminal()
+            if args.raise_linger > 0:  # a prefetcher's or a logger's thread, as real jobs have
+                threading.Thread(target=time.sleep, args=(args.raise_linger,), daemon=False).start()
             if args.print_secrets:  # careless code puts a credential in its exception
                 raise ValueError("login failed for HF_TOKEN=hf_QwErTyUiOpAsDfGhJkLzXcVbNm987654")
             raise ValueError(f"rank {rank}: a bad batch on purpose (shape mismatch)")
