@@ -593,3 +593,42 @@ def test_a_traceback_written_before_a_peer_s_timeout_is_the_first_failure():
     apart = diagnose([LogInput("rank1.log", _RAISED), LogInput("rank0.log", _WATCHDOG + "\n")])
     assert apart["killer"]["kind"] == "python_exception", apart["killer"]
     assert apart["killer"]["confidence"] != "certain"
+
+
+def _composer_log(code: int, stderr: str) -> str:
+    """What Composer's launcher prints when a rank crashes (composer/cli/launcher.py, 0.6 -
+    0.32: logging.basicConfig's format, _print_process_exit_status's blocks)."""
+    return (
+        f"ERROR:composer.cli.launcher:Rank 2 crashed with exit code {code}.\n"
+        "Waiting up to 30 seconds for all training processes to terminate. Press Ctrl-C to exit immediately.\n"
+        f"Global rank 2 (PID 41822) exited with code {code}\n"
+        "----------Begin global rank 2 STDOUT----------\n"
+        "[batch=120/4800]:\n"
+        "----------End global rank 2 STDOUT----------\n"
+        "----------Begin global rank 2 STDERR----------\n"
+        f"{stderr}"
+        "----------End global rank 2 STDERR----------\n"
+        f"ERROR:composer.cli.launcher:Global rank 2 (PID 41822) exited with code {code}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "code, stderr, kind",
+    [
+        (-7, "ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared "
+         "memory (shm).\n", "bus_error"),
+        (1, "Traceback (most recent call last):\n  File \"train.py\", line 9, in <module>\n"
+         "KeyError: 'labels'\n", "python_exception"),
+        (-9, "", "unknown"),  # a SIGKILL: without the kernel's log nobody can say whose
+    ],
+)  # fmt: skip
+def test_composer_s_launcher_names_the_rank_and_its_block_is_its_output(code, stderr, kind):
+    """Composer's launcher names the rank that crashed and its status (-N: signal N), and
+    prints that rank's captured stderr between its markers: those lines are the rank's own,
+    with no prefix of theirs. One rank, merged from the launcher's lines by rank and pid."""
+    doc = diagnose([LogInput("composer.log", _composer_log(code, stderr))])
+    assert doc["killer"]["kind"] == kind, doc["killer"]
+    assert doc["victim"]["rank"] == 2 and doc["victim"]["pid"] == 41822, doc["victim"]
+    assert [(r["rank"], r["pid"], r["exit_code"]) for r in doc["ranks"]] == [(2, 41822, code)], doc["ranks"]
+    if kind == "python_exception":  # its own traceback, in its block
+        assert doc["killer"]["confidence"] in CONFIDENT, doc["killer"]

@@ -33,7 +33,7 @@ def log_ranks(g: LogRecords) -> tuple[list[LogRank], list[EvidenceItem]]:
         for r in ranks:
             if (
                 (pid is not None and r.pid == pid)
-                or (pid is None and rank is not None and r.rank == rank)
+                or ((pid is None or r.pid is None) and rank is not None and r.rank == rank)
                 or (pid is None and rank is None and local is not None and r.local_rank == local)
             ):
                 break

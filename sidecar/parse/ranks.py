@@ -185,6 +185,31 @@ _COLLECTIVES = {
 }
 
 
+# a launcher that prints each failed rank's captured output between markers (Composer's
+# launcher, composer/cli/launcher.py _print_process_exit_status: STDOUT, STDERR, or "logs"
+# where both went to one file): the lines between them are that rank's
+_BLOCK_BEGIN = re.compile(r"^-{5,20}Begin global rank (\d{1,10}) (?:STDOUT|STDERR|logs)-{5,20}$")
+_BLOCK_END = re.compile(r"^-{5,20}End global rank (\d{1,10}) (?:STDOUT|STDERR|logs)-{5,20}$")
+
+
+def _in_blocks(split: list[tuple[int | None, int | None, str]]) -> list[tuple[int | None, int | None, str]]:
+    """Lines without a prefix of their own inside a rank's block, given that rank."""
+    out: list[tuple[int | None, int | None, str]] = []
+    block: int | None = None
+    for rank, local, line in split:
+        body = line.strip()
+        if rank is None and local is None:
+            begin = _BLOCK_BEGIN.match(body)
+            if begin:
+                block = int(begin[1])
+            elif _BLOCK_END.match(body):
+                block = None
+            elif block is not None:
+                rank = block
+        out.append((rank, local, line))
+    return out
+
+
 def _split_prefix(line: str) -> tuple[int | None, int | None, str]:
     m = _PREFIX.match(line)
     if not m:
@@ -208,7 +233,7 @@ def parse_rank_output(text: str) -> list[Finding]:
 def _parse(text: str) -> list[Finding]:
     out: list[Finding] = []
     in_traceback: dict[tuple[int | None, int | None], str | None] = {}  # prefix -> collective
-    split = [_split_prefix(raw.rstrip()) for raw in text.splitlines()]
+    split = _in_blocks([_split_prefix(raw.rstrip()) for raw in text.splitlines()])
     hits = catalog().part("output", deciding=True).scan_lines([line.strip() for _, _, line in split])
     for (rank, local, line), said in zip(split, hits, strict=True):
         body = line.strip()
