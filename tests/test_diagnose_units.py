@@ -632,3 +632,34 @@ def test_composer_s_launcher_names_the_rank_and_its_block_is_its_output(code, st
     assert [(r["rank"], r["pid"], r["exit_code"]) for r in doc["ranks"]] == [(2, 41822, code)], doc["ranks"]
     if kind == "python_exception":  # its own traceback, in its block
         assert doc["killer"]["confidence"] in CONFIDENT, doc["killer"]
+
+
+_STEP_CANCELLED = (
+    "srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n"
+    "slurmstepd: error: *** STEP 1234.0 ON node12 CANCELLED AT 2024-01-01T10:00:00 ***\n"
+    "srun: error: node12: tasks 0-2: Terminated\n"
+)
+
+
+def test_a_step_cancel_after_a_crash_no_task_line_names_is_srun_s_teardown():
+    """With no reason given, slurmstepd's cancel is scancel's or srun's own after a task
+    failed (--kill-on-bad-exit). A CUDA OOM in lines that name no task, and every task srun
+    reports Terminated: srun's teardown after that crash. Without the crash, or with a time
+    limit, the cancel is from outside."""
+    oom = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+        "capacity of 79.15 GiB of which 1.20 GiB is free.\n"
+    )
+    doc = diagnose([LogInput("job.log", oom + _STEP_CANCELLED)])
+    assert doc["killer"]["kind"] == "cuda_oom", doc["killer"]
+    assert {r["rank"]: r["fate"] for r in doc["ranks"]} == {
+        0: "terminated_by_agent",
+        1: "terminated_by_agent",
+        2: "terminated_by_agent",
+        None: "root_cause",
+    }, doc["ranks"]
+    scancel = diagnose([LogInput("job.log", _STEP_CANCELLED)])
+    assert scancel["killer"]["kind"] == "external_signal", scancel["killer"]
+    limit = _STEP_CANCELLED.replace("10:00:00 ***", "10:00:00 DUE TO TIME LIMIT ***")
+    timed = diagnose([LogInput("job.log", oom + limit)])
+    assert timed["killer"]["kind"] == "external_signal", timed["killer"]

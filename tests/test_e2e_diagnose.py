@@ -297,3 +297,38 @@ def test_a_paste_of_the_agent_s_closing_signals_and_a_rank_s_crash_names_the_cra
     assert root["rank"] is None and root["pid"] is None, doc["ranks"]  # no line names it
     closed = [r for r in doc["ranks"] if r["pid"] is not None]
     assert closed and all(r["fate"] == "terminated_by_agent" for r in closed), doc["ranks"]
+
+
+def test_srun_s_teardown_of_a_task_the_paste_does_not_report_is_no_cancel_from_outside(tmp_path):
+    """``srun --kill-on-bad-exit=1`` without ``-l``: rank 1 segfaults (faulthandler writes
+    ``Fatal Python error: Segmentation fault``, naming no task); srun ends the step
+    (slurmstepd's ``*** STEP ... CANCELLED ***``, no reason) and reports rank 0 killed. Pasted
+    without srun's line for rank 1, every task the paste reports was killed by the step's
+    cancel: that cancel is srun's teardown after the crash in the unnamed lines, not scancel
+    (it was external_signal, likely). With srun's whole output, rank 1's segfault."""
+    env = dict(slurm.cluster(), OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
+    cmd = [
+        "srun", "--nodes=1", "--ntasks=2", "--mem=1536M", "--kill-on-bad-exit=1",
+        "--job-name=tw-unnamed-crash", sys.executable, str(TASK_JOB), f"--port={free_port()}",
+        "--hold-mb=30", "--workers=0", "--duration=60", "--segfault-rank=1", "--raise-after=3",
+    ]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO, env=env)
+    text = run.stdout + run.stderr
+    crashed = re.compile(r"srun: error: \S+: task 1: Segmentation fault[^\n]*\n")
+    assert run.returncode != 0 and crashed.search(text), text[-3000:]
+    assert "CANCELLED" in text and "Fatal Python error: Segmentation fault" in text, text[-3000:]
+    whole = tmp_path / "srun.log"
+    whole.write_text(text)
+    rc, out, _ = _diagnose("--format", "json", str(whole))
+    doc = json.loads(out)
+    assert rc == 0 and doc["killer"]["kind"] == "segfault" and doc["victim"]["rank"] == 1, doc["killer"]
+    paste = tmp_path / "paste.log"
+    paste.write_text(crashed.sub("", text))
+    rc, out, _ = _diagnose("--format", "json", str(paste))
+    doc = json.loads(out)
+    assert rc == 0 and (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("segfault", "likely"), doc[
+        "killer"
+    ]
+    (root,) = [r for r in doc["ranks"] if r["fate"] == "root_cause"]
+    assert root["rank"] is None, doc["ranks"]  # no line the paste kept names it
+    assert {r["rank"]: r["fate"] for r in doc["ranks"] if r["rank"] is not None} == {0: "terminated_by_agent"}

@@ -205,6 +205,8 @@ def log_ranks(g: LogRecords) -> tuple[list[LogRank], list[EvidenceItem]]:
                 r.at = r.at or at
     teardown_after_own_failure(ranks, g, notes)
     _the_worker_the_agent_reacted_to(ranks, g, notes)
+    if tasks_are_ranks and not srun_failed:
+        _the_task_srun_reacted_to(ranks, g, notes)
     return ranks, notes
 
 
@@ -253,6 +255,40 @@ def _the_worker_the_agent_reacted_to(ranks: list[LogRank], g: LogRecords, notes:
             None,
             "the agent sent its closing SIGTERM to every process these logs name (or its words only "
             "report a peer's failure): the worker whose end it reacted to is another, which no line names",
+        )
+    )
+
+
+def _the_task_srun_reacted_to(ranks: list[LogRank], g: LogRecords, notes: list[EvidenceItem]) -> None:
+    """slurmstepd's ``*** STEP ... CANCELLED ***`` with no reason is a cancel from outside
+    (scancel) or srun ending the step after a task's own failure (--kill-on-bad-exit); srun
+    then reports the other tasks Killed or Terminated. Where every task srun reports ended so,
+    no reason (a time limit, a preemption, a node failure) is given, and the lines that name
+    no task hold a process's own end (a fault, an abort, a CUDA OOM, a GPU fault: a process
+    scancel ends prints none of these), the task whose end srun reacted to is one the paste
+    does not report: it is added, its exit unknown, and the tasks srun reports are its
+    teardown."""
+    killed = (-int(_signal.SIGKILL), -int(_signal.SIGTERM))
+    reported = [r for r in ranks if r.inferred_rank and r.returncode is not None]
+    if not reported or len(reported) != len(ranks) or any(r.returncode not in killed for r in reported):
+        return
+    slurm = [j for j in g.jobs if j.source == "slurm"]
+    if any(j.what in ("time_limit", "preempted", "node_failure") for j in slurm):
+        return
+    if not any(j.what == "cancelled" for j in slurm) or not any(
+        label is None and _own_end(f) for label, f in g.findings
+    ):
+        return
+    for r in reported:
+        r.first, r.torn_down = False, True
+    ranks.append(LogRank(first=True))
+    notes.append(
+        EvidenceItem(
+            "slurm",
+            None,
+            "srun reports every task it names Killed or Terminated after the step was cancelled with no "
+            "reason, and a process's own end is in lines that name no task: srun's teardown after that "
+            "task's failure (--kill-on-bad-exit), not a cancel from outside",
         )
     )
 
