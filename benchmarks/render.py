@@ -347,6 +347,7 @@ def diagnose() -> str:
         (10, "after the ninth collection's rules"),
         (11, "after the tenth collection's rules"),
         (12, "after the eleventh collection's rules"),
+        (13, "after the twelfth collection's rules"),
     ):
         doc_n = _load(f"diagnose-wave{wave}")
         halves_n = doc_n["results"]["halves"] if doc_n else {}

@@ -663,3 +663,29 @@ def test_a_step_cancel_after_a_crash_no_task_line_names_is_srun_s_teardown():
     limit = _STEP_CANCELLED.replace("10:00:00 ***", "10:00:00 DUE TO TIME LIMIT ***")
     timed = diagnose([LogInput("job.log", oom + limit)])
     assert timed["killer"]["kind"] == "external_signal", timed["killer"]
+
+
+_TERMINATE = "terminate called after throwing an instance of 'c10::Error'\n"
+
+
+@pytest.mark.parametrize(
+    "text, kind",
+    [
+        # thrown in a destructor (the caching allocator's free): nothing could catch it
+        (_TERMINATE + "  what():  CUDA error: initialization error\n"
+         "Exception raised from insert_events at /pytorch/c10/cuda/CUDACachingAllocator.cpp:717 "
+         "(most recent call first):\n", "abort"),
+        # the same error raised in Python too: the raise stands, the abort is its echo
+        ("RuntimeError: CUDA error: initialization error\n" + _TERMINATE
+         + "  what():  CUDA error: initialization error\n", "python_exception"),
+        # the NCCL watchdog rethrowing what its collective's GPU work hit: the rank's own error
+        ("terminate called after throwing an instance of 'c10::DistBackendError'\n"
+         "  what():  [PG 1 Rank 1] Process group watchdog thread terminated with exception: CUDA error: "
+         "device-side assert triggered\n", "python_exception"),
+    ],
+)  # fmt: skip
+def test_an_error_only_a_terminate_reported_is_an_abort(text, kind):
+    """libstdc++'s terminate handler prints ``what():`` of an exception nothing caught: the
+    process aborted and no Python exception was raised, whatever the error's own words."""
+    doc = diagnose([LogInput("rank.log", text)])
+    assert doc["killer"]["kind"] == kind, doc["killer"]

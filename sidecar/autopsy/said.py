@@ -450,4 +450,8 @@ def _from_catalog(
     sure = weaker(ceiling, confidence)
     items.append(_cited(f))
     items.append(EvidenceItem("catalog", None, f"{message.id}: {message.mechanism}"))
+    if f.get("terminated"):  # its words, in the what() of an exception nothing caught
+        told = message.told(who, f.fields).rstrip(".")
+        why = "thrown where nothing caught it, so std::terminate aborted the process"
+        return Kind.ABORT, sure, f"{told}; {why}."
     return message.kind or Kind.UNKNOWN, sure, message.told(who, f.fields)

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, replace
 
 from sidecar.catalog import Hit, catalog
+from sidecar.model import Kind
 
 __all__ = ["Finding", "line_stamp", "parse_rank_output", "said_fields", "size_to_bytes", "stamp_to_epoch"]
 
@@ -266,8 +267,48 @@ def _parse(text: str) -> list[Finding]:
             # ProcessExitedException, Ray's ActorDiedError) is not this process's own end
             said = [h for h in said if h.message.layer != "symptom"]
         for hit in said:
-            out.append(Finding("said", rank, local, body, said_fields(hit)))
-    return out
+            told = said_fields(hit)
+            if _WHAT.match(body) and not _RELAYED.search(body) and hit.message.kind == Kind.PYTHON_EXCEPTION:
+                # libstdc++'s terminate handler prints "what():" of an exception nothing caught
+                # (thrown in a destructor or a thread of its own): it aborted the process, and
+                # no Python exception was raised. Not the NCCL watchdog's rethrow of the error
+                # its collective's GPU work hit: that error is the rank's own failure
+                told = (*((k, "abort" if k == "said_kind" else v) for k, v in told), ("terminated", "1"))
+            out.append(Finding("said", rank, local, body, told))
+    return _raised_too(out)
+
+
+def _raised_too(out: list[Finding]) -> list[Finding]:
+    """A terminate's ``what():`` whose error the same process also raised in Python (the NCCL
+    watchdog's thread aborts on the CUDA error its main thread raised): the raise stands, the
+    abort is its echo in another thread. An unprefixed ``what():`` (libstdc++ writes to the
+    file descriptor, past a launcher's rank prefix) goes with a raise of any rank's."""
+    raised = {
+        (f.rank, f.local_rank, f.get("id")) for f in out if f.kind == "said" and not f.get("terminated")
+    }
+    raised |= {(None, None, ident) for _, _, ident in raised}
+    return [
+        Finding(
+            f.kind,
+            f.rank,
+            f.local_rank,
+            f.line,
+            tuple(
+                (k, Kind.PYTHON_EXCEPTION.value if k == "said_kind" else v)
+                for k, v in f.fields
+                if k != "terminated"
+            ),
+            f.stamp,
+            f.at_ns,
+        )
+        if f.get("terminated") and (f.rank, f.local_rank, f.get("id")) in raised
+        else f
+        for f in out
+    ]
+
+
+_WHAT = re.compile(r"^what\(\):\s")
+_RELAYED = re.compile(r"watchdog thread terminated with exception")
 
 
 # exceptions a launcher raises about a process it ran, whatever their message says (Python's
