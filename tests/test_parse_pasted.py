@@ -153,7 +153,9 @@ def test_each_prefix_family_on_generated_text_is_taken_off(family, lines):
     width = max(len(line) for line in lines)
     assume(width < 40 or sum(len(line) == width for line in lines) < 3)
     ((_, carried),) = PERTURBATIONS[family]([("rank_stderr", "\n".join(lines))])
-    assert plain(carried).split("\n") == lines
+    # compared as plain() reads the text unprefixed (it makes fullwidth ASCII ASCII, as a CJK
+    # input method's punctuation means): what the prefix took is the question
+    assert plain(carried).split("\n") == plain("\n".join(lines)).split("\n")
 
 
 def _verdicts(case: dict, perturb) -> tuple:
