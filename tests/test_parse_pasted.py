@@ -256,6 +256,24 @@ def test_fullwidth_ascii_from_a_cjk_locale_or_input_method_reads_as_ascii():
     assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("abort", "certain"), doc["killer"]
 
 
+def test_markdown_bold_markers_around_a_line_s_start_are_taken_off():
+    """A log pasted into an issue outside a code block, its key line made bold: ``**`` at the
+    start of the line (after a rank's prefix) and its closing pair go. A line of asterisks
+    (torchrun's OMP_NUM_THREADS banner) and ``**kwargs`` in code stay."""
+    bold = "[rank5]: **RuntimeError: Expected to mark a variable ready only once**. This error is caused"
+    assert (
+        plain(bold)
+        == "[rank5]: RuntimeError: Expected to mark a variable ready only once. This error is caused"
+    )
+    for kept in ("*****************************************", "    return f(*args, **kwargs)"):
+        assert plain(kept) == kept
+    traceback = (
+        "Traceback (most recent call last):\n  File \"t.py\", line 3, in <module>\n**KeyError: 'labels'**\n"
+    )
+    killer = diagnose([LogInput("rank", traceback)])["killer"]
+    assert killer["kind"] == "python_exception" and "KeyError" in killer["summary"], killer
+
+
 def test_a_markdown_quote_s_markers_are_taken_off():
     """A log quoted in an issue and copied as it shows carries ``> `` on each line (``>``
     alone on an empty one): the markers go, the lines are read. One line that starts with

@@ -88,6 +88,16 @@ def _unquoted(lines: list[str]) -> list[str]:
     return [_strip(line[m.end() :]) if (m := _QUOTE.match(line)) else line for line in lines]
 
 
+# markdown's bold markers around text a log's line starts with (after a rank's prefix): a log
+# pasted into an issue outside a code block, its important line made bold. Never a line of
+# asterisks (torchrun's OMP_NUM_THREADS banner), nor "**kwargs" inside a line
+_BOLD = re.compile(r"^((?:\[[\w ]{1,20}\]: ?)*)\*\*([^*\s](?:[^*]{0,2000}[^*\s])?)\*\*")
+
+
+def _unbolded(lines: list[str]) -> list[str]:
+    return [_BOLD.sub(r"\1\2", line, count=1) if "**" in line else line for line in lines]
+
+
 def _family(lines: list[str], prefix: re.Pattern[str]) -> bool:
     """Most non-empty lines carry ``prefix`` (one line with it is not a family: ``0: `` or
     ``[12] `` may be anyone's text)."""
@@ -183,7 +193,7 @@ def plain_all(texts: list[str], unwrap: bool = True) -> list[str]:
     lines or more) is also taken off a shorter text all of whose lines carry it."""
     split = [[_strip(line) for line in text.split("\n")] for text in texts]
     if unwrap:  # a copy from a web page; a program's own output keeps what it wrote
-        split = [_unquoted(lines) for lines in split]
+        split = [_unbolded(_unquoted(lines)) for lines in split]
     agents = launched_by_agent(texts)
     numbered = [_numbered(lines) for lines in split]
     tasks = [_srun_tasks(lines) for lines in split]
