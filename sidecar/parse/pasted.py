@@ -88,10 +88,11 @@ def _unquoted(lines: list[str]) -> list[str]:
     return [_strip(line[m.end() :]) if (m := _QUOTE.match(line)) else line for line in lines]
 
 
-# markdown's bold markers around text a log's line starts with (after a rank's prefix): a log
-# pasted into an issue outside a code block, its important line made bold. Never a line of
-# asterisks (torchrun's OMP_NUM_THREADS banner), nor "**kwargs" inside a line
-_BOLD = re.compile(r"^((?:\[[\w ]{1,20}\]: ?)*)\*\*([^*\s](?:[^*]{0,2000}[^*\s])?)\*\*")
+# markdown's bold markers around text a log's line starts with (after srun's task id and a
+# rank's prefix): a log pasted into an issue outside a code block, its important line made
+# bold. Never a line of asterisks (torchrun's OMP_NUM_THREADS banner), nor "**kwargs" inside
+# a line
+_BOLD = re.compile(r"^((?:\d{1,6}: )?(?:\[[\w ]{1,20}\]: ?)*)\*\*([^*\s](?:[^*]{0,2000}[^*\s])?)\*\*")
 
 
 def _unbolded(lines: list[str]) -> list[str]:
@@ -128,8 +129,9 @@ _SRUN_TORCH = re.compile(r"^ {0,4}\d{1,6}: \s{0,4}\[(?:rank|default)\d{1,6}\]:")
 
 def _srun_tasks(lines: list[str]) -> bool:
     """Most non-empty lines carry ``srun -l``'s ``N: `` task prefix, or every one of a few
-    does before torch's own ``[rankN]:`` (``7: [rank7]:...``) or a catalog message
-    (``0: RuntimeError: DataLoader worker ... is killed``)."""
+    does and one of them before torch's own ``[rankN]:`` (``7: [rank7]:...``) or a catalog
+    message (``0: RuntimeError: DataLoader worker ... is killed``): the others are its wrap's
+    pieces or its other lines."""
     filled = [line for line in lines if line.strip()]
     if _family(lines, _SRUN):
         return True
@@ -140,7 +142,11 @@ def _srun_tasks(lines: list[str]) -> bool:
             _SRUN_TORCH.match(line) is not None or bool(catalog().scan(line[m.end() :]))
         )
 
-    return 0 < len(filled) < 3 and all(tagged(line) for line in filled)
+    return (
+        0 < len(filled) < 3
+        and all(_SRUN.match(line) for line in filled)
+        and any(tagged(line) for line in filled)
+    )
 
 
 def _untask(lines: list[str], nodes: bool) -> list[str]:
@@ -193,7 +199,7 @@ def plain_all(texts: list[str], unwrap: bool = True) -> list[str]:
     lines or more) is also taken off a shorter text all of whose lines carry it."""
     split = [[_strip(line) for line in text.split("\n")] for text in texts]
     if unwrap:  # a copy from a web page; a program's own output keeps what it wrote
-        split = [_unbolded(_unquoted(lines)) for lines in split]
+        split = [_unquoted(lines) for lines in split]
     agents = launched_by_agent(texts)
     numbered = [_numbered(lines) for lines in split]
     tasks = [_srun_tasks(lines) for lines in split]
@@ -203,5 +209,7 @@ def plain_all(texts: list[str], unwrap: bool = True) -> list[str]:
             lines = [_strip(line[m.end() :]) if (m := _LINENO.match(line)) else line for line in lines]
         if task or (any(tasks) and _all_carry(lines, _SRUN)):
             lines = _untask(lines, agents)
+        if unwrap:  # after the line numbers and task ids a copy or srun put before them
+            lines = _unbolded(lines)
         out.append(join(lines) if unwrap else "\n".join(lines))
     return out
