@@ -30,6 +30,7 @@ EMITTERS = {
     "slurm",  # slurmstepd, srun, states
     "launchers",  # DeepSpeed, accelerate, Lightning, Ray
     "tvmffi",  # TVM FFI's SIGSEGV handler (xgrammar, FlashInfer)
+    "systemd",  # systemd-logind's power key (a machine shut down from outside)
 }
 
 MESSAGES = load(texts()).messages  # raises what is wrong with a shipped file

@@ -689,3 +689,27 @@ def test_an_error_only_a_terminate_reported_is_an_abort(text, kind):
     process aborted and no Python exception was raised, whatever the error's own words."""
     doc = diagnose([LogInput("rank.log", text)])
     assert doc["killer"]["kind"] == kind, doc["killer"]
+
+
+@pytest.mark.parametrize(
+    "peer, kind",
+    [
+        ("[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 216.00 MiB. GPU 3 has a total "
+         "capacity of 44.42 GiB of which 118.12 MiB is free.", "cuda_oom"),
+        ("[rank3]: KeyError: 'labels'", "python_exception"),
+    ],
+)  # fmt: skip
+def test_a_failed_rank_with_no_words_of_its_own_is_read_by_its_peers_at_possible(peer, kind):
+    """torchrun says local rank 2 exited 1 first; its own traceback is not in the paste. Rank 3
+    failed of its own beside it, out of GPU memory: ranks running the same code fail alike, so
+    rank 2's likeliest failure is the same (possible). A peer's other exception says nothing
+    of rank 2's: an uncaught exception, possible, as before."""
+    agent = (
+        "W0217 08:19:10.679000 140475426195264 torch/distributed/elastic/multiprocessing/api.py:851] "
+        "Sending process 3701339 closing signal SIGTERM\n"
+        "E0217 08:19:12.297000 140475426195264 torch/distributed/elastic/multiprocessing/api.py:826] "
+        "failed (exitcode: 1) local_rank: 2 (pid: 3701341) of binary: /usr/bin/python\n"
+    )
+    doc = diagnose([LogInput("rank", peer + "\n"), LogInput("agent", agent)])
+    assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == (kind, "possible"), doc["killer"]
+    assert doc["victim"]["local_rank"] == 2, doc["victim"]

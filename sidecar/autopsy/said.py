@@ -85,6 +85,37 @@ def gpu_fault(
     )
 
 
+def _as_its_peers(
+    victim: RankState, ev: Evidence, who: str, items: list[EvidenceItem]
+) -> tuple[Kind, Confidence, str] | None:
+    """A rank that exited with status 1 (an uncaught exception) whose own words the logs do
+    not hold, while every other rank whose words say it failed of its own ran out of GPU
+    memory: ranks of one job run the same code on the same sizes and fail alike, so that is
+    its likeliest failure too, but nothing of its own says so (possible)."""
+    kinds: set[Kind] = set()
+    cited: list[Finding] = []
+    for r in ev.ranks:
+        if r is victim or r.pid in ev.agent_teardown:
+            continue
+        own = findings_of(r, ev, Kind.CUDA_OOM.value)
+        others = [f for f in findings_of(r, ev) if f.kind not in (Kind.CUDA_OOM.value, "exception", "said")]
+        if own and not others:
+            kinds.add(Kind.CUDA_OOM)
+            cited.append(own[0])
+        elif findings_of(r, ev, "exception"):
+            kinds.add(Kind.PYTHON_EXCEPTION)  # another failure: nothing tells which is its
+    if kinds != {Kind.CUDA_OOM}:
+        return None
+    items.append(_cited(cited[0]))
+    return (
+        Kind.CUDA_OOM,
+        Confidence.POSSIBLE,
+        f"{who} exited with status 1 (an uncaught exception) and its own words are not in these logs; "
+        "every other rank that failed of its own ran out of GPU memory, as ranks of one job running the "
+        "same code do alike: most likely it did too.",
+    )
+
+
 def _cited(f: Finding) -> EvidenceItem:
     """A finding as evidence, at the time its line carries (None when it has none)."""
     where = f.get("file")
@@ -163,6 +194,8 @@ def from_output(
             ]
             confidence = Confidence.POSSIBLE
             who = "A rank (no line says which)"
+    if not mine and ev.from_logs and victim.status == 1 and victim.signal is None:
+        return _as_its_peers(victim, ev, who, items)
     if not mine or victim.returncode == 0:
         return None
 

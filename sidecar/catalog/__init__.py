@@ -443,6 +443,7 @@ FILES = (
     "slurm.toml",
     "torchelastic.toml",
     "tvmffi.toml",
+    "systemd.toml",
 )
 
 
