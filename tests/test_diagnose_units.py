@@ -713,3 +713,17 @@ def test_a_failed_rank_with_no_words_of_its_own_is_read_by_its_peers_at_possible
     doc = diagnose([LogInput("rank", peer + "\n"), LogInput("agent", agent)])
     assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == (kind, "possible"), doc["killer"]
     assert doc["victim"]["local_rank"] == 2, doc["victim"]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "F external/xla/xla/stream_executor/cuda/cuda_driver.cc:1234] Check failed: CUDA_ERROR_LAUNCH_FAILED",
+        "numba.cuda.cudadrv.driver.CudaAPIError: [700] Call to cuCtxSynchronize results in "
+        "CUDA_ERROR_ILLEGAL_ADDRESS",
+    ],
+)
+def test_a_device_fault_named_by_the_driver_api_s_enum_alone_is_a_gpu_error(line):
+    """XLA's, CuPy's and Numba's checks print the driver API's CUresult name bare, with no
+    cudaGetErrorString text: the same device fault."""
+    assert diagnose([LogInput("rank", line + "\n")])["killer"]["kind"] == "gpu_error"
