@@ -55,7 +55,9 @@ def diagnose(inputs: list[LogInput], now: float | None = None) -> dict[str, Any]
     tips: list[str] = []
     if v is not None:
         if vr is not None and vr.lines:
-            cited.append(Cited(source="torchrun", at=when(vr.lines[0], g.dating), detail=vr.lines[0]))
+            cited.append(
+                Cited(source=_said_by(vr.lines[0]), at=when(vr.lines[0], g.dating), detail=vr.lines[0])
+            )
         cited += [
             Cited(source=e.source, at=kernel_at.get(e.detail), detail=e.detail)
             for e in (*v.evidence[1:], *out.notes)  # the first item is the synthetic exit line
@@ -89,3 +91,13 @@ def diagnose(inputs: list[LogInput], now: float | None = None) -> dict[str, Any]
             },
         )
     )
+
+
+_TORCHRUN_WORDS = ("torch.distributed", "torch/distributed", "exitcode", "closing signal")
+
+
+def _said_by(line: str) -> str:
+    """Whose line names the victim's end: the torch elastic agent's (its failure table and
+    its own log), else another launcher's or a scheduler's (srun, DeepSpeed, Composer, a
+    shell), so that a Slurm line is not cited as torchrun's."""
+    return "torchrun" if any(w in line for w in _TORCHRUN_WORDS) else "launcher"
