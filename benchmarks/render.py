@@ -349,6 +349,7 @@ def diagnose() -> str:
         (12, "after the eleventh collection's rules"),
         (13, "after the twelfth collection's rules"),
         (14, "after the thirteenth collection's rules"),
+        (15, "after the fourteenth collection's rules"),
     ):
         doc_n = _load(f"diagnose-wave{wave}")
         halves_n = doc_n["results"]["halves"] if doc_n else {}
