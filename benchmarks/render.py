@@ -350,6 +350,7 @@ def diagnose() -> str:
         (13, "after the twelfth collection's rules"),
         (14, "after the thirteenth collection's rules"),
         (15, "after the fourteenth collection's rules"),
+        (16, "after the fifteenth collection (leaning to other libraries' GPU failures)"),
     ):
         doc_n = _load(f"diagnose-wave{wave}")
         halves_n = doc_n["results"]["halves"] if doc_n else {}

@@ -31,6 +31,7 @@ EMITTERS = {
     "launchers",  # DeepSpeed, accelerate, Lightning, Ray
     "tvmffi",  # TVM FFI's SIGSEGV handler (xgrammar, FlashInfer)
     "systemd",  # systemd-logind's power key (a machine shut down from outside)
+    "xla",  # XLA/TSL's coordination service (jax.distributed)
 }
 
 MESSAGES = load(texts()).messages  # raises what is wrong with a shipped file

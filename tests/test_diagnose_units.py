@@ -727,3 +727,28 @@ def test_a_device_fault_named_by_the_driver_api_s_enum_alone_is_a_gpu_error(line
     """XLA's, CuPy's and Numba's checks print the driver API's CUresult name bare, with no
     cudaGetErrorString text: the same device fault."""
     assert diagnose([LogInput("rank", line + "\n")])["killer"]["kind"] == "gpu_error"
+
+
+@pytest.mark.parametrize(
+    "line, kind",
+    [
+        # Caffe's CUDA_CHECK (glog's CHECK_EQ, then abort)
+        ("F1206 10:00:00.000000  1234 syncedmem.cpp:56] Check failed: error == cudaSuccess (2 vs. 0)  out of memory",
+         "cuda_oom"),
+        # ONNX Runtime's (and CNTK's) CudaCall
+        ("  what():  CUDA failure 2: out of memory ; GPU=0 ; hostname=x ; file=cuda_allocator.cc ; line=47 ; "
+         "expr=cudaMalloc((void**)&p, size);", "cuda_oom"),
+        # Thrust's throw_on_error (older Thrust: cudaGetErrorString's text alone)
+        ("  what():  parallel_for failed: out of memory", "cuda_oom"),
+        ("  what():  transform: failed to synchronize: an illegal memory access was encountered", "gpu_error"),
+        # not CUDA's: any program's "failed: invalid argument"
+        ("open: failed: invalid argument", "unknown"),
+    ],
+)  # fmt: skip
+def test_cuda_s_error_texts_behind_other_libraries_checks(line, kind):
+    """cudaGetErrorString's text as Caffe's CUDA_CHECK, ONNX Runtime's CudaCall and Thrust's
+    throw_on_error put it after words of their own."""
+    text = "terminate called after throwing an instance of 'std::runtime_error'\n" + line + "\n"
+    if kind == "unknown":
+        text = line + "\n"
+    assert diagnose([LogInput("rank", text)])["killer"]["kind"] == kind

@@ -444,6 +444,7 @@ FILES = (
     "torchelastic.toml",
     "tvmffi.toml",
     "systemd.toml",
+    "xla.toml",
 )
 
 
