@@ -351,6 +351,7 @@ def diagnose() -> str:
         (14, "after the thirteenth collection's rules"),
         (15, "after the fourteenth collection's rules"),
         (16, "after the fifteenth collection (leaning to other libraries' GPU failures)"),
+        (17, "after the sixteenth collection's rules"),
     ):
         doc_n = _load(f"diagnose-wave{wave}")
         halves_n = doc_n["results"]["halves"] if doc_n else {}
