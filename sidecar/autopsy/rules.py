@@ -11,8 +11,9 @@ No I/O, no clock: everything arrives in ``Evidence``. Rules (CONTRACTS.md, EVIDE
 2. A SIGKILL whose pid a kernel OOM record names is ``kernel_oom`` (``global_oom`` /
    ``Out of memory``) or ``cgroup_oom`` (``oom_memcg=`` / ``Memory cgroup out of
    memory``), ``certain``: a first-hand record names the pid.
-3. A SIGKILL with no record but with the OOM counters moving across the death (the host's
-   vmstat oom_kill and the rank's cgroup oom_kill) is an OOM at ``likely``.
+3. A SIGKILL with no record but with the OOM counters moving across the death (the rank's
+   cgroup oom_kill; the host's vmstat oom_kill only where the kernel log could not be read or
+   lost records near the death) is an OOM at ``likely``.
 4. A SIGKILL with no record and no counter movement is ``external_signal``, never an OOM.
 5. Ranks that died after the root cause by SIGTERM, SIGKILL (torchrun escalates 30 s after
    an ignored SIGTERM) or a status a SIGTERM handler returns, with no OOM record of their

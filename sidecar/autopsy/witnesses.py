@@ -215,7 +215,6 @@ def sender_of(rank: RankState, signals: tuple[SignalSent, ...]) -> SignalSent | 
     return max(candidates, key=lambda s: s.at_ns) if candidates else None
 
 
-_COUNTED_NS = 120 * 10**9  # the counters are read a sampling interval before the death and at the autopsy
 
 
 def counter_moved(ev: Evidence, victim: RankState) -> tuple[bool, bool, str | None]:
@@ -223,12 +222,12 @@ def counter_moved(ev: Evidence, victim: RankState) -> tuple[bool, bool, str | No
     rise = after - before if before is not None and after is not None else 0
     host = rise > 0
     if host and ev.kernel_log_readable and not lost_near(victim, ev) and victim.died_ns is not None:
-        # /proc/vmstat's oom_kill counts every OOM kill on the host, each container's too: the
-        # kernel's records of kills of other processes around the death account for its rise
-        # (another job's cgroup OOM on a shared node is no reason for this SIGKILL)
-        died = victim.died_ns
-        others = {o.pid for o in ev.kernel if o.pid != victim.pid and abs(o.at_ns - died) <= _COUNTED_NS}
-        host = len(others) < rise
+        # /proc/vmstat's oom_kill counts every OOM kill on the host, each container's too, and
+        # the kernel writes "Killed process <pid>" for every kill it counts (never rate-limited,
+        # unlike the report before it): where the log was read and lost nothing near the death,
+        # a rise no record of this pid explains is another process's kill (another job's cgroup
+        # OOM on a shared node, whose record may reach the reader after the counter moved)
+        host = any(o.pid == victim.pid for o in ev.kernel)
     cgroup_path = None
     cgroup = False
     for path in (victim.cgroup, victim.cgroup_limited_by):
