@@ -215,8 +215,6 @@ def sender_of(rank: RankState, signals: tuple[SignalSent, ...]) -> SignalSent | 
     return max(candidates, key=lambda s: s.at_ns) if candidates else None
 
 
-
-
 def counter_moved(ev: Evidence, victim: RankState) -> tuple[bool, bool, str | None]:
     before, after = ev.host_oom_kills_before, ev.host_oom_kills_after
     rise = after - before if before is not None and after is not None else 0
