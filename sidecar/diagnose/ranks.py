@@ -244,19 +244,26 @@ def _the_worker_the_agent_reacted_to(ranks: list[LogRank], g: LogRecords, notes:
     # a SIGHUP or SIGINT it closes with is the one it received; it also closes the group when
     # the rendezvous fails (another node left): only a process's own end in the lines, not a
     # report or an exception (a peer's failure says itself so), tells a worker ended first
-    if any(isinstance(rec, DeathSignal) for rec in g.agent) or not any(
-        label is None and _own_end(f) for label, f in g.findings
-    ):
+    if any(isinstance(rec, DeathSignal) for rec in g.agent) or not _an_unnamed_end(g):
         return
-    ranks.append(LogRank(first=True))
-    notes.append(
-        EvidenceItem(
-            "torchrun",
-            None,
-            "the agent sent its closing SIGTERM to every process these logs name (or its words only "
-            "report a peer's failure): the worker whose end it reacted to is another, which no line names",
-        )
+    _add_unnamed_first(
+        ranks,
+        notes,
+        "torchrun",
+        "the agent sent its closing SIGTERM to every process these logs name (or its words only "
+        "report a peer's failure): the worker whose end it reacted to is another, which no line names",
     )
+
+
+def _an_unnamed_end(g: LogRecords) -> bool:
+    """A process's own end (a fault, an abort, a CUDA OOM) in lines that name no rank."""
+    return any(label is None and _own_end(f) for label, f in g.findings)
+
+
+def _add_unnamed_first(ranks: list[LogRank], notes: list[EvidenceItem], source: str, why: str) -> None:
+    """The process whose end the launcher reacted to, which no line names: its exit unknown."""
+    ranks.append(LogRank(first=True))
+    notes.append(EvidenceItem(source, None, why))
 
 
 def _the_task_srun_reacted_to(ranks: list[LogRank], g: LogRecords, notes: list[EvidenceItem]) -> None:
@@ -275,21 +282,17 @@ def _the_task_srun_reacted_to(ranks: list[LogRank], g: LogRecords, notes: list[E
     slurm = [j for j in g.jobs if j.source == "slurm"]
     if any(j.what in ("time_limit", "preempted", "node_failure") for j in slurm):
         return
-    if not any(j.what == "cancelled" for j in slurm) or not any(
-        label is None and _own_end(f) for label, f in g.findings
-    ):
+    if not any(j.what == "cancelled" for j in slurm) or not _an_unnamed_end(g):
         return
     for r in reported:
         r.first, r.torn_down = False, True
-    ranks.append(LogRank(first=True))
-    notes.append(
-        EvidenceItem(
-            "slurm",
-            None,
-            "srun reports every task it names Killed or Terminated after the step was cancelled with no "
-            "reason, and a process's own end is in lines that name no task: srun's teardown after that "
-            "task's failure (--kill-on-bad-exit), not a cancel from outside",
-        )
+    _add_unnamed_first(
+        ranks,
+        notes,
+        "slurm",
+        "srun reports every task it names Killed or Terminated after the step was cancelled with no "
+        "reason, and a process's own end is in lines that name no task: srun's teardown after that "
+        "task's failure (--kill-on-bad-exit), not a cancel from outside",
     )
 
 
