@@ -32,6 +32,7 @@ EMITTERS = {
     "tvmffi",  # TVM FFI's SIGSEGV handler (xgrammar, FlashInfer)
     "systemd",  # systemd-logind's power key (a machine shut down from outside)
     "xla",  # XLA/TSL's coordination service (jax.distributed)
+    "submitit",  # submitit's Slurm time-limit and preemption signal handler
 }
 
 MESSAGES = load(texts()).messages  # raises what is wrong with a shipped file

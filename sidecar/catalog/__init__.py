@@ -441,6 +441,7 @@ FILES = (
     "oomd.toml",
     "python.toml",
     "slurm.toml",
+    "submitit.toml",
     "torchelastic.toml",
     "tvmffi.toml",
     "systemd.toml",
