@@ -752,3 +752,41 @@ def test_cuda_s_error_texts_behind_other_libraries_checks(line, kind):
     if kind == "unknown":
         text = line + "\n"
     assert diagnose([LogInput("rank", text)])["killer"]["kind"] == kind
+
+
+@pytest.mark.parametrize(
+    ("lines", "kind", "confidence"),
+    [
+        # submitit's handler for the scheduler's warning signal (its signal by name and, before
+        # 1.3, by number), and the UncompletedJobError it raises where it will not requeue
+        (["submitit WARNING (2024-05-01 10:00:00,000) - Caught signal SIGUSR2 on gpu-17: this job is timed-out.",
+          "submitit INFO (2024-05-01 10:00:00,100) - Exiting gracefully after preemption/timeout."],
+         "external_signal", "likely"),
+        (["submitit WARNING (2021-03-01 10:00:00,000) - Caught signal 10 on gpu-17: this job is preempted."],
+         "external_signal", "likely"),
+        (["Traceback (most recent call last):",
+          '  File "job_environment.py", line 226, in checkpoint_and_try_requeue',
+          "    raise utils.UncompletedJobError(message)",
+          "submitit.core.utils.UncompletedJobError: Job not requeued because: timed-out too many times."],
+         "external_signal", "likely"),
+        # Ray's GCS names a node's death reason after the actor's death
+        (["ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.",
+          "The actor died because its node has died. Node Id: 2a7f",
+          "\tthe actor's node was preempted: spot instance reclaimed"],
+         "external_signal", "likely"),
+        (["The actor died because its node has died. Node Id: 2a7f",
+          "\tthe actor's node was terminated expectedly: received SIGTERM"],
+         "external_signal", "possible"),
+        # a node that died of itself is no signal from outside
+        (["The actor died because its node has died. Node Id: 2a7f",
+          "\tthe actor's node was terminated unexpectedly: health check failed"],
+         "unknown", None),
+    ],
+)  # fmt: skip
+def test_a_scheduler_s_signal_told_by_the_job_s_own_handler(lines, kind, confidence):
+    """submitit's handler and Ray's GCS say in their own words that the scheduler or the
+    cloud ended the process: a signal from outside, not the traceback it leaves."""
+    killer = diagnose([LogInput("rank", "\n".join(lines) + "\n")])["killer"]
+    assert killer["kind"] == kind
+    if confidence:
+        assert killer["confidence"] == confidence

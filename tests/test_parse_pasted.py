@@ -82,6 +82,30 @@ def test_separate_lines_are_not_joined():
     assert plain(text) == text
 
 
+@pytest.mark.parametrize(
+    "first",
+    [
+        "slurmstepd: error:",
+        "srun: error: node7:",
+        "slurmstepd-node7: error:",
+        "submitit WARNING",
+        "my.app ERROR",
+    ],
+)
+def test_long_lines_that_each_begin_with_their_program_s_name_are_not_a_web_wrap(first):
+    """Every line of Slurm's programs begins with the program's name, and a Python logger's
+    with its name and level: long lines that each begin so are records of their own, not a
+    sentence a web page broke at its width, however few lines the paste has."""
+    head = f"{first} *** STEP 38544509.0 ON node7 CANCELLED AT 2021-03-28T01:13:17 DUE TO JOB REQUEUE ***"
+    lines = [
+        "submitit WARNING (2021-03-28 01:13:17,420) - Caught signal 15 on node7: this job is preempted.",
+        head,
+        head.replace("STEP 38544509.0", "JOB 38544509"),
+        "submitit WARNING (2021-03-28 01:13:17,482) - Bypassing signal 18",
+    ]
+    assert plain("\n".join(lines)).splitlines() == lines
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.text(alphabet=st.characters(min_codepoint=1, max_codepoint=0x2FF), max_size=120), max_size=30)

@@ -93,7 +93,11 @@ _RECORD_START = re.compile(
     r"^(?:\[(?:rank|default)\d{1,6}\]:|\[[EWIF] |\[?[EWIF]\d{4} \d\d:|\[?\d{4}-\d\d-\d\d[ T]|"
     r"\[\s{0,12}\d{1,12}\.\d{1,9}\]|"
     r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun|Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) |"
-    r"Traceback \(|\s{2}File \"|(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)[:\s]|\d{1,6}: )"
+    r"Traceback \(|\s{2}File \"|(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)[:\s]|\d{1,6}: |"
+    # Slurm's programs name themselves first on every line (log.c); a Python logger's name
+    # then its level (submitit's '%(name)s %(levelname)s (%(asctime)s)')
+    r"(?:slurmstepd|srun|sbatch|salloc|slurmd)(?:-[\w.-]{1,64})?: |"
+    r"[\w.]{1,64} (?:INFO|WARNING|ERROR|DEBUG|CRITICAL) )"
 )
 
 
