@@ -313,3 +313,17 @@ def test_a_markdown_quote_s_markers_are_taken_off():
     assert killer["kind"] == "python_exception" and "KeyError" in killer["summary"], killer
     mixed = "step 10 loss 2.3\n> 3 is the threshold\nstep 11 loss 2.2\nstep 12 loss 2.1\n"
     assert plain(mixed) == mixed.rstrip("\n") or plain(mixed) == mixed
+
+
+def test_rank_lines_a_copy_glued_into_one_are_split_again():
+    """torch writes ``[rankN]:`` at a line's start only: a line that holds it again after a
+    space lost its newlines in a copy. A line that does not begin with the prefix, or names
+    a rank in other words, is left whole."""
+    lines = [
+        "[rank3]: Traceback (most recent call last):",
+        '[rank3]:   File "train.py", line 9, in <module>',
+        "[rank3]: RuntimeError: boom",
+    ]
+    assert plain(" ".join(lines)).splitlines() == lines
+    kept = ["watchdog said [rank3]: is gone [rank4]: too", "[rank1]: peer [Rank 3] timed out"]
+    assert plain("\n".join(kept)).splitlines() == kept

@@ -11,7 +11,8 @@ What a copy adds and what it breaks, undone here:
   runtime's ``2026-12-02T11:53:34.123456789Z stdout F `` and ``kubectl logs --prefix``'s
   ``[pod/name/container] `` are dropped;
 * wrapped lines are joined back (``sidecar.parse.wraps``): a terminal's fixed-width
-  wrap, a web page's wrap at spaces, and any break a catalog message runs across.
+  wrap, a web page's wrap at spaces, and any break a catalog message runs across; lines a
+  copy glued into one (each with torch's ``[rankN]:`` prefix) are split again.
 """
 
 from __future__ import annotations
@@ -97,6 +98,22 @@ _BOLD = re.compile(r"^((?:\d{1,6}: )?(?:\[[\w ]{1,20}\]: ?)*)\*\*([^*\s](?:[^*]{
 
 def _unbolded(lines: list[str]) -> list[str]:
     return [_BOLD.sub(r"\1\2", line, count=1) if "**" in line else line for line in lines]
+
+
+# torch writes its ``[rankN]:`` prefix at the start of each line a rank prints, never inside
+# one: a line that begins with it and holds it again after a space is lines whose newlines a
+# copy lost (a web page that showed the log as one paragraph)
+_RANK_AGAIN = re.compile(r" (?=\[rank\d{1,6}\]:)")
+
+
+def _unglued(lines: list[str]) -> list[str]:
+    out: list[str] = []
+    for line in lines:
+        if " [rank" in line and _TORCH_RANK.match(line) and _RANK_AGAIN.search(line):
+            out.extend(_strip(piece) for piece in _RANK_AGAIN.split(line))
+        else:
+            out.append(line)
+    return out
 
 
 def _family(lines: list[str], prefix: re.Pattern[str]) -> bool:
@@ -210,6 +227,6 @@ def plain_all(texts: list[str], unwrap: bool = True) -> list[str]:
         if task or (any(tasks) and _all_carry(lines, _SRUN)):
             lines = _untask(lines, agents)
         if unwrap:  # after the line numbers and task ids a copy or srun put before them
-            lines = _unbolded(lines)
+            lines = _unbolded(_unglued(lines))
         out.append(join(lines) if unwrap else "\n".join(lines))
     return out
