@@ -352,6 +352,8 @@ def diagnose() -> str:
         (15, "after the fourteenth collection's rules"),
         (16, "after the fifteenth collection (leaning to other libraries' GPU failures)"),
         (17, "after the sixteenth collection's rules"),
+        (18, "after submitit's and Ray's node words (representative)"),
+        (19, "beside the eighteenth (leaning to other frameworks' GPU failures and schedulers)"),
     ):
         doc_n = _load(f"diagnose-wave{wave}")
         halves_n = doc_n["results"]["halves"] if doc_n else {}
@@ -363,6 +365,15 @@ def diagnose() -> str:
                 f"cases-wave{wave}.jsonl, held_out (no case text read while writing rules)",
             ),
         ]
+    # every held-out half together: cases.jsonl's and each collection's (the issue's bar)
+    helds = [r["halves"]["held_out"]] + [
+        h["held_out_wave4"] for h, k, _ in rows if k == "held_out_wave4" and h
+    ]
+    total = {
+        f: sum(h[f] for h in helds)
+        for f in ("cases", "right", "decisive", "decisive_right", "confident_wrong")
+    }
+    rows.append(({"all": total}, "all", f"every held_out half together ({len(helds)} files)"))
     for halves, key, said in rows:
         unseen = halves.get(key)
         if unseen:
