@@ -8,6 +8,7 @@ the tools'):
 
 * ``line_numbers``: ``[1787] `` (a log viewer's or a paste site's line numbers);
 * ``srun``: ``srun -l``'s task id: the rank the line names, else 0 (under torchrun: 0, the node);
+* ``mpirun``: Open MPI's ``--tag-output`` (``[1,3]<stderr>:``), its rank chosen as srun's;
 * ``cri``: a container runtime's log file (``2026-12-02T11:53:34.123456789Z stderr F ``);
 * ``docker``: ``docker logs --timestamps`` (``2026-12-02T11:53:34.123456789Z ``);
 * ``kubectl``: ``kubectl logs --prefix`` (``[pod/train-0/pytorch] ``);
@@ -76,27 +77,30 @@ _AGENT = re.compile(
 )
 
 
-def _srun(evidence: Evidence) -> Evidence:
-    """``srun -l`` as it prints: under torchrun (the case's logs hold the elastic agent's
-    lines) srun started one agent on this node, task 0; started alone, each task is a rank:
-    the rank a line names (torch's ``[rankN]:``), else task 0."""
-    nodes = any(_AGENT.search(text) for _, text in evidence)
+def _launched(tag: Callable[[str], str]) -> Callable[[Evidence], Evidence]:
+    """A launcher's per-process tag (``tag(rank)``) as it prints it: under torchrun (the
+    case's logs hold the elastic agent's lines) it started one agent on this node, process 0;
+    started alone, each process is a rank: the rank a line names (torch's ``[rankN]:``),
+    else the rank the lines before it named (the first one named, before any)."""
 
-    def tasks(text: str) -> str:
-        lines = text.split("\n")
-        if nodes:
-            return "\n".join(f"0: {line}" for line in lines)
-        # a line that names no rank is its task's: the rank the lines before it named (the
-        # first one named, before any)
-        said = [(m[1] or m[2]) if (m := _SAYS_RANK.search(line)) else None for line in lines]
-        current = next((r for r in said if r is not None), "0")
-        out = []
-        for line, rank in zip(lines, said, strict=True):
-            current = rank or current
-            out.append(f"{current}: {line}")
-        return "\n".join(out)
+    def apply(evidence: Evidence) -> Evidence:
+        nodes = any(_AGENT.search(text) for _, text in evidence)
 
-    return [(kind, tasks(text)) if kind in OUTPUT_KINDS else (kind, text) for kind, text in evidence]
+        def tasks(text: str) -> str:
+            lines = text.split("\n")
+            if nodes:
+                return "\n".join(tag("0") + line for line in lines)
+            said = [(m[1] or m[2]) if (m := _SAYS_RANK.search(line)) else None for line in lines]
+            current = next((r for r in said if r is not None), "0")
+            out = []
+            for line, rank in zip(lines, said, strict=True):
+                current = rank or current
+                out.append(tag(current) + line)
+            return "\n".join(out)
+
+        return [(kind, tasks(text)) if kind in OUTPUT_KINDS else (kind, text) for kind, text in evidence]
+
+    return apply
 
 
 def _terminal(width: int) -> Callable[[Evidence], Evidence]:
@@ -147,7 +151,8 @@ def _per_rank(evidence: Evidence) -> Evidence:
 
 PERTURBATIONS: dict[str, Callable[[Evidence], Evidence]] = {
     "line_numbers": _each_line(lambda i, line: f"[{i + 1}] {line}"),
-    "srun": _srun,
+    "srun": _launched(lambda rank: f"{rank}: "),
+    "mpirun": _launched(lambda rank: f"[1,{rank}]<stderr>:"),
     "cri": _each_line(
         lambda i, line: f"2026-12-02T11:53:{i % 60:02d}.123456789Z stderr F {line}", OUTPUT_KINDS
     ),

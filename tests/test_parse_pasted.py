@@ -123,7 +123,7 @@ from tests.corpus import cases, half  # noqa: E402
 from tests.pastes import PERTURBATIONS  # noqa: E402
 from tests.test_diagnose_units import CONFIDENT  # noqa: E402
 
-PREFIXES = ("line_numbers", "srun", "cri", "docker", "kubectl", "journald", "ansi", "crlf")
+PREFIXES = ("line_numbers", "srun", "mpirun", "cri", "docker", "kubectl", "journald", "ansi", "crlf")
 
 
 def _real_lines() -> list[tuple[str, str]]:
@@ -154,7 +154,7 @@ def test_each_prefix_family_on_real_public_logs_is_taken_off(family):
         read = plain(carried).splitlines()
         got = next((r for r in read if ident in {h.message.id for h in catalog().scan(r)}), None)
         assert got is not None, (family, ident, carried)
-        if family != "srun":  # srun -l's task id becomes the rank's own prefix
+        if family not in {"srun", "mpirun"}:  # a launcher's process id may become the rank's prefix
             assert read == plain("\n".join(block)).splitlines(), (family, read)
 
 
@@ -170,7 +170,7 @@ def test_each_prefix_family_on_generated_text_is_taken_off(family, lines):
     family's prefix."""
     lines = [line.strip() for line in lines]
     lines = ["x" + line if line[:1].isdigit() or line.startswith(("[", "\x1b")) else line for line in lines]
-    if family == "srun":  # a task id per line: no rank is named, a single task is stripped
+    if family in {"srun", "mpirun"}:  # a process id per line: no rank is named, a single one is stripped
         lines = [line or "x" for line in lines]
     # three or more lines of one width of 40 or more are how a terminal wraps a long line
     # (pasted.py's _unwrap_fixed, tested on its own): not what this test is about
@@ -327,3 +327,30 @@ def test_rank_lines_a_copy_glued_into_one_are_split_again():
     assert plain(" ".join(lines)).splitlines() == lines
     kept = ["watchdog said [rank3]: is gone [rank4]: too", "[rank1]: peer [Rank 3] timed out"]
     assert plain("\n".join(kept)).splitlines() == kept
+
+
+def test_open_mpi_s_output_tags_become_the_rank_s_prefix():
+    """mpirun --tag-output writes ``[jobid,rank]<stream>:`` before each line (Open MPI 4.1's
+    own output, read here; --timestamp-output puts the date before it). Several processes
+    that each name no other rank are the ranks; one process, or one whose lines name
+    another rank, is only stripped."""
+    two = "\n".join(
+        [
+            "[1,0]<stdout>:step 1",
+            "[1,1]<stderr>:Traceback (most recent call last):",
+            "[1,1]<stderr>:ValueError: boom",
+        ]
+    )
+    assert plain(two).splitlines() == [
+        "[rank0]:step 1",
+        "[rank1]:Traceback (most recent call last):",
+        "[rank1]:ValueError: boom",
+    ]
+    stamped = "Sun Dec  6 18:17:10 2026[1,0]<stderr>:err\nSun Dec  6 18:17:10 2026[1,1]<stderr>:err"
+    assert plain(stamped).splitlines() == ["[rank0]:err", "[rank1]:err"]
+    one = "[1,3]<stderr>:a\n[1,3]<stderr>:b\n[1,3]<stderr>:c"
+    assert plain(one).splitlines() == ["a", "b", "c"]
+    nodes = "[1,0]<stderr>:[rank5]: boom\n[1,1]<stderr>:[rank9]: bang"
+    assert plain(nodes).splitlines() == ["[rank5]: boom", "[rank9]: bang"]
+    doc = diagnose([LogInput("mpirun", two)])
+    assert (doc["killer"]["kind"], doc["victim"]["rank"]) == ("python_exception", 1)

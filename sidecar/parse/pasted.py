@@ -9,7 +9,7 @@ What a copy adds and what it breaks, undone here:
   kept: ``srun -l``'s task id (``3: ...``, a rank) becomes the ``[rank3]:`` prefix torch
   itself writes, so the rules attribute the line as they would torch's own; a container
   runtime's ``2026-12-02T11:53:34.123456789Z stdout F `` and ``kubectl logs --prefix``'s
-  ``[pod/name/container] `` are dropped;
+  ``[pod/name/container] `` are dropped; Open MPI's ``[1,3]<stderr>:`` becomes ``[rank3]:``;
 * wrapped lines are joined back (``sidecar.parse.wraps``): a terminal's fixed-width
   wrap, a web page's wrap at spaces, and any break a catalog message runs across; lines a
   copy glued into one (each with torch's ``[rankN]:`` prefix) are split again.
@@ -51,6 +51,13 @@ _AGENT = re.compile(
     r"torch\.multiprocessing\.spawn|deepspeed/launcher|\[launch\.py:\d"
 )
 _TORCH_RANK = re.compile(r"^\s{0,4}\[(?:rank|default)\d{1,6}\]:")
+# Open MPI's --tag-output (mpirun -tag-output, horovodrun): "[jobid,rank]<stderr>:" before each
+# line of a process's output (orte iof, "[%s,%d]<%s>:"; --timestamp-output puts ctime's date
+# before it); Horovod's Gloo runner writes "[rank]<stderr>:"
+_MPI_TAG = re.compile(
+    r"^(?:[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})?"
+    r"\[(?:\d{1,9},)?(?P<rank>\d{1,6})\]<(?:stdout|stderr|stddiag)>: ?"
+)
 _NAMES_RANK = re.compile(r"^\s{0,4}\[rank(\d{1,6})\]:|\[Rank (\d{1,6})\]")
 
 
@@ -166,6 +173,33 @@ def _srun_tasks(lines: list[str]) -> bool:
     )
 
 
+def _untagged(lines: list[str], nodes: bool) -> list[str]:
+    """Open MPI's (and Horovod's) output tags taken off. A tagged process is a rank where
+    mpirun started the ranks itself (as for srun's tasks: several processes, and no line of
+    one names a rank other than its own): its lines get its rank's ``[rankN]:`` prefix
+    (unless torch wrote one). Under a launcher (the elastic agent's lines) a process is a
+    node's."""
+    if not any("]<std" in line for line in lines[:2000]):
+        return lines
+    named: dict[str, set[str]] = {}
+    for line in lines:
+        if (m := _MPI_TAG.match(line)) is not None:
+            named.setdefault(m["rank"], set()).update(
+                r[1] or r[2] for r in _NAMES_RANK.finditer(line[m.end() :])
+            )
+    nodes = nodes or len(named) < 2 or not all(said <= {rank} for rank, said in named.items())
+    out = []
+    for line in lines:
+        if (m := _MPI_TAG.match(line)) is not None:
+            rest = line[m.end() :]
+            out.append(rest if nodes or _TORCH_RANK.match(rest) else f"[rank{m['rank']}]:{rest}")
+        elif (t := _TORCH_RANK.match(line)) is not None and (m := _MPI_TAG.match(line[t.end() :].lstrip())):
+            out.append(line[: t.end()] + " " + line[t.end() :].lstrip()[m.end() :])  # the rank said once
+        else:
+            out.append(line)
+    return out
+
+
 def _untask(lines: list[str], nodes: bool) -> list[str]:
     """``srun -l``'s task ids taken off. A task is a rank when srun started the ranks
     itself: several tasks, and no task's lines name a rank other than its own (torch's
@@ -224,8 +258,9 @@ def plain_all(texts: list[str], unwrap: bool = True) -> list[str]:
     for lines, num, task in zip(split, numbered, tasks, strict=True):
         if num:
             lines = [_strip(line[m.end() :]) if (m := _LINENO.match(line)) else line for line in lines]
+        lines = _untagged(lines, agents)  # after a viewer's line numbers
         if task or (any(tasks) and _all_carry(lines, _SRUN)):
-            lines = _untask(lines, agents)
+            lines = _untagged(_untask(lines, agents), agents)  # srun ran mpirun's processes
         if unwrap:  # after the line numbers and task ids a copy or srun put before them
             lines = _unbolded(_unglued(lines))
         out.append(join(lines) if unwrap else "\n".join(lines))
