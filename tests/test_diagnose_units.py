@@ -790,3 +790,39 @@ def test_a_scheduler_s_signal_told_by_the_job_s_own_handler(lines, kind, confide
     assert killer["kind"] == kind
     if confidence:
         assert killer["confidence"] == confidence
+
+
+_HOROVOD_SHUT = (
+    "horovod.common.exceptions.HorovodInternalError: Horovod has been shut down. This was caused by an "
+    "exception on one of the ranks or an attempt to allreduce, allgather or broadcast a tensor after one "
+    "of the ranks finished execution. If the shutdown was caused by an exception, you should see the "
+    "exception in the log before the first shutdown message."
+)
+
+
+def test_horovod_s_shutdown_is_a_report_and_the_rank_that_raised_is_the_cause():
+    """Every surviving rank's collective fails with Horovod's "has been shut down" after one
+    rank raised: that rank is the job's reason, whichever came first in the paste; alone, the
+    shutdown is only the rank's exception (possible)."""
+    lines = [
+        "[1,0]<stderr>:Traceback (most recent call last):",
+        f"[1,0]<stderr>:{_HOROVOD_SHUT}",
+        "[1,1]<stderr>:Traceback (most recent call last):",
+        "[1,1]<stderr>:ValueError: a bad batch",
+    ]
+    doc = diagnose([LogInput("mpirun", "\n".join(lines) + "\n")])
+    assert (doc["killer"]["kind"], doc["victim"]["rank"]) == ("python_exception", 1)
+    alone = diagnose([LogInput("mpirun", "\n".join(lines[:2]) + "\n")])
+    assert alone["killer"]["confidence"] == "possible"
+
+
+def test_horovod_s_stall_shutdown_is_a_collective_that_never_completed():
+    text = (
+        "[2020-01-01 10:00:00.000000: E /tmp/pip/horovod/common/stall_inspector.cc:105] One or more tensors "
+        "were submitted to be reduced, gathered or broadcasted by subset of ranks and are waiting for "
+        "remainder of ranks for more than 60 seconds. This may indicate that different ranks are trying to "
+        "submit different tensors or that only subset of ranks is submitting tensors, which will cause "
+        "deadlock.\nMissing ranks:\n1!: [allreduce.grad_0]\n"
+        'One or more rank (marked by "!") is stalled for longer than 300 seconds. Will shutdown.\n'
+    )
+    assert diagnose([LogInput("rank", text)])["killer"]["kind"] == "collective_timeout"

@@ -50,8 +50,9 @@ def timeout_elsewhere(victim: RankState, ev: Evidence) -> tuple[str | None, str]
 
 # what a rank's output says of another's failure, not of its own: a peer that closed the
 # connection, a communicator aborted because of an error elsewhere, the watchdog's progress
-# report ("failure detected ... last enqueued work")
-_REPORTING_FINDINGS = frozenset({"peer_closed", "nccl_aborted", "nccl_progress"})
+# report ("failure detected ... last enqueued work"), any catalog report of the rank's output
+# (Horovod's "has been shut down": parse/ranks.py's "reports")
+_REPORTING_FINDINGS = frozenset({"peer_closed", "nccl_aborted", "nccl_progress", "reports"})
 
 
 def _decides(f: Finding) -> bool:
@@ -63,7 +64,8 @@ def _decides(f: Finding) -> bool:
 def says_why(findings: list[Finding]) -> bool:
     """Whether these findings (one rank's output) say why it ended: a finding that decides,
     on a line that is not itself a report of another's failure (the gloo line "Connection
-    closed by peer" is also an exception's last line; as such it reports, not decides)."""
+    closed by peer", Horovod's "has been shut down" are also an exception's last line; as
+    such they report, not decide)."""
     reporting = {f.line for f in findings if f.kind in _REPORTING_FINDINGS}
     return any(_decides(f) and f.line not in reporting for f in findings)
 

@@ -31,7 +31,7 @@ import re
 import time
 from dataclasses import dataclass, replace
 
-from sidecar.catalog import Hit, catalog
+from sidecar.catalog import Hit, Message, catalog
 from sidecar.model import Kind
 
 __all__ = ["Finding", "line_stamp", "parse_rank_output", "said_fields", "size_to_bytes", "stamp_to_epoch"]
@@ -235,9 +235,14 @@ def _parse(text: str) -> list[Finding]:
     out: list[Finding] = []
     in_traceback: dict[tuple[int | None, int | None], str | None] = {}  # prefix -> collective
     split = _in_blocks([_split_prefix(raw.rstrip()) for raw in text.splitlines()])
-    hits = catalog().part("output", deciding=True).scan_lines([line.strip() for _, _, line in split])
-    for (rank, local, line), said in zip(split, hits, strict=True):
+    hits = catalog().part("output").scan_lines([line.strip() for _, _, line in split])
+    for (rank, local, line), found in zip(split, hits, strict=True):
         body = line.strip()
+        said = [h for h in found if h.message.decides]
+        if any(_reports(h.message) for h in found):
+            # its words report a failure elsewhere (a peer gone, Horovod shut down by another
+            # rank's exception), whatever else the line is: peers.py weighs it so
+            out.append(Finding("reports", rank, local, body))
         key = (rank, local)
         if body == "Traceback (most recent call last):":
             in_traceback[key] = None
@@ -322,6 +327,13 @@ _REPORTING_EXCEPTIONS = frozenset(
         "ActorDiedError",
     }
 )
+
+
+def _reports(m: Message) -> bool:
+    """A message of the rank's own output that tells of another process's failure and names
+    no killer of its own (the catalog's reports, not a death it relays: a DataLoader
+    worker's is the rank's own failure)."""
+    return m.layer == "report" and m.kind is None and not m.relays_death
 
 
 def _reported(line: str) -> bool:
