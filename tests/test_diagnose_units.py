@@ -826,3 +826,21 @@ def test_horovod_s_stall_shutdown_is_a_collective_that_never_completed():
         'One or more rank (marked by "!") is stalled for longer than 300 seconds. Will shutdown.\n'
     )
     assert diagnose([LogInput("rank", text)])["killer"]["kind"] == "collective_timeout"
+
+
+def test_jax_s_fatal_for_another_task_s_death_names_no_cause_of_its_own():
+    """JAX ends every process whose coordination service lost a task: a report of a death
+    elsewhere (abort at most possible), never a confident verdict; with the task's own
+    words beside it (here its peer's raise, the process that died first), those decide."""
+    fatal = (
+        "F0926 17:26:32.075587  157988 client.h:77] Terminating process because the JAX distributed service "
+        "detected fatal errors. This most likely indicates that another task died; see the other task logs "
+        "for more details. absl::Status: UNAVAILABLE: The following tasks are unhealthy (stopped sending "
+        "heartbeats):\n"
+    )
+    alone = diagnose([LogInput("task0", fatal)])["killer"]
+    assert alone["confidence"] == "possible"
+    both = diagnose(
+        [LogInput("task0", "[rank0]:" + fatal), LogInput("task3", "[rank3]: ValueError: a bad shard\n")]
+    )
+    assert (both["killer"]["kind"], both["victim"]["rank"]) == ("python_exception", 3)
