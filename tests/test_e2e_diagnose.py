@@ -305,12 +305,15 @@ def test_srun_s_teardown_of_a_task_the_paste_does_not_report_is_no_cancel_from_o
     (slurmstepd's ``*** STEP ... CANCELLED ***``, no reason) and reports rank 0 killed. Pasted
     without srun's line for rank 1, every task the paste reports was killed by the step's
     cancel: that cancel is srun's teardown after the crash in the unnamed lines, not scancel
-    (it was external_signal, likely). With srun's whole output, rank 1's segfault."""
+    (it was external_signal, likely). With srun's whole output, rank 1's segfault. Rank 0
+    waits in the store (a pipeline's hand-off), so srun's cancel, not a collective's error
+    the crash left it in, ends it."""
     env = dict(slurm.cluster(), OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
     cmd = [
         "srun", "--nodes=1", "--ntasks=2", "--mem=1536M", "--kill-on-bad-exit=1",
         "--job-name=tw-unnamed-crash", sys.executable, str(TASK_JOB), f"--port={free_port()}",
         "--hold-mb=30", "--workers=0", "--duration=60", "--segfault-rank=1", "--raise-after=3",
+        "--handoff=1",  # rank 0 waits in the store, alive, for srun's cancel (no collective to fail)
     ]  # fmt: skip
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO, env=env)
     text = run.stdout + run.stderr
