@@ -33,6 +33,7 @@ EMITTERS = {
     "systemd",  # systemd-logind's power key (a machine shut down from outside)
     "xla",  # XLA/TSL's coordination service (jax.distributed)
     "submitit",  # submitit's Slurm time-limit and preemption signal handler
+    "sighandlers",  # glog's, folly's and PaddlePaddle's fatal-signal banners
 }
 
 MESSAGES = load(texts()).messages  # raises what is wrong with a shipped file

@@ -440,6 +440,7 @@ FILES = (
     "nvrm.toml",
     "oomd.toml",
     "python.toml",
+    "sighandlers.toml",
     "slurm.toml",
     "submitit.toml",
     "torchelastic.toml",

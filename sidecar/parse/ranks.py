@@ -51,8 +51,9 @@ class Finding:
     nccl_heartbeat, gloo_timeout, peer_closed, cuda_oom, dataloader_killed, shm_bus_error,
     shm_full (torch 2.x preallocates: "unable to allocate shared memory(shm) for file ...: No
     space left on device"), exception, said (a message of the emitter catalog that decides
-    alone: its id, kind, layer and confidence ceiling in ``fields``). ``fields`` holds what
-    the line measured (op, seq, timeout_ms, ...)."""
+    alone: its id, kind, layer and confidence ceiling in ``fields``), reports (a catalog
+    message that reports a failure elsewhere). ``fields`` holds what the line measured (op,
+    seq, timeout_ms, ...)."""
 
     kind: str
     rank: int | None
@@ -76,13 +77,20 @@ Stamp = tuple[int | None, int, int, int, int, int, int]
 # (c10's own logger leaves the month unpadded: "[E626 05:14:36.393067540 ...]" is June 26)
 _GLOG_STAMP = re.compile(r"^\[?[IWEF](\d{1,2})(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,20}))? ")
 _ISO_STAMP = re.compile(r"^\[?(\d{4})-(\d\d)-(\d\d)[ T](\d\d):(\d\d):(\d\d)(?:[,.](\d{1,20}))?")
+# glog's failure signal handler dates the signal in epoch seconds ("*** Aborted at 1663571708
+# (unix time) try ..."; PaddlePaddle wraps it in "[TimeInfo: ...]"): when the process died
+_SIGNAL_TIME = re.compile(r"^\[?(?:TimeInfo: )?\*\*\* Aborted at (\d{9,11}) \(unix time\)")
 
 
 def line_stamp(body: str) -> Stamp | None:
     """The time at the start of a (prefix-stripped) line, as written; None when it has none
-    (torch 1.x ``[E ProcessGroupNCCL.cpp:737]``, gloo's own lines, tracebacks)."""
+    (torch 1.x ``[E ProcessGroupNCCL.cpp:737]``, gloo's own lines, tracebacks). glog's signal
+    banner's epoch seconds are read as the local time they were."""
     m = _GLOG_STAMP.match(body)
     year = None
+    if m is None and (t := _SIGNAL_TIME.match(body)) is not None:
+        at = time.localtime(int(t[1]))  # local time, as every stamp here is read
+        return (at.tm_year, at.tm_mon, at.tm_mday, at.tm_hour, at.tm_min, at.tm_sec, 0)
     if m is not None:
         parts, frac = [int(m[i]) for i in range(1, 6)], m[6]
     else:
@@ -236,8 +244,11 @@ def _parse(text: str) -> list[Finding]:
     in_traceback: dict[tuple[int | None, int | None], str | None] = {}  # prefix -> collective
     split = _in_blocks([_split_prefix(raw.rstrip()) for raw in text.splitlines()])
     hits = catalog().part("output").scan_lines([line.strip() for _, _, line in split])
-    for (rank, local, line), found in zip(split, hits, strict=True):
+    dated: dict[tuple[int | None, int | None], tuple[int, Stamp]] = {}  # prefix -> a signal's time
+    for i, ((rank, local, line), found) in enumerate(zip(split, hits, strict=True)):
         body = line.strip()
+        if body.startswith(("*** Aborted at", "[TimeInfo:")) and (st := line_stamp(body)) is not None:
+            dated[(rank, local)] = (i, st)
         said = [h for h in found if h.message.decides]
         if any(_reports(h.message) for h in found):
             # its words report a failure elsewhere (a peer gone, Horovod shut down by another
@@ -279,8 +290,19 @@ def _parse(text: str) -> list[Finding]:
                 # no Python exception was raised. Not the NCCL watchdog's rethrow of the error
                 # its collective's GPU work hit: that error is the rank's own failure
                 told = (*((k, "abort" if k == "said_kind" else v) for k, v in told), ("terminated", "1"))
-            out.append(Finding("said", rank, local, body, told))
+            at = _signal_time(dated, (rank, local), i) if line_stamp(body) is None else None
+            out.append(Finding("said", rank, local, body, told, stamp=at))
     return _raised_too(out)
+
+
+def _signal_time(
+    dated: dict[tuple[int | None, int | None], tuple[int, Stamp]], key: tuple[int | None, int | None], i: int
+) -> Stamp | None:
+    """The time glog's signal handler wrote a few lines above a banner of the same prefix
+    (``*** Aborted at N (unix time)`` before ``*** SIGSEGV ... received by PID``): the
+    banner's time where its line carries none."""
+    at = dated.get(key)
+    return at[1] if at is not None and 0 < i - at[0] <= 3 else None
 
 
 def _raised_too(out: list[Finding]) -> list[Finding]:
