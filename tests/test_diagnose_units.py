@@ -738,6 +738,10 @@ def test_a_device_fault_named_by_the_driver_api_s_enum_alone_is_a_gpu_error(line
         # ONNX Runtime's (and CNTK's) CudaCall
         ("  what():  CUDA failure 2: out of memory ; GPU=0 ; hostname=x ; file=cuda_allocator.cc ; line=47 ; "
          "expr=cudaMalloc((void**)&p, size);", "cuda_oom"),
+        # MXNet's pooled storage manager (LOG(FATAL), raised as MXNetError) and PaddlePaddle's enforce
+        ("mxnet.base.MXNetError: [23:54:01] src/storage/./pooled_storage_manager.h:161: cudaMalloc retry "
+         "failed: out of memory", "cuda_oom"),
+        ("OSError: (External) CUDA error(2), out of memory.", "cuda_oom"),
         # Thrust's throw_on_error (older Thrust: cudaGetErrorString's text alone)
         ("  what():  parallel_for failed: out of memory", "cuda_oom"),
         ("  what():  transform: failed to synchronize: an illegal memory access was encountered", "gpu_error"),
@@ -844,3 +848,49 @@ def test_jax_s_fatal_for_another_task_s_death_names_no_cause_of_its_own():
         [LogInput("task0", "[rank0]:" + fatal), LogInput("task3", "[rank3]: ValueError: a bad shard\n")]
     )
     assert (both["killer"]["kind"], both["victim"]["rank"]) == ("python_exception", 3)
+
+
+@pytest.mark.parametrize(
+    ("line", "kind"),
+    [
+        # glog's failure signal handler (Paddle 1.x, Caffe, MXNet), folly's, Paddle 2.x's rewrite
+        ("*** SIGSEGV (@0x0) received by PID 443 (TID 0x7fd54155c700) from PID 0; stack trace: ***", "segfault"),
+        ("*** Signal 7 (SIGBUS) (0x7f0000000000) received by PID 12 (pthread TID 0x7f00) (linux TID 12) "
+         "(code: nonexistent physical address), stack trace: ***", "bus_error"),
+        ("FatalError: `Segmentation fault` is detected by the operating system.", "segfault"),
+        ("FatalError: `Access to an undefined portion of a memory object` is detected by the operating system.",
+         "bus_error"),
+        ("FatalError: `Termination signal` is detected by the operating system.", "external_signal"),
+        ("*** SIGABRT (@0x3e8) received by PID 1000 (TID 0x7f00) from PID 1000; stack trace: ***", "abort"),
+        # not a banner: a sentence that names a signal
+        ("the worker received SIGSEGV once and recovered", "unknown"),
+    ],
+)  # fmt: skip
+def test_a_c_plus_plus_framework_s_fatal_signal_banner_names_how_the_process_ended(line, kind):
+    assert diagnose([LogInput("rank", line + "\n")])["killer"]["kind"] == kind
+
+
+def test_paddle_s_launcher_stops_the_others_after_a_trainer_s_crash():
+    """Paddle's launcher SIGTERMs every other trainer after one fails and names them all as
+    aborted: the crash is the cause, whatever order the files come in; glog's banner dates
+    each death ("Aborted at <epoch> (unix time)")."""
+    crashed = (
+        "[rank1]: FatalError: `Segmentation fault` is detected by the operating system.\n"
+        '[rank1]:   [TimeInfo: *** Aborted at 1663571708 (unix time) try "date -d @1663571708" if you are using '
+        "GNU date ***]\n"
+        "[rank1]:   [SignalInfo: *** SIGSEGV (@0x0) received by PID 23299 (TID 0x7fce00463740) from PID 0 ***]\n"
+    )
+    stopped = (
+        "[rank0]: FatalError: `Termination signal` is detected by the operating system.\n"
+        '[rank0]:   [TimeInfo: *** Aborted at 1663571709 (unix time) try "date -d @1663571709" if you are using '
+        "GNU date ***]\n"
+        "[rank0]:   [SignalInfo: *** SIGTERM (@0x3e7) received by PID 23298 (TID 0x7fce00463741) from PID 23200 ***]\n"
+    )
+    launcher = (
+        "ERROR 2022-09-19 15:15:14,092 launch_utils.py:545] ABORT!!! Out of all 2 trainers, the trainer process "
+        "with rank=[0, 1] was aborted. Please check its log.\n"
+    )
+    doc = diagnose(
+        [LogInput("workerlog.0", stopped), LogInput("workerlog.1", crashed), LogInput("launch", launcher)]
+    )
+    assert (doc["killer"]["kind"], doc["victim"]["rank"]) == ("segfault", 1), doc["killer"]
