@@ -354,6 +354,7 @@ def diagnose() -> str:
         (17, "after the sixteenth collection's rules"),
         (18, "after submitit's and Ray's node words (representative)"),
         (19, "beside the eighteenth (leaning to other frameworks' GPU failures and schedulers)"),
+        (20, "after the nineteenth's rules (half other frameworks, half PyTorch)"),
     ):
         doc_n = _load(f"diagnose-wave{wave}")
         halves_n = doc_n["results"]["halves"] if doc_n else {}
