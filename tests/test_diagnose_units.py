@@ -894,3 +894,21 @@ def test_paddle_s_launcher_stops_the_others_after_a_trainer_s_crash():
         [LogInput("workerlog.0", stopped), LogInput("workerlog.1", crashed), LogInput("launch", launcher)]
     )
     assert (doc["killer"]["kind"], doc["victim"]["rank"]) == ("segfault", 1), doc["killer"]
+
+
+@pytest.mark.parametrize(
+    ("line", "kind"),
+    [
+        ("jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+         "4294967296 bytes.", "cuda_oom"),
+        # later XLA writes the size human-readable (tsl::strings::HumanReadableNumBytes)
+        ("jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 60.91GiB.",
+         "cuda_oom"),
+        # its pinned host memory is XLA's own limit, not the GPU's
+        ("RESOURCE_EXHAUSTED: Out of host memory while trying to allocate 1.00GiB. Please set the environment "
+         "variable XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB to allocate larger host memory than the default 64 GB.",
+         "python_exception"),
+    ],
+)  # fmt: skip
+def test_xla_s_out_of_memory_in_bytes_or_human_readable(line, kind):
+    assert diagnose([LogInput("rank", line + "\n")])["killer"]["kind"] == kind
