@@ -355,6 +355,7 @@ def diagnose() -> str:
         (18, "after submitit's and Ray's node words (representative)"),
         (19, "beside the eighteenth (leaning to other frameworks' GPU failures and schedulers)"),
         (20, "after the nineteenth's rules (half other frameworks, half PyTorch)"),
+        (21, "after the twentieth's rules (representative)"),
     ):
         doc_n = _load(f"diagnose-wave{wave}")
         halves_n = doc_n["results"]["halves"] if doc_n else {}
