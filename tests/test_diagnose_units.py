@@ -862,6 +862,8 @@ def test_jax_s_fatal_for_another_task_s_death_names_no_cause_of_its_own():
          "bus_error"),
         ("FatalError: `Termination signal` is detected by the operating system.", "external_signal"),
         ("*** SIGABRT (@0x3e8) received by PID 1000 (TID 0x7f00) from PID 1000; stack trace: ***", "abort"),
+        ("*** SIGSEGV (@(nil)), see gl__________41#s15 received by PID 11743 (TID 12350) on cpu 17; stack trace: ***",
+         "segfault"),
         # gdb's report of a signal the process it ran took
         ('Thread 787 "imagenet_fake_d" received signal SIGBUS, Bus error.', "bus_error"),
         ("Program received signal SIGSEGV, Segmentation fault.", "segfault"),
