@@ -356,6 +356,7 @@ def diagnose() -> str:
         (19, "beside the eighteenth (leaning to other frameworks' GPU failures and schedulers)"),
         (20, "after the nineteenth's rules (half other frameworks, half PyTorch)"),
         (21, "after the twentieth's rules (representative)"),
+        (22, "beside the twenty-first (leaning to other frameworks and outside signals)"),
     ):
         doc_n = _load(f"diagnose-wave{wave}")
         halves_n = doc_n["results"]["halves"] if doc_n else {}
