@@ -354,3 +354,18 @@ def test_open_mpi_s_output_tags_become_the_rank_s_prefix():
     assert plain(nodes).splitlines() == ["[rank5]: boom", "[rank9]: bang"]
     doc = diagnose([LogInput("mpirun", two)])
     assert (doc["killer"]["kind"], doc["victim"]["rank"]) == ("python_exception", 1)
+
+
+def test_a_traceback_header_inside_a_line_starts_a_line_again():
+    """Python writes "Traceback (most recent call last):" as a line of its own: glued after an
+    exception's name or a markdown backtick, a copy lost the newline. After a prefix's colon
+    it is the line's start already."""
+    glued = "`Traceback (most recent call last):\nMemoryErrorTraceback (most recent call last):\n"
+    assert plain(glued).splitlines() == [
+        "`",
+        "Traceback (most recent call last):",
+        "MemoryError",
+        "Traceback (most recent call last):",
+    ]
+    kept = ["[rank1]:Traceback (most recent call last):", "0: Traceback (most recent call last):"]
+    assert plain("\n".join(kept)).splitlines()[0] == kept[0]

@@ -113,11 +113,19 @@ def _unbolded(lines: list[str]) -> list[str]:
 _RANK_AGAIN = re.compile(r" (?=\[rank\d{1,6}\]:)")
 
 
+# Python's traceback module writes its header as a line of its own: inside a line (after an
+# exception's name, a markdown backtick), the copy lost the newline before it
+# (not after a prefix's colon: "[rank1]:Traceback" is torch's, srun's or mpirun's line start)
+_TRACEBACK_AGAIN = re.compile(r"(?<=[^\s:])(?=Traceback \(most recent call last\):)")
+
+
 def _unglued(lines: list[str]) -> list[str]:
     out: list[str] = []
     for line in lines:
         if " [rank" in line and _TORCH_RANK.match(line) and _RANK_AGAIN.search(line):
             out.extend(_strip(piece) for piece in _RANK_AGAIN.split(line))
+        elif "Traceback (most" in line and _TRACEBACK_AGAIN.search(line):
+            out.extend(_TRACEBACK_AGAIN.split(line))
         else:
             out.append(line)
     return out
