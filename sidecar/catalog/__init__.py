@@ -229,14 +229,20 @@ class Catalog:
                     out[index].append(_hit(m, line, found))
         return out, candidates
 
-    def part(self, *channels: str, deciding: bool = False) -> Catalog:
+    def part(self, *channels: str, deciding: bool = False, reports: bool = False) -> Catalog:
         """The messages written on ``channels`` (those that decide alone, with
-        ``deciding``), as a catalog of their own; made once."""
-        key = (*channels, "deciding" if deciding else "")
+        ``deciding``; with ``reports`` too, those that report a failure elsewhere and name no
+        killer), as a catalog of their own; made once."""
+        key = (*channels, "deciding" if deciding else "", "reports" if reports else "")
         part = self._parts.get(key)
         if part is None:
             part = Catalog(
-                [m for m in self.messages if m.channel in channels and (m.decides or not deciding)]
+                [
+                    m
+                    for m in self.messages
+                    if m.channel in channels
+                    and (m.decides or not deciding or (reports and m.layer == "report" and m.kind is None))
+                ]
             )
             self._parts[key] = part
         return part

@@ -243,7 +243,11 @@ def _parse(text: str) -> list[Finding]:
     out: list[Finding] = []
     in_traceback: dict[tuple[int | None, int | None], str | None] = {}  # prefix -> collective
     split = _in_blocks([_split_prefix(raw.rstrip()) for raw in text.splitlines()])
-    hits = catalog().part("output").scan_lines([line.strip() for _, _, line in split])
+    hits = (
+        catalog()
+        .part("output", deciding=True, reports=True)
+        .scan_lines([line.strip() for _, _, line in split])
+    )
     dated: dict[tuple[int | None, int | None], tuple[int, Stamp]] = {}  # prefix -> a signal's time
     for i, ((rank, local, line), found) in enumerate(zip(split, hits, strict=True)):
         body = line.strip()
