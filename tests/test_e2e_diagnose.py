@@ -335,3 +335,27 @@ def test_srun_s_teardown_of_a_task_the_paste_does_not_report_is_no_cancel_from_o
     (root,) = [r for r in doc["ranks"] if r["fate"] == "root_cause"]
     assert root["rank"] is None, doc["ranks"]  # no line the paste kept names it
     assert {r["rank"]: r["fate"] for r in doc["ranks"] if r["rank"] is not None} == {0: "terminated_by_agent"}
+
+
+@requires("openmpi")
+def test_open_mpi_s_tagged_output_names_the_rank_that_raised(tmp_path):
+    """``mpirun --tag-output``: Open MPI writes ``[jobid,rank]<stderr>:`` before every line a
+    rank prints, as Horovod's users paste it. Rank 1 raises; the others are ended by mpirun.
+    diagnose reads the tags as the ranks and names rank 1's exception (before the tags were
+    read, none of the traceback was any rank's: unknown)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [
+        "mpirun.openmpi", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "--tag-output",
+        "-np", "2", sys.executable, str(TASK_JOB), f"--port={free_port()}", "--hold-mb=30", "--workers=0",
+        "--duration=60", "--raise-rank=1", "--raise-after=3",
+    ]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO, env=env)
+    text = run.stdout + run.stderr
+    assert run.returncode != 0 and re.search(r"^\[\d+,1\]<stderr>:", text, re.M), text[-3000:]
+    paste = tmp_path / "mpirun.log"
+    paste.write_text(text)
+    rc, out, _ = _diagnose("--format", "json", str(paste))
+    doc = json.loads(out)
+    assert rc == 0 and (doc["killer"]["kind"], doc["victim"]["rank"]) == ("python_exception", 1), doc[
+        "killer"
+    ]
