@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -359,3 +360,28 @@ def test_open_mpi_s_tagged_output_names_the_rank_that_raised(tmp_path):
     assert rc == 0 and (doc["killer"]["kind"], doc["victim"]["rank"]) == ("python_exception", 1), doc[
         "killer"
     ]
+
+
+def test_submitit_s_time_limit_handler_is_a_signal_from_outside(tmp_path):
+    """submitit (the Slurm executor fairseq, detectron2 and DINO launch through), run for real
+    by its local executor with a limit of seconds: its handler catches the warning signal,
+    will not requeue a job that cannot checkpoint and raises UncompletedJobError. The job's
+    own logs say a scheduler ended it: external_signal, not the exception it left."""
+    job = REPO / "tests" / "workloads" / "submitit_job.py"
+    run = subprocess.run(
+        [sys.executable, str(job), str(tmp_path / "jobs")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    logs = [line for line in run.stdout.splitlines() if line.endswith((".out", ".err"))]
+    text = "".join(Path(path).read_text() for path in logs)
+    assert "Caught signal SIGUSR2" in text and "UncompletedJobError" in text, text[-3000:]
+    rc, out, _ = _diagnose("--format", "json", *logs)
+    doc = json.loads(out)
+    assert rc == 0 and (doc["killer"]["kind"], doc["killer"]["confidence"]) == (
+        "external_signal",
+        "likely",
+    ), doc["killer"]
