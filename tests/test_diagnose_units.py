@@ -78,7 +78,8 @@ def test_public_cases_accuracy_and_no_confident_wrong_answer(which):
             "python (pid 202779) with 243385180 pages RSS",
         ),
         ("arjuna-52-slurm-batch-oom", "cgroup_oom", "likely", "191.batch"),
-        ("msswift-5884-sighup-torch25", "external_signal", "certain", "SIGHUP"),
+        # the agent's word that it was signalled names no sender: likely at most
+        ("msswift-5884-sighup-torch25", "external_signal", "likely", "SIGHUP"),
         # the ranks in the log all waited: the one that never came, and why, is not in it
         ("llamafactory-7396-allreduce-10min", "collective_timeout", "possible", "allreduce (SeqNum 1580)"),
         ("easyr1-185-ray-memory-monitor", "userspace_oom", "likely", "Ray's memory monitor"),

@@ -250,7 +250,8 @@ def test_an_agent_signalled_from_outside_is_the_job_s_killer_not_its_teardown(tm
     """SIGTERM sent to the torchrun agent (as a scheduler or a person does): it tears its
     ranks down. The ranks were ended by the agent, but the job's killer is the signal to
     the agent: seen by the tracepoint (certain, its sender named: this test), or, without
-    it, read from the agent's own log through the catalog ("Received 15 death signal")."""
+    it, read from the agent's own log through the catalog ("Received 15 death signal"):
+    possible, for that word names no sender and an OOM daemon's SIGTERM reads the same."""
     from tests.e2e import descendants
 
     cmd = [
@@ -308,8 +309,8 @@ def test_an_agent_signalled_from_outside_is_the_job_s_killer_not_its_teardown(tm
         assert killer["confidence"] == "certain", killer
         assert f"by pid {os.getpid()}" in killer["summary"], killer
         assert killer["sender"]["pid"] == os.getpid(), killer["sender"]
-    else:
-        assert killer["confidence"] == "likely", killer
+    else:  # the agent's word that SIGTERM came names no sender (an OOM daemon's reads the same)
+        assert killer["confidence"] == "possible", killer
         assert any(
             "death signal" in e["detail"] or "SignalException" in e["detail"] for e in killer["evidence"]
         )

@@ -148,10 +148,12 @@ def logs_rules(
         name = signal_name(signalled.signal) or "a signal"
         items.append(EvidenceItem("torchrun", None, signalled.line))
         hint = " (the terminal or SSH session it ran in closed)" if signalled.signal == _signal.SIGHUP else ""
+        # no sender told: SIGHUP, SIGINT are a terminal's, a person's (likely); a SIGTERM may
+        # as well be an OOM daemon's or an eviction's (possible)
         return _with(
             v,
             Kind.EXTERNAL_SIGNAL,
-            Confidence.CERTAIN,
+            Confidence.POSSIBLE if signalled.signal == _signal.SIGTERM else Confidence.LIKELY,
             f"The torchrun agent itself received {name}{hint} and shut every rank down with it; no rank "
             "failed on its own.",
             items,

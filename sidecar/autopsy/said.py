@@ -388,7 +388,7 @@ def told_of(
             continue
         named = named_pid is not None and named_pid.isdigit() and pid == int(named_pid)
         ceiling = m.confidence if (named and m.first_hand) else weaker(m.confidence, Confidence.LIKELY)
-        if m.layer == "report":
+        if m.layer == "report" or m.untold_sigterm(hit.get("signal")):
             ceiling = Confidence.POSSIBLE
         found.append(
             (
@@ -480,6 +480,8 @@ def _from_catalog(
     ceiling = Confidence(f.get("ceiling") or "possible")
     if not message.first_hand and ceiling == Confidence.CERTAIN:
         ceiling = Confidence.LIKELY
+    if message.untold_sigterm(f.get("signal")):
+        ceiling = weaker(ceiling, Confidence.POSSIBLE)
     sure = weaker(ceiling, confidence)
     items.append(_cited(f))
     items.append(EvidenceItem("catalog", None, f"{message.id}: {message.mechanism}"))

@@ -108,8 +108,9 @@ def agent_signalled(
     """The agent that tore the ranks down was itself sent an ending signal from outside: the
     tracepoint saw it (certain, with its sender), or the agent's own log says it received
     one (the catalog's agent messages of kind external_signal: torchelastic's "Received 15
-    death signal", its SignalException naming its own pid: certain when that pid is the
-    agent's, else likely)."""
+    death signal", its SignalException naming its own pid: likely at most, the messages'
+    ceiling, for the log does not say who sent it; a SIGTERM possible, for an OOM daemon's
+    or an eviction's reads the same)."""
     agent = ev.agent_pid
     if agent is None:
         return None
@@ -141,13 +142,20 @@ def agent_signalled(
             pid = hit.get("pid")
             if pid is not None and pid.isdigit() and int(pid) != agent:
                 continue  # another agent's (an earlier run's) line
-            sure = Confidence.CERTAIN if pid is not None and m.first_hand else Confidence.LIKELY
+            # at most the message's ceiling: the agent's word says a signal came, not who sent
+            # it (an OOM daemon's SIGTERM or an eviction's is another killer)
+            sure = weaker(
+                m.confidence, Confidence.CERTAIN if pid is not None and m.first_hand else Confidence.LIKELY
+            )
             if best is None or (sure == Confidence.CERTAIN and best[0] != Confidence.CERTAIN):
                 best = sure, hit
     if best is None:
         return None
     sure, hit = best
     number = hit.get("signal")
+    if number == str(int(_signal.SIGTERM)) or number == "SIGTERM":
+        # an OOM daemon's SIGTERM (earlyoom) or an eviction's reads the same: possible
+        sure = weaker(sure, Confidence.POSSIBLE)
     sig = signal_name(int(number)) if number and number.isdigit() else (number or "a signal that ends it")
     return (
         sure,

@@ -119,6 +119,16 @@ class Message:
             return f"{who} {said[len('the process ') :]}."
         return f"{who}: {said}."
 
+    def untold_sigterm(self, signal: str | None) -> bool:
+        """A word that SIGTERM came (a launcher's, Lightning's) names no sender: a scheduler or a
+        kill, or as well an OOM daemon (earlyoom) or an eviction: external_signal at most
+        possible. ``signal``: what the pattern captured, if it captures the signal."""
+        if self.kind != Kind.EXTERNAL_SIGNAL:
+            return False
+        return (signal or "").strip().removeprefix("Signals.") in ("15", "SIGTERM") or (
+            signal is None and "SIGTERM" in self.format
+        )
+
     @property
     def decides(self) -> bool:
         """It names a killer: a mechanism or a symptom with a kind, or a report of what
