@@ -176,6 +176,22 @@ def test_the_tracepoint_names_the_sender():
     assert autopsy(Evidence((victim,), kernel=(oom,), signals=(kernel,))).kind == "cgroup_oom"
 
 
+def test_the_agent_s_own_ending_signal_from_an_oom_daemon_is_that_daemon_s_kill():
+    """The tracepoint saw earlyoom SIGTERM the torchrun agent, which then sent the ranks its
+    closing signal: the job was ended by the userspace OOM daemon, not from outside by a
+    person or a scheduler; a sender that is no OOM daemon is still a signal from outside."""
+    from sidecar.autopsy import SignalSent
+
+    victim = _r("1", 102, 15, 10.0)
+    by_agent = SignalSent("pt_elastic", 77, 102, 15, 0, int(9.999 * S))
+    to_agent = SignalSent("earlyoom", 900, 77, 15, 0, int(9.99 * S))
+    v = autopsy(Evidence((victim,), signals=(by_agent, to_agent), agent_pid=77))
+    assert (v.kind, v.confidence) == ("userspace_oom", "certain") and "earlyoom" in v.summary, v.summary
+    by_kill = SignalSent("kill", 4242, 77, 15, 0, int(9.99 * S))
+    v = autopsy(Evidence((victim,), signals=(by_agent, by_kill), agent_pid=77))
+    assert v.kind == "external_signal" and v.confidence == "certain", v.summary
+
+
 def test_a_running_oom_daemon_makes_an_unexplained_kill_only_possible():
     v = autopsy(Evidence((_r("1", 102, 9, 10.0),), oom_daemons=(("earlyoom", 812),)))
     assert v.kind == "external_signal" and v.confidence == "possible"  # never guessed as an OOM

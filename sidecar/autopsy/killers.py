@@ -122,6 +122,14 @@ def victim_verdict(
                     facts["sender"] = replace(
                         agent_sender, tool=tool_of(agent_sender, ev.agent_pid, victim.cgroup), detail=None
                     )
+                    if any(agent_sender.comm.startswith(d) for d in USERSPACE_OOM_DAEMONS):
+                        # the agent's own ending signal came from an OOM daemon (earlyoom's SIGTERM)
+                        return (
+                            Kind.USERSPACE_OOM,
+                            confidence,
+                            f"{ev.agent_name[0].upper()}{ev.agent_name[1:]} (pid {ev.agent_pid}) {how}, a "
+                            f"userspace OOM daemon, and shut the workers down: {who} was sent {name} by it.",
+                        )
                 return (
                     Kind.EXTERNAL_SIGNAL,
                     confidence,

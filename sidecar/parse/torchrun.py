@@ -120,10 +120,12 @@ _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\)\s*:")
 
 
 def _signal_number(token: str) -> int | None:
+    """A signal as the agent logs it: a number, a name, or the enum's repr that Python
+    before 3.11 gave a ``signal.Signals`` in %s (``Signals.SIGTERM``)."""
     if token.isdigit():
         return int(token)
     try:
-        return int(_signal.Signals[token])
+        return int(_signal.Signals[token.removeprefix("Signals.")])
     except KeyError:
         return None
 
