@@ -357,6 +357,8 @@ def diagnose() -> str:
         (20, "after the nineteenth's rules (half other frameworks, half PyTorch)"),
         (21, "after the twentieth's rules (representative)"),
         (22, "beside the twenty-first (leaning to other frameworks and outside signals)"),
+        (23, "after the twenty-second's rules (memory killers; excerpts unconfirmed)"),
+        (24, "beside the twenty-third (other frameworks only; excerpts unconfirmed)"),
     ):
         doc_n = _load(f"diagnose-wave{wave}")
         halves_n = doc_n["results"]["halves"] if doc_n else {}
