@@ -918,3 +918,21 @@ def test_paddle_s_launcher_stops_the_others_after_a_trainer_s_crash():
 )  # fmt: skip
 def test_xla_s_out_of_memory_in_bytes_or_human_readable(line, kind):
     assert diagnose([LogInput("rank", line + "\n")])["killer"]["kind"] == kind
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        # glog's fatal CHECK: the stack, then abort()
+        ("F1207 10:43:16.922251 3493939 rpc_server.cpp:134] Check failed: kv_.emplace(k, v).second \n"
+         "*** Check failure stack trace: ***\n    @     0x7f561800f11d  google::LogMessage::Fail()\n", "abort"),
+        # ncclGetErrorString's text behind XLA's and TensorFlow's NCCL checks
+        ("2023-10-26 12:12:05.655401: W tensorflow/core/framework/op_kernel.cc:1651] OP_REQUIRES failed at "
+         "nccl_create.cc:112 : Internal: unhandled system error\n", "python_exception"),
+        ("E external/xla/xla/pjrt/pjrt_stream_executor_client.cc:2432] Execution of replica 0 failed: INTERNAL: "
+         "custom call 'xla.gpu.all_reduce' failed: nccl_all_reduce_thunk.cc:244: NCCL operation ncclGroupEnd() "
+         "failed: unhandled system error.\n", "python_exception"),
+    ],
+)  # fmt: skip
+def test_glog_s_fatal_check_and_nccl_s_words_behind_other_frameworks(text, kind):
+    assert diagnose([LogInput("rank", text)])["killer"]["kind"] == kind
