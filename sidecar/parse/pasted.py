@@ -12,7 +12,8 @@ What a copy adds and what it breaks, undone here:
   ``[pod/name/container] `` are dropped; Open MPI's ``[1,3]<stderr>:`` becomes ``[rank3]:``;
 * wrapped lines are joined back (``sidecar.parse.wraps``): a terminal's fixed-width
   wrap, a web page's wrap at spaces, and any break a catalog message runs across; lines a
-  copy glued into one (each with torch's ``[rankN]:`` prefix) are split again.
+  copy glued into one (each with torch's ``[rankN]:`` prefix, or a traceback's header inside
+  a line) are split again.
 """
 
 from __future__ import annotations
