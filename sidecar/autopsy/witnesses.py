@@ -153,8 +153,7 @@ def agent_signalled(
         return None
     sure, hit = best
     number = hit.get("signal")
-    if number == str(int(_signal.SIGTERM)) or number == "SIGTERM":
-        # an OOM daemon's SIGTERM (earlyoom) or an eviction's reads the same: possible
+    if hit.message.untold_sigterm(number):  # an OOM daemon's or an eviction's reads the same
         sure = weaker(sure, Confidence.POSSIBLE)
     sig = signal_name(int(number)) if number and number.isdigit() else (number or "a signal that ends it")
     return (

@@ -182,6 +182,14 @@ def _srun_tasks(lines: list[str]) -> bool:
     )
 
 
+def _tags_are_ranks(named: dict[str, set[str]], nodes: bool) -> bool:
+    """A launcher's per-process tags (srun's task ids, mpirun's ranks; ``named``: the ranks
+    each tag's lines name) are the ranks where it started them itself: several tags, none
+    under an agent that starts ranks of its own (``nodes``), and no tag's lines naming a
+    rank other than its own."""
+    return not nodes and len(named) > 1 and all(said <= {tag} for tag, said in named.items())
+
+
 def _untagged(lines: list[str], nodes: bool) -> list[str]:
     """Open MPI's (and Horovod's) output tags taken off. A tagged process is a rank where
     mpirun started the ranks itself (as for srun's tasks: several processes, and no line of
@@ -196,7 +204,7 @@ def _untagged(lines: list[str], nodes: bool) -> list[str]:
             named.setdefault(m["rank"], set()).update(
                 r[1] or r[2] for r in _NAMES_RANK.finditer(line[m.end() :])
             )
-    nodes = nodes or len(named) < 2 or not all(said <= {rank} for rank, said in named.items())
+    nodes = not _tags_are_ranks(named, nodes)
     out = []
     for line in lines:
         if (m := _MPI_TAG.match(line)) is not None:
@@ -221,7 +229,7 @@ def _untask(lines: list[str], nodes: bool) -> list[str]:
         m = _SRUN.match(line)
         if m is not None:
             named.setdefault(m[1], set()).update(r[1] or r[2] for r in _NAMES_RANK.finditer(line[m.end() :]))
-    ranks = not nodes and len(named) > 1 and all(said <= {task} for task, said in named.items())
+    ranks = _tags_are_ranks(named, nodes)
     out = []
     for line in lines:
         m = _SRUN.match(line)
