@@ -231,7 +231,14 @@ def test_a_real_earlyoom_is_named(tmp_path, tracepoint):
             )
         assert doc["victim"]["signal"] == "SIGTERM"
         rows = {r["rank"]: r for r in doc["ranks"]}
-        assert rows[1]["fate"] == "root_cause" and survivor_fate_right(rows[0]), doc["ranks"]
+        assert rows[1]["fate"] == "root_cause", json.dumps(doc["ranks"])
+        # memory can stay below earlyoom's threshold for a moment after its first kill: where
+        # its own log says it SIGTERMed rank 0 too, rank 0 died of the same cause, else the
+        # agent ended it (a race on a loaded machine; each outcome has its word)
+        if f"sending SIGTERM to process {pids[0][0]}" in text:
+            assert rows[0]["fate"] == "same_cause", json.dumps(doc["ranks"])
+        else:
+            assert survivor_fate_right(rows[0]), json.dumps(doc["ranks"])
         assert daemon.stop() == 0
 
 
