@@ -92,6 +92,7 @@ class Daemon:
             self.timeline,
             read_host_oom_kills=host.oom_kills,
             read_cgroup_oom_kills=self.sampler.cgroups.oom_kills,
+            read_cgroup_limit_hits=self.sampler.cgroups.limit_hits,
             read_oomd_marks=self.sampler.cgroups.oomd_marks,
             read_outputs="outputs" not in settings.disabled,
             proc_root=settings.proc_root,
@@ -232,7 +233,7 @@ class Daemon:
                         kmsg.history,
                     )
                 self.kmsg = kmsg
-                self.deaths.kernel_log_readable = True
+                self.deaths.reading_kernel_log(kmsg.catch_up)
                 log.info("kernel log: reading /dev/kmsg for OOM records")
             except OSError as exc:
                 log.warning(

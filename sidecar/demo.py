@@ -44,10 +44,10 @@ def memory_hierarchy() -> tuple[int, Path] | None:
 
 
 @contextlib.contextmanager
-def memory_cgroup(limit_bytes: int, prefix: str = "trainwatch") -> Iterator[tuple[int, Path, Path]]:
-    """A parent memory cgroup limited to ``limit_bytes`` and an unlimited child ``job``
-    in it (put processes there with ``join_cgroup``); both removed afterwards. Raises
-    OSError saying why when none can be made."""
+def memory_cgroup(limit_bytes: int | None, prefix: str = "trainwatch") -> Iterator[tuple[int, Path, Path]]:
+    """A parent memory cgroup limited to ``limit_bytes`` (None: no limit) and an unlimited
+    child ``job`` in it (put processes there with ``join_cgroup``); both removed afterwards.
+    Raises OSError saying why when none can be made."""
     found = memory_hierarchy()
     if found is None:
         raise OSError(1, "not root, or no memory cgroup hierarchy to create a group in")
@@ -57,9 +57,11 @@ def memory_cgroup(limit_bytes: int, prefix: str = "trainwatch") -> Iterator[tupl
     child = parent / "job"
     try:
         if version == 1:
-            (parent / "memory.limit_in_bytes").write_text(str(limit_bytes))
+            if limit_bytes is not None:
+                (parent / "memory.limit_in_bytes").write_text(str(limit_bytes))
         else:
-            (parent / "memory.max").write_text(str(limit_bytes))
+            if limit_bytes is not None:
+                (parent / "memory.max").write_text(str(limit_bytes))
             (parent / "cgroup.subtree_control").write_text("+memory")
         child.mkdir()
         yield version, parent, child

@@ -250,6 +250,9 @@ class CgroupSample:
     # foresight.py: seconds until this cgroup's own limit is reached at the trend of its
     # unreclaimable charge; None while that charge is not growing
     exhaustion_seconds: float | None = None
+    # times this cgroup or the level limiting it reached its limit (CgroupReader.limit_hits):
+    # what tells a cgroup OOM from another OOM killer's kill counted in ``oom_kills``
+    limit_hits: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

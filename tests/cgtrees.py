@@ -32,9 +32,10 @@ def write(root: Path, rel: str, files: dict[str, str]) -> Path:
     return d
 
 
-def v1_level(limit: str, usage: int, peak: int, oom_kill: int = 0) -> dict[str, str]:
+def v1_level(limit: str, usage: int, peak: int, oom_kill: int = 0, failcnt: int = 0) -> dict[str, str]:
     return {
         "memory.limit_in_bytes": limit + "\n",
+        "memory.failcnt": f"{failcnt}\n",
         "memory.usage_in_bytes": f"{usage}\n",
         "memory.max_usage_in_bytes": f"{peak}\n",
         "memory.oom_control": f"oom_kill_disable 0\nunder_oom 0\noom_kill {oom_kill}\n",
@@ -64,7 +65,11 @@ def slurm_v1(root: Path) -> Path:
     write(mem, "/", v1_level(V1_UNLIMITED, 20_000 * MIB, 21_000 * MIB))
     write(mem, "/slurm", v1_level(V1_UNLIMITED, 9_000 * MIB, 9_500 * MIB))
     write(mem, "/slurm/uid_1000", v1_level(V1_UNLIMITED, 9_000 * MIB, 9_500 * MIB))
-    write(mem, "/slurm/uid_1000/job_42", v1_level(str(8_192 * MIB), 8_000 * MIB, 8_192 * MIB, oom_kill=1))
+    write(
+        mem,
+        "/slurm/uid_1000/job_42",
+        v1_level(str(8_192 * MIB), 8_000 * MIB, 8_192 * MIB, oom_kill=1, failcnt=5),
+    )
     write(
         mem,
         "/slurm/uid_1000/job_42/step_0",

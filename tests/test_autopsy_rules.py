@@ -61,17 +61,42 @@ def test_sigkill_without_record_or_counter_is_external_never_oom():
 
 
 def test_counters_without_a_record_are_likely_not_certain():
-    v = autopsy(
-        Evidence(
-            (_r("1", 102, 9, 10.0),),
-            host_oom_kills_before=7,
-            host_oom_kills_after=8,
-            cgroup_oom_kills_before={"/job": 0},
-            cgroup_oom_kills_after={"/job": 1},
-            kernel_log_readable=False,
+    """No record names the pid (the kernel log unread): the counters say which OOM killer, at
+    most likely. A cgroup's oom_kill counts its processes killed by *any* OOM killer, the
+    global one's too: it is the cgroup's own OOM only where the cgroup (or the level limiting
+    it) reached its limit across the death (v2 memory.events oom, v1 failcnt)."""
+
+    def judge(hits_after: int | None, by: str | None = "/job") -> tuple[str, str, str]:
+        hits = (
+            {}
+            if hits_after is None
+            else {"cgroup_limit_hits_before": {"/job": 3}, "cgroup_limit_hits_after": {"/job": hits_after}}
         )
-    )
-    assert v.kind == "cgroup_oom" and v.confidence == "likely"
+        v = autopsy(
+            Evidence(
+                (_r("1", 102, 9, 10.0, by=by),),  # type: ignore[arg-type]
+                host_oom_kills_before=7,
+                host_oom_kills_after=8,
+                cgroup_oom_kills_before={"/job": 0},
+                cgroup_oom_kills_after={"/job": 1},
+                kernel_log_readable=False,
+                **hits,  # type: ignore[arg-type]
+            )
+        )
+        return v.kind, v.confidence, v.summary
+
+    reached = judge(4)
+    assert reached[:2] == ("cgroup_oom", "likely") and "reached its limit" in reached[2], reached
+    # the counter moved, the limit was never reached: another OOM killer's kill (the global
+    # one's, or a wider limit's above the cgroup), never the cgroup's own OOM
+    outside = judge(3)
+    assert outside[:2] == ("kernel_oom", "possible") and "never reached its limit" in outside[2], outside
+    # no level above the rank has a limit: only the global killer can have killed it
+    assert judge(3, by=None)[:2] == ("kernel_oom", "likely")
+    assert judge(None, by=None)[:2] == ("kernel_oom", "likely")
+    # the limit hits unread: which killer is not known
+    unread = judge(None)
+    assert unread[:2] == ("cgroup_oom", "possible") and "could not be read" in unread[2], unread
 
 
 def test_the_host_oom_counter_moved_by_another_job_s_kill_is_no_reason():

@@ -306,6 +306,67 @@ def test_global_oom_is_kernel_oom(tmp_path):
     assert {row["pid"]: row["fate"] for row in diag["ranks"]}[pids[0][0]] == "terminated_by_agent"
 
 
+@pytest.mark.root
+@requires("memcg")
+def test_without_the_kernel_log_a_cgroup_oom_is_told_by_its_counters(tmp_path):
+    """No kernel log and no tracepoint (a container without CAP_SYSLOG): a rank over a real
+    cgroup limit is named by the counters alone, at likely: the cgroup's oom_kill moved and
+    its limit was reached (v1 failcnt, v2 memory.events oom)."""
+    with memory_cgroup(int(1.5 * GIB), "trainwatch-blind") as (_version, parent, child):
+        with (
+            DaemonProc(tmp_path, "--disable", "kmsg", "--disable", "tracepoint") as daemon,
+            TorchrunJob(
+                tmp_path, "blind", wrap=join_cgroup(child), hold_mb=50, workers=0, grow_rank=1, grow_after=2
+            ) as job,
+        ):
+            pids = job.ready()
+            doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job)
+            job.proc.wait(60)
+        killer = doc["killer"]
+        assert (killer["kind"], killer["confidence"]) == ("cgroup_oom", "likely"), killer
+        assert f"/{parent.name}" in killer["summary"] and "reached its limit" in killer["summary"], killer
+        assert doc["victim"]["pid"] == pids[1][0] and doc["victim"]["exit_code"] == -9
+        assert any("limit reached" in e["detail"] for e in killer["evidence"]), killer["evidence"]
+        assert not any(e["source"] == "kmsg" for e in killer["evidence"])
+
+
+@pytest.mark.isolated  # run alone: the whole machine runs out of memory
+@pytest.mark.root
+@pytest.mark.parametrize("limit", [None, 64 * GIB], ids=["unlimited", "limit-never-reached"])
+@requires("global-oom", "memcg")
+def test_without_the_kernel_log_a_global_oom_is_no_cgroup_oom(tmp_path, limit):
+    """The global OOM killer's kill of a rank moves its cgroup's oom_kill counter too (the
+    counter counts kills by any OOM killer). Read from the counters alone (no kernel log, no
+    tracepoint), the kill is never the cgroup's own OOM: its limit was never reached. With no
+    limit above the rank only the global killer can have killed it (likely); under a limit it
+    did not reach, a wider limit above could have too (possible)."""
+    with (
+        memory_cgroup(limit, "trainwatch-global") as (_version, _parent, child),
+        less_host_memory(3 * GIB),
+        DaemonProc(tmp_path, "--disable", "kmsg", "--disable", "tracepoint") as daemon,
+        TorchrunJob(
+            tmp_path,
+            "global",
+            wrap=join_cgroup(child),
+            hold_mb=50,
+            workers=0,
+            grow_rank=1,
+            grow_after=2,
+            duration=600,
+        ) as job,
+    ):
+        pids = job.ready()
+        doc = job_postmortem(daemon, victim_rank=1, want_fates=2, job=job, timeout=240)
+        job.proc.wait(60)
+        assert daemon.stop() == 0
+    killer = doc["killer"]
+    want = ("kernel_oom", "likely" if limit is None else "possible")
+    assert (killer["kind"], killer["confidence"]) == want, killer
+    assert doc["victim"]["pid"] == pids[1][0] and doc["victim"]["exit_code"] == -9
+    if limit is not None:
+        assert "never reached its limit" in killer["summary"], killer
+
+
 def test_demo_ends_with_a_postmortem(tmp_path):
     """`trainwatch demo`, the README's first command: a real job, a real limit (or a kill
     from outside without root), the postmortem printed, the HTML view written."""

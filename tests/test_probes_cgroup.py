@@ -78,6 +78,25 @@ def test_v1_slurm_tree_names_the_tightest_ancestor(tmp_path):
     assert job.usage_bytes == 8_000 * MIB and job.limit_bytes == 8_192 * MIB
 
 
+def test_limit_hits_are_the_cgroup_s_and_its_limiting_level_s(tmp_path):
+    """A cgroup's oom_kill counts kills by any OOM killer; what says its own limit was reached
+    is v1's failcnt (each level its own: the job's limit binds the step, so the job's count)
+    and v2's memory.events oom (the pod's limit binds the container)."""
+    mem = cgtrees.slurm_v1(tmp_path / "v1")
+    reader = CgroupReader(MOUNTINFO_HYBRID, fs_prefix=str(tmp_path / "v1"))
+    step = reader.sample(reader.resolve(b"4:memory:/slurm/uid_1000/job_42/step_0\n"))
+    assert step.limited_by == "/slurm/uid_1000/job_42" and step.limit_hits == 5
+    (mem / "slurm/uid_1000/job_42/step_0/memory.memsw.failcnt").write_text("2\n")  # swap accounted
+    assert reader.limit_hits(step.path, 1, step.limited_by) == 7
+    assert reader.limit_hits("/slurm", 1) == 0  # unlimited: its count never moves
+    assert reader.limit_hits("/gone", 1) is None
+    cgtrees.kubepods_v2(tmp_path / "v2")
+    reader2 = CgroupReader(MOUNTINFO_V2, fs_prefix=str(tmp_path / "v2"))
+    c1 = reader2.sample(reader2.resolve(b"0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-c1.scope\n"))
+    assert c1.oom_kills == 2 and c1.limit_hits == 2  # the pod's oom events, none of its own
+    assert reader2.limit_hits("/", 2) is None  # v2's root has no memory.events
+
+
 def test_v1_unlimited_everywhere(tmp_path):
     cgtrees.slurm_v1(tmp_path)
     reader = CgroupReader(MOUNTINFO_HYBRID, fs_prefix=str(tmp_path))

@@ -208,6 +208,10 @@ class Evidence:
     host_oom_kills_after: int | None = None
     cgroup_oom_kills_before: dict[str, int] = field(default_factory=dict)
     cgroup_oom_kills_after: dict[str, int] = field(default_factory=dict)
+    # the times each cgroup (or the level limiting it) reached its limit (CgroupSample.limit_hits):
+    # a cgroup's oom_kill counts kills by any OOM killer, only these say its own limit was hit
+    cgroup_limit_hits_before: dict[str, int] = field(default_factory=dict)
+    cgroup_limit_hits_after: dict[str, int] = field(default_factory=dict)
     kernel_log_readable: bool = True
     exits_first_hand: bool = True  # exit codes came from the kernel (process connector)
     userspace: tuple[UserspaceKill, ...] = ()

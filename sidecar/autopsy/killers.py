@@ -194,46 +194,9 @@ def victim_verdict(
             f"({rec.source} record); the record names the cgroup, not the pid.",
         )
     if victim.signal == _signal.SIGKILL:
-        host, cgroup, path = counter_moved(ev, victim)
-        if host or cgroup:
-            if ev.host_oom_kills_before is not None:
-                items.append(
-                    EvidenceItem(
-                        "vmstat",
-                        None,
-                        f"/proc/vmstat oom_kill {ev.host_oom_kills_before} -> {ev.host_oom_kills_after}",
-                    )
-                )
-            if cgroup and path:
-                items.append(
-                    EvidenceItem(
-                        "cgroup",
-                        None,
-                        f"{path} oom_kill {ev.cgroup_oom_kills_before[path]} -> "
-                        f"{ev.cgroup_oom_kills_after[path]}",
-                    )
-                )
-            missing = "no kernel log record named the pid" + (
-                "" if ev.kernel_log_readable else " (the kernel log was not readable)"
-            )
-            lost = lost_near(victim, ev)
-            if lost:
-                missing += f" ({lost} records near the death were overwritten unread)"
-                items.append(lost_item(lost))
-            if cgroup and path and path != "/":
-                limit = victim.cgroup_limited_by
-                where = f"; the limit above it is {limit}'s" if limit and limit != path else ""
-                return (
-                    Kind.CGROUP_OOM,
-                    Confidence.LIKELY,
-                    f"{who} was SIGKILLed as the OOM counter of memory cgroup {path} moved{where}; "
-                    f"{missing}.",
-                )
-            return (
-                Kind.KERNEL_OOM,
-                Confidence.LIKELY,
-                f"{who} was SIGKILLed as the kernel's OOM counter moved; {missing}.",
-            )
+        counted = _by_counters(ev, victim, who, items)
+        if counted is not None:
+            return counted
         why = "no kernel OOM record named it, no OOM counter moved"
         if not ev.kernel_log_readable:
             why = "the kernel log was not readable and no OOM counter moved"
@@ -339,4 +302,77 @@ def victim_verdict(
             if ev.output_read
             else "its output was not read (run it under `trainwatch run`, or send its output to a file)."
         ),
+    )
+
+
+def _by_counters(
+    ev: Evidence, victim: RankState, who: str, items: list[EvidenceItem]
+) -> tuple[Kind, Confidence, str] | None:
+    """A SIGKILL no record explains, read by the OOM counters that moved across it (rule 3):
+    the cgroup's own OOM where its counter moved and its limit was reached, the kernel's where
+    only the host's moved or where no level above the rank has a limit to reach; an OOM killer
+    outside the cgroup's limit, at ``possible``, where its counter moved but its limit was not
+    reached (the global killer, or a wider limit above it); None where no counter moved."""
+    host, cgroup, path, reached = counter_moved(ev, victim)
+    if not (host or cgroup):
+        return None
+    if ev.host_oom_kills_before is not None:
+        items.append(
+            EvidenceItem(
+                "vmstat",
+                None,
+                f"/proc/vmstat oom_kill {ev.host_oom_kills_before} -> {ev.host_oom_kills_after}",
+            )
+        )
+    if cgroup and path:
+        items.append(
+            EvidenceItem(
+                "cgroup",
+                None,
+                f"{path} oom_kill {ev.cgroup_oom_kills_before[path]} -> {ev.cgroup_oom_kills_after[path]}",
+            )
+        )
+        if reached is not None:
+            hits = f"{ev.cgroup_limit_hits_before[path]} -> {ev.cgroup_limit_hits_after[path]}"
+            items.append(
+                EvidenceItem("cgroup", None, f"{path} limit reached (memory.events oom / failcnt) {hits}")
+            )
+    missing = "no kernel log record named the pid" + (
+        "" if ev.kernel_log_readable else " (the kernel log was not readable)"
+    )
+    lost = lost_near(victim, ev)
+    if lost:
+        missing += f" ({lost} records near the death were overwritten unread)"
+        items.append(lost_item(lost))
+    limit = victim.cgroup_limited_by
+    if cgroup and path and path != "/" and limit is not None and reached is not False:
+        where = f"; the limit above it is {limit}'s" if limit != path else ""
+        if reached:
+            return (
+                Kind.CGROUP_OOM,
+                Confidence.LIKELY,
+                f"{who} was SIGKILLed as the OOM counter of memory cgroup {path} moved and the cgroup "
+                f"reached its limit{where}; {missing}.",
+            )
+        return (
+            Kind.CGROUP_OOM,
+            Confidence.POSSIBLE,  # any OOM killer moves a cgroup's counter: its limit hits are unread
+            f"{who} was SIGKILLed as the OOM counter of memory cgroup {path} moved{where}; whether the "
+            f"cgroup reached its limit could not be read (the global OOM killer moves the counter too); "
+            f"{missing}.",
+        )
+    if cgroup and limit is not None and reached is False:
+        return (
+            Kind.KERNEL_OOM,
+            Confidence.POSSIBLE,  # or a wider limit above the cgroup's, reached by its siblings
+            f"{who} was SIGKILLed by an OOM killer: the OOM counter of memory cgroup {path} moved but the "
+            f"cgroup never reached its limit ({limit}'s), so the kill was the kernel's global OOM killer's "
+            f"or a wider limit's above it; {missing}.",
+        )
+    return (
+        Kind.KERNEL_OOM,
+        Confidence.LIKELY,
+        f"{who} was SIGKILLed as the kernel's OOM counter moved"
+        + (f" (and memory cgroup {path}'s, which has no limit to reach)" if cgroup and limit is None else "")
+        + f"; {missing}.",
     )

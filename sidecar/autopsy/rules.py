@@ -13,7 +13,9 @@ No I/O, no clock: everything arrives in ``Evidence``. Rules (CONTRACTS.md, EVIDE
    memory``), ``certain``: a first-hand record names the pid.
 3. A SIGKILL with no record but with the OOM counters moving across the death (the rank's
    cgroup oom_kill; the host's vmstat oom_kill only where the kernel log could not be read or
-   lost records near the death) is an OOM at ``likely``.
+   lost records near the death) is an OOM at ``likely``. A cgroup's oom_kill counts kills by
+   any OOM killer: it is a cgroup OOM only where the cgroup's limit was reached across the
+   death (its limit hits), else the kernel's (``killers._by_counters``).
 4. A SIGKILL with no record and no counter movement is ``external_signal``, never an OOM.
 5. Ranks that died after the root cause by SIGTERM, SIGKILL (torchrun escalates 30 s after
    an ignored SIGTERM) or a status a SIGTERM handler returns, with no OOM record of their

@@ -222,7 +222,15 @@ def sender_of(rank: RankState, signals: tuple[SignalSent, ...]) -> SignalSent | 
     return max(candidates, key=lambda s: s.at_ns) if candidates else None
 
 
-def counter_moved(ev: Evidence, victim: RankState) -> tuple[bool, bool, str | None]:
+def counter_moved(ev: Evidence, victim: RankState) -> tuple[bool, bool, str | None, bool | None]:
+    """Which OOM counters moved across the victim's death: (the host's vmstat oom_kill, the
+    oom_kill of its memory cgroup or the level limiting it, that cgroup's path, whether that
+    cgroup reached its limit meanwhile: None where its limit hits could not be read).
+
+    A cgroup's oom_kill counts its processes killed by *any* OOM killer (cgroup v2's
+    memory.events says so; v1's memory.oom_control counts the same event): the global OOM
+    killer's kill of a rank moves its cgroup's counter too. Only the limit hits
+    (``CgroupSample.limit_hits``) say the cgroup's own limit was reached."""
     before, after = ev.host_oom_kills_before, ev.host_oom_kills_after
     rise = after - before if before is not None and after is not None else 0
     host = rise > 0
@@ -233,11 +241,10 @@ def counter_moved(ev: Evidence, victim: RankState) -> tuple[bool, bool, str | No
         # a rise no record of this pid explains is another process's kill (another job's cgroup
         # OOM on a shared node, whose record may reach the reader after the counter moved)
         host = any(o.pid == victim.pid for o in ev.kernel)
-    cgroup_path = None
-    cgroup = False
     for path in (victim.cgroup, victim.cgroup_limited_by):
         before, after = ev.cgroup_oom_kills_before.get(path or ""), ev.cgroup_oom_kills_after.get(path or "")
         if before is not None and after is not None and after > before:
-            cgroup, cgroup_path = True, path
-            break
-    return host, cgroup, cgroup_path
+            hits = ev.cgroup_limit_hits_before.get(path or ""), ev.cgroup_limit_hits_after.get(path or "")
+            reached = None if hits[0] is None or hits[1] is None else hits[1] > hits[0]
+            return host, True, path, reached
+    return host, False, None, None

@@ -50,6 +50,7 @@ class DeathWatch:
         *,
         read_host_oom_kills: Callable[[], int | None] = lambda: None,
         read_cgroup_oom_kills: Callable[[str, int], int | None] = lambda path, version: None,
+        read_cgroup_limit_hits: Callable[[str, int, str | None], int | None] = lambda path, version, by: None,
         read_oomd_marks: Callable[[str, int], dict[str, int]] = lambda path, version: {},
         read_outputs: bool = True,
         job_output: Callable[[int], str] | None = None,
@@ -70,6 +71,7 @@ class DeathWatch:
             job_output=job_output,
             read_host_oom_kills=read_host_oom_kills,
             read_cgroup_oom_kills=read_cgroup_oom_kills,
+            read_cgroup_limit_hits=read_cgroup_limit_hits,
             read_oomd_marks=read_oomd_marks,
             clock_ns=clock_ns,
             wall=wall,
@@ -111,6 +113,12 @@ class DeathWatch:
     @kernel_log_readable.setter
     def kernel_log_readable(self, value: bool) -> None:
         self.autopsies.kernel_log_readable = value
+
+    def reading_kernel_log(self, catch_up: Callable[[], None]) -> None:
+        """The kernel log is read (its OOM records reach ``on_kmsg``); ``catch_up`` hands on
+        the records written until now, called before each autopsy round."""
+        self.autopsies.kernel_log_readable = True
+        self.autopsies.kernel_catch_up = catch_up
 
     @property
     def exits_first_hand(self) -> bool:

@@ -74,6 +74,7 @@ class Gatherer:
         job_output: Callable[[int], str] | None,
         read_host_oom_kills: Callable[[], int | None],
         read_cgroup_oom_kills: Callable[[str, int], int | None],
+        read_cgroup_limit_hits: Callable[[str, int, str | None], int | None] = lambda path, version, by: None,
         read_oomd_marks: Callable[[str, int], dict[str, int]],
         clock_ns: Callable[[], int] = time.monotonic_ns,
         wall: Callable[[], float] = time.time,
@@ -83,6 +84,7 @@ class Gatherer:
         self.job_output = job_output
         self.read_host_oom_kills = read_host_oom_kills
         self.read_cgroup_oom_kills = read_cgroup_oom_kills
+        self.read_cgroup_limit_hits = read_cgroup_limit_hits
         self.read_oomd_marks = read_oomd_marks
         self.clock_ns = clock_ns
         self.wall = wall
@@ -176,6 +178,7 @@ class Gatherer:
         job_said = job_log_said(texts)
         took("job logs")
         after_cg: dict[str, int] = {}
+        hits_cg: dict[str, int] = {}
         # The cgroups the ranks were in may hold no live rank any more (so no snapshot
         # samples them): read their counters now.
         before = inc.snapshot_before
@@ -183,6 +186,9 @@ class Gatherer:
             now = self.read_cgroup_oom_kills(cg.path, cg.version)
             if now is not None:
                 after_cg[cg.path] = now
+            hits = self.read_cgroup_limit_hits(cg.path, cg.version, cg.limited_by)
+            if hits is not None:
+                hits_cg[cg.path] = hits
         host_after = self.read_host_oom_kills()
         took("counters")
         flight, flight_on = self._flight(inc, plan, skipped)
@@ -202,6 +208,7 @@ class Gatherer:
             teardown,
             findings,
             after_cg,
+            hits_cg,
             host_after,
             daemons,
             oomd,

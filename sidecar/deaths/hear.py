@@ -298,7 +298,9 @@ class Feeds:
         if before is not None and before.host is not None:
             inc.host_oom_before = before.host.oom_kills
         if before is not None:
-            inc.cgroup_oom_before = {c.path: c.oom_kills for c in before.cgroups if c.oom_kills is not None}
+            cgroups = before.cgroups
+            inc.cgroup_oom_before = {c.path: c.oom_kills for c in cgroups if c.oom_kills is not None}
+            inc.cgroup_hits_before = {c.path: c.limit_hits for c in cgroups if c.limit_hits is not None}
         self.state.incidents[known.gen] = inc
         log.warning(
             "job %s: rank %s (pid %d) died (%s, told %.0f ms later); writing a postmortem",

@@ -66,6 +66,7 @@ class Incident:
     counted: dict[int, str] = field(default_factory=dict)
     host_oom_before: int | None = None
     cgroup_oom_before: dict[str, int] = field(default_factory=dict)
+    cgroup_hits_before: dict[str, int] = field(default_factory=dict)  # CgroupSample.limit_hits
     snapshot_before: Snapshot | None = None
     # the job's /dev/shm, read while a process of it lived: (size, used, seconds before the
     # first death it was read, None when read at the autopsy)
@@ -127,6 +128,7 @@ class Reads:
     teardown: frozenset[int]
     findings: tuple[tuple[str | None, Finding], ...]
     cgroup_oom_after: dict[str, int]
+    cgroup_hits_after: dict[str, int]
     host_oom_after: int | None
     daemons: list[tuple[str, int, list[UserspaceKill]]]
     oomd: list[UserspaceKill]
@@ -139,7 +141,7 @@ class Reads:
     @classmethod
     def nothing(cls) -> Reads:
         """A round whose reads failed: the postmortem comes from the feeds alone."""
-        return cls([], {}, frozenset(), (), {}, None, [], [], None, None, None)
+        return cls([], {}, frozenset(), (), {}, {}, None, [], [], None, None, None)
 
 
 # -- the autopsy's evidence -----------------------------------------------------------
@@ -189,6 +191,8 @@ def join_evidence(
         )
     after_cg = {c.path: c.oom_kills for c in latest.cgroups if c.oom_kills is not None} if latest else {}
     after_cg.update(reads.cgroup_oom_after)
+    hits_cg = {c.path: c.limit_hits for c in latest.cgroups if c.limit_hits is not None} if latest else {}
+    hits_cg.update(reads.cgroup_hits_after)
     userspace = [
         *records.userspace,
         *reads.oomd,
@@ -205,6 +209,8 @@ def join_evidence(
         host_oom_kills_after=reads.host_oom_after,
         cgroup_oom_kills_before=inc.cgroup_oom_before,
         cgroup_oom_kills_after=after_cg,
+        cgroup_limit_hits_before=inc.cgroup_hits_before,
+        cgroup_limit_hits_after=hits_cg,
         kernel_log_readable=kernel_log_readable,
         exits_first_hand=exits_first_hand,
         userspace=tuple(userspace),

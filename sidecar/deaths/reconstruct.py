@@ -143,6 +143,7 @@ def incidents_of(state: State, revived: list[Revived], now_ns: int, wall: float)
         inc.doc_id, inc.created_at = r.doc_id, r.created_at
         inc.host_oom_before = state.host.oom_kills if state.host else None
         inc.cgroup_oom_before = {c.path: c.oom_kills for c in state.cgroups if c.oom_kills is not None}
+        inc.cgroup_hits_before = {c.path: c.limit_hits for c in state.cgroups if c.limit_hits is not None}
         inc.reconstructed = (state.saved_wall, wall)
         inc.untimed = set(r.untimed)
         inc.last_death_ns = now_ns  # kept open for the live deaths still to come

@@ -106,6 +106,7 @@ def _cgroup(c: CgroupSample) -> list[Any]:
         c.events,
         list(c.pressure_ratio) if c.pressure_ratio else None,
         list(c.pressure_stall_seconds) if c.pressure_stall_seconds else None,
+        c.limit_hits,
     ]
 
 
@@ -297,6 +298,7 @@ def _uncgroup(v: Any) -> CgroupSample:
         _int_map(mem_events),
         ratio,
         stall,
+        limit_hits=_oint(fields[14]) if len(fields) > 14 else None,  # older states have none
     )
 
 

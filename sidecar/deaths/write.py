@@ -72,6 +72,8 @@ class Autopsies:
         self.clock_ns = clock_ns
         self.wall = wall
         self.kernel_log_readable = False
+        # the kernel log's catch_up (KmsgWatcher.catch_up): its records up to now, before a round
+        self.kernel_catch_up: Callable[[], None] = lambda: None
         self.exits_first_hand = False
         self.deaths_total: dict[tuple[str, str], int] = {}
         # (job, rank, restart) -> (killer, wall time of death): the newest DEATH_TIMES deaths,
@@ -131,6 +133,12 @@ class Autopsies:
             # the lock: the sampler and the exit threads never wait on a 2 MiB log.
             # Nothing a round meets may end this thread: a failed read gives a postmortem
             # from what the feeds recorded (the exits, the kernel's records) without it.
+            # The kernel's OOM report precedes its SIGKILL: read the log up to now first, so a
+            # round never judges a kill whose record the reader's thread has yet to hand on.
+            try:
+                self.kernel_catch_up()
+            except Exception:
+                log.exception("kernel log: catching up failed")
             reads = []
             for inc, plan in plans:
                 started = time.perf_counter()

@@ -218,6 +218,32 @@ class CgroupReader:
         keyed = _read_keyed(f"{directory}/{'memory.oom_control' if version == 1 else 'memory.events'}")
         return keyed.get("oom_kill") if keyed is not None else None
 
+    def limit_hits(self, path: str, version: int, limited_by: str | None = None) -> int | None:
+        """How many times the memory cgroup at ``path``, or the level ``limited_by`` whose
+        limit binds it, reached its limit (v2 memory.events ``oom``: usage at the limit and an
+        allocation about to fail; v1 memory.failcnt and memory.memsw.failcnt, each level its
+        own), summed over the two; None when none can be read. A cgroup's ``oom_kill`` counts
+        its processes killed by *any* OOM killer, the global one's too: only this says its
+        own limit was reached. Safe to call from any thread: it only reads small files."""
+        mount = self.v1_memory if version == 1 else self.v2
+        if mount is None:
+            return None
+        total: int | None = None
+        for level in dict.fromkeys((path, limited_by or path)):
+            directory = self._directory(mount, level)
+            try:
+                if version == 2:
+                    keyed = _read_keyed(f"{directory}/memory.events")  # v2's root has none: None
+                    counts = [keyed.get("oom") if keyed is not None else None]
+                else:
+                    counts = [_read_int(f"{directory}/memory.{name}failcnt") for name in ("", "memsw.")]
+            except (ProbeError, ParseError):
+                continue
+            for count in counts:
+                if count is not None:
+                    total = (total or 0) + count
+        return total
+
     OOMD_XATTRS = ("user.oomd_ooms", "trusted.oomd_ooms", "user.oomd_kill", "trusted.oomd_kill")
 
     def oomd_marks(self, path: str, version: int) -> dict[str, int]:
@@ -309,6 +335,7 @@ class CgroupReader:
             events={k: events[k] for k in V2_EVENTS if k in events} if events else {},
             pressure_ratio=(psi.some_avg10_ratio, psi.full_avg10_ratio) if psi else None,
             pressure_stall_seconds=(psi.some_total_seconds, psi.full_total_seconds) if psi else None,
+            limit_hits=self.limit_hits(ref.path, ref.version, limited_by),
         )
 
     def end_round(self) -> None:

@@ -48,6 +48,7 @@ class KmsgWatcher:
         self.history = 0  # records of the ring's history handed on at start
         self._stop_r, self._stop_w = os.pipe()
         self._thread: threading.Thread | None = None
+        self._reading = threading.Lock()  # one reader at a time: its thread or catch_up()
 
     @property
     def thread(self) -> threading.Thread | None:
@@ -80,10 +81,26 @@ class KmsgWatcher:
             if self._stop_r in ready:
                 return
             try:
-                self._drain(fd)
+                with self._reading:
+                    self._drain(fd)
             except OSError as exc:
                 log.error("kernel log: read failed: %s; no more kernel evidence", exc)
                 return
+
+    def catch_up(self) -> None:
+        """Hand on, from the caller's thread, every record written until now that the
+        reader's thread has not handed on yet. The kernel writes its OOM report (the
+        ``oom-kill:`` line naming the pid) before it sends the SIGKILL, so once an exit is
+        known, a catch-up has that record even where the reader's thread was slow to run
+        (a machine thrashing in a global OOM). Non-blocking reads of a bounded ring."""
+        fd = self._fd
+        if fd is None:
+            return
+        try:
+            with self._reading:
+                self._drain(fd)
+        except OSError as exc:
+            log.warning("kernel log: catching up failed: %s", exc)
 
     def _drain(self, fd: int, since_us: int = 0) -> int:
         """Read every record there is now; hand on those from ``since_us`` on. Returns
