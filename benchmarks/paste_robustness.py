@@ -1,8 +1,9 @@
 """Whether `trainwatch diagnose`'s verdicts hold however a log was pasted.
 
-    python benchmarks/paste_robustness.py [--name NAME]
+    python benchmarks/paste_robustness.py [--name NAME] [CASES.jsonl ...]
 
-Every case of tests/fixtures/public-logs/cases.jsonl is diagnosed as collected, then again
+Every case of the public corpus (every tests/fixtures/public-logs/cases*.jsonl, or the files
+named) is diagnosed as collected, then again
 with each perturbation of tests/pastes.py applied (a prefix family on every line, colours,
 CRLF, wraps at 80 and 120 columns as a terminal and as a web page does, every input in one
 file, one file per rank). A verdict is the killer's kind, its confidence and the victim's
@@ -49,8 +50,10 @@ def verdict(case: dict[str, Any], evidence: list[tuple[str, str]]) -> tuple[str,
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--name", default="pastes", help="results file name (benchmarks/results/NAME.json)")
+    ap.add_argument("cases", nargs="*", type=Path, help="cases files (default: every file of the corpus)")
     args = ap.parse_args()
-    cases = [json.loads(line) for line in CASES.read_text().splitlines() if line.strip()]
+    files = args.cases or sorted(CASES.parent.glob("cases*.jsonl"))
+    cases = [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]
     started = time.perf_counter()
     base = {c["id"]: verdict(c, [(e["kind"], e["text"]) for e in c["evidence"]]) for c in cases}
     per: dict[str, Any] = {}
@@ -94,7 +97,7 @@ def main() -> int:
     results.write(
         args.name,
         {
-            "cases_file": str(CASES.relative_to(results.REPO)),
+            "cases_files": [str(f.resolve().relative_to(results.REPO)) for f in files],
             "perturbations": list(PERTURBATIONS),
             "changed_total": sum(p["changed"] for p in per.values()),
             "confident_wrong_total": sum(p["became_confident_wrong"] for p in per.values()),

@@ -432,7 +432,8 @@ def pastes() -> str:
     r = doc["results"]
     per = r["per_perturbation"]
     out = [
-        f"The same {next(iter(per.values()))['cases']} cases, each pasted {len(per)} ways"
+        f"Every case of the corpus ({next(iter(per.values()))['cases']}, the {len(r.get('cases_files', [1]))}"
+        f" files of `tests/fixtures/public-logs/`), each pasted {len(per)} ways"
         " (`python benchmarks/paste_robustness.py`, the perturbations in `tests/pastes.py`,"
         f" {doc['date'][:10]}, commit `{doc['commit']}`): a case changes when its kind or confidence"
         " differs from the case as collected, or its victim's rank where it had one.",
@@ -450,8 +451,8 @@ def pastes() -> str:
         "",
         f"In all, {r['changed_total']} of {len(per) * next(iter(per.values()))['cases']} pasted cases changed"
         f" (halves: {', '.join(halves) or 'none'}), {r['confident_wrong_total']} of them to a confident wrong"
-        " answer; `tests/test_parse_pasted.py` holds every dev-half case to no change at all and the"
-        " held-out half to no new confident-wrong answer.",
+        " answer; `tests/test_parse_pasted.py` holds every dev-half case of `cases.jsonl` to no change at all"
+        " and its held-out half to no new confident-wrong answer.",
         "",
     ]
     return "\n".join(out)

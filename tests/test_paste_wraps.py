@@ -117,3 +117,39 @@ def test_no_deciding_message_is_lost_to_a_wrap(wrap):
             lost.append(f"{message.id} ({context}): {line[:120]}")
     assert tried > 250 and tried > 0.95 * len(cases), (tried, len(cases))  # every real line, near enough
     assert not lost, "\n".join(lost)
+
+
+def _gloo_traceback(depth: int) -> list[str]:
+    """A traceback through long site-packages paths whose exception carries a path longer
+    than a page's width (gloo's source location), as torch 1.x printed it."""
+    lines = ["Traceback (most recent call last):"]
+    for i in range(depth):
+        lines += [
+            f'  File "/opt/conda/envs/train{i}/lib/python3.7/site-packages/torch/autograd/__init__.py", '
+            f"line {150 + i}, in backward",
+            f"    Variable._execution_engine.run_backward(tensors{i}, grad_tensors_, retain_graph, "
+            "create_graph)",
+        ]
+    where = "/opt/conda/conda-bld/pytorch_1634272168290/work/third_party/gloo/gloo/transport/tcp/pair.cc:598"
+    return [*lines, f"RuntimeError: [{where}] Connection closed by peer [10.0.0.7]:12717"]
+
+
+@pytest.mark.parametrize("wrap", ["web80", "web120", "wrap80", "wrap120"])
+def test_a_traceback_s_last_line_is_its_own_under_a_wrap(wrap):
+    """A page puts an exception's name alone on a line when its first word (a path) does not
+    fit, and cuts that word at the width; a traceback's last line is a record of its own,
+    never glued to the frame above it."""
+    lines = _gloo_traceback(4)
+    ((_, text),) = PERTURBATIONS[wrap]([("rank_stderr", "\n".join(lines))])
+    assert plain(text).split("\n")[-1] == lines[-1]
+
+
+def test_a_quote_copied_under_line_numbers_or_task_ids_is_taken_off():
+    lines = [
+        "> [rank1]: Traceback (most recent call last):",
+        '> [rank1]:   File "t.py", line 3',
+        "> [rank1]: KeyError: 'x'",
+    ]
+    for family in ("line_numbers", "srun"):
+        ((_, text),) = PERTURBATIONS[family]([("rank_stderr", "\n".join(lines))])
+        assert plain(text).split("\n")[-1].endswith("[rank1]: KeyError: 'x'"), (family, plain(text))

@@ -279,6 +279,8 @@ def plain_all(texts: list[str], unwrap: bool = True) -> list[str]:
         if task or (any(tasks) and _all_carry(lines, _SRUN)):
             lines = _untagged(_untask(lines, agents), agents)  # srun ran mpirun's processes
         if unwrap:  # after the line numbers and task ids a copy or srun put before them
-            lines = _unbolded(_unglued(lines))
-        out.append(join(lines) if unwrap else "\n".join(lines))
+            lines = _unquoted(lines)  # a quote copied under the prefixes
+            # wraps joined before glued lines are split: a wrap cuts a glued line anywhere
+            lines = _unbolded(_unglued(join(lines).split("\n")))
+        out.append("\n".join(lines))
     return out

@@ -29,7 +29,7 @@ def join(lines: list[str]) -> str:
     across a break."""
     if len(lines) > JOIN_MAX_LINES:
         return "\n".join(lines)
-    lines = _unwrap_web(_unwrap_fixed(lines))
+    lines = _named_only(_unwrap_web(_unwrap_fixed(lines)))
     cat = catalog()
     found = cat.scan_lines(lines)  # each line's own messages, found once
     edges = _edges(cat)
@@ -97,7 +97,9 @@ _RECORD_START = re.compile(
     # Slurm's programs name themselves first on every line (log.c); a Python logger's name
     # then its level (submitit's '%(name)s %(levelname)s (%(asctime)s)')
     r"(?:slurmstepd|srun|sbatch|salloc|slurmd)(?:-[\w.-]{1,64})?: |"
-    r"[\w.]{1,64} (?:INFO|WARNING|ERROR|DEBUG|CRITICAL) )"
+    r"[\w.]{1,64} (?:INFO|WARNING|ERROR|DEBUG|CRITICAL) |"
+    # the last line of a Python traceback: the exception's (dotted) name and a colon
+    r"(?:[A-Za-z_]\w{0,64}\.){0,8}[A-Z]\w{0,64}(?:Error|Exception|Interrupt|Exit)(?::|$))"
 )
 
 
@@ -114,6 +116,12 @@ def _unwrap_fixed(lines: list[str]) -> list[str]:
     # the last space before the width) spread over the last word's length below it
     near = sum(1 for line in lines if len(line) >= width - 8)
     if width < 40 or full < 3 or full * 20 < sum(1 for line in lines if len(line) >= 40) or 2 * full < near:
+        return lines
+    # a terminal breaks only lines that wide; a web page mostly shorter ones (at a word that
+    # did not fit), and cuts at the width only a word longer than it: where breaks before
+    # shorter lines outnumber the lines that wide, the page's unwrap undoes both
+    short = sum(1 for a, b in itertools.pairwise(lines) if len(a) < width and _web_break(a, b, width))
+    if short >= 3 and short > full:
         return lines
     out: list[str] = []
     carry = False
@@ -136,30 +144,17 @@ def _unwrap_web(lines: list[str]) -> list[str]:
     put back. A log that was never wrapped has few: its long lines are followed by a new
     record, an indented line, or a word that would have fitted."""
     width = max((len(line) for line in lines), default=0)
-    if width < 40:
+    if not _web_wrapped(lines, width):
         return lines
 
-    def broken(before: str, after: str) -> bool:
-        if (
-            not before
-            or not after
-            or before[-1].isspace()
-            or after[0].isspace()
-            or _RECORD_START.match(after)
-        ):
-            return False
-        word = after.split(" ", 1)[0]
-        return len(before) >= 0.6 * width and len(before) + 1 + len(word) > width
+    def broken(before: str, after: str, short: bool = False) -> bool:
+        return _web_break(before, after, width, short)
 
-    breaks = sum(1 for a, b in itertools.pairwise(lines) if broken(a, b))
-    long = sum(1 for line in lines if len(line) >= 0.6 * width)
-    if breaks < 3 or breaks < 0.2 * long:
-        return lines
     out: list[str] = []
     cat = catalog()
     previous = ""
     for line in lines:
-        if out and broken(previous, line) and len(out[-1]) < LINE_MAX:
+        if out and broken(previous, line, short=True) and len(out[-1]) < LINE_MAX:
             # the space back, unless the words read only without it (a word the copy cut:
             # ``closing signal SI`` + ``GTERM``), read with the line before too (a message
             # whose head is there); when the catalog cannot tell, a line as wide as the page
@@ -173,6 +168,54 @@ def _unwrap_web(lines: list[str]) -> list[str]:
             out.append(line)
         previous = line
     return out
+
+
+# Python's traceback writes an exception's last line as ``Name: message``, or ``Name`` alone
+# when the message is empty (traceback.format_exception_only): a name and its colon ending
+# a line are a line whose message a wrap moved to the next one
+_NAMED_ONLY = re.compile(
+    r"^(?:\[(?:rank|default)\d{1,6}\]: ?)?(?:[A-Za-z_]\w{0,64}\.){0,8}[A-Z]\w{0,64}(?:Error|Exception):$"
+)
+
+
+def _named_only(lines: list[str]) -> list[str]:
+    """An exception's name and colon alone on a line, joined with its message on the next
+    (not an indented line, nor a record of its own)."""
+    out: list[str] = []
+    for line in lines:
+        if (
+            out
+            and line
+            and not line[0].isspace()
+            and _NAMED_ONLY.match(out[-1])
+            and not _RECORD_START.match(line)
+        ):
+            out[-1] = f"{out[-1]} {line}"
+        else:
+            out.append(line)
+    return out
+
+
+def _web_break(before: str, after: str, width: int, short: bool = False) -> bool:
+    """A web page's break between ``before`` and ``after``: ``before`` is long, ``after``
+    starts no record nor indent, and its first word would not have fitted. ``short``: also
+    after a short line whose next word is long (most of the width), as the page put it on a
+    line of its own; only once the text is known wrapped."""
+    if not before or not after or before[-1].isspace() or after[0].isspace() or _RECORD_START.match(after):
+        return False
+    word = after.split(" ", 1)[0]
+    long = len(before) >= 0.6 * width or (short and len(word) >= 0.6 * width)
+    return long and len(before) + 1 + len(word) > width
+
+
+def _web_wrapped(lines: list[str], width: int) -> bool:
+    """Several of the text's long lines end at a web page's break (a log never wrapped has
+    few: its long lines are followed by a new record, an indented line, or a word that fits)."""
+    if width < 40:
+        return False
+    breaks = sum(1 for a, b in itertools.pairwise(lines) if _web_break(a, b, width))
+    long = sum(1 for line in lines if len(line) >= 0.6 * width)
+    return breaks >= 3 and breaks >= 0.2 * long
 
 
 def _read(cat: Catalog, text: str, before: str | None = None, after: str | None = None) -> set[str]:
