@@ -167,3 +167,52 @@ def test_an_nvrm_xid_names_a_gpu_error():
     other = parse_xid_line("NVRM: Xid (PCI:0000:3b:00): 13, pid=99, name=python, Graphics Exception")
     v = autopsy(Evidence((victim,), xids=((10 * S, other),)))  # type: ignore[arg-type]
     assert v is not None and v.kind == "abort"
+
+
+def _caught_line(message, pid: str) -> str:
+    from tests.test_catalog import _placeholders, _render
+
+    fixed = {
+        "uint": "7",
+        "int": "7",
+        "hex": "0x18",
+        "word": "main",
+        "name": "node1",
+        "path": "/usr/lib/libx.so",
+    }
+    values = {name: fixed.get(typ, "some text") for name, typ in _placeholders(message.format)}
+    if "pid" in values:
+        values["pid"] = pid
+    return _render(message.format, values)
+
+
+def test_a_process_dies_of_the_first_fatal_signal_it_caught():
+    """Generated from the catalog's ``caught`` banners (a handler's report, from inside the
+    process, of the fatal signal it caught): of two in one process's output, of different
+    signals, the first decides whichever order their kinds would rank in (a handler that
+    crashes while an abort unwinds reports a SIGSEGV it did not die of); of two processes
+    (two pids), each its own."""
+    from sidecar.catalog import catalog
+
+    caught = [m for m in catalog().messages if m.caught and m.kind is not None]
+    assert {m.kind.value for m in caught} >= {"segfault", "bus_error", "abort"}
+    pairs = [(a, b) for a in caught for b in caught if a.kind != b.kind]
+    assert pairs
+    for a, b in pairs:
+        text = _caught_line(a, "4242") + "\n" + _caught_line(b, "4242")
+        said = [f for f in parse_rank_output(text) if f.kind == "said"]
+        v = autopsy(
+            Evidence((_rank("0", 4242, None, S),), output=tuple(("0", f) for f in said), output_read=True)
+        )
+        assert v is not None and v.kind == a.kind.value, (a.id, b.id, v.kind if v else None)
+    # a later banner of another process is no part of the first one's death
+    ompi_abort, ucx_segv = (
+        catalog().by_id["mpi.ompi_signal_abort"],
+        catalog().by_id["mpi.ucx_caught_signal_segv"],
+    )
+    text = _caught_line(ompi_abort, "4242") + "\n" + _caught_line(ucx_segv, "4343")
+    said = [f for f in parse_rank_output(text) if f.kind == "said"]
+    v = autopsy(
+        Evidence((_rank("0", 4343, None, S),), output=tuple(("0", f) for f in said), output_read=True)
+    )
+    assert v is not None and v.kind == "segfault"  # any kind before an abort, as ever

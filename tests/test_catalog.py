@@ -106,6 +106,8 @@ def test_an_entry_is_well_formed(message: Message):
         )
     if message.relays_death:  # another's death, told without its cause: it names no killer
         assert message.kind is None and message.layer == "report", message.id
+    if message.caught:  # a handler's report, from inside the process, of the signal it caught
+        assert message.layer == "symptom" and message.first_hand, message.id
     assert message.anchors and min(map(len, message.anchors)) >= 3, (
         f"{message.id}: the pattern has no literal words to look for: {message.anchors}"
     )

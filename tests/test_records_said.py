@@ -56,7 +56,7 @@ def test_a_record_of_another_pid_or_another_end_decides_nothing():
 def test_another_s_record_is_never_surer_than_the_catalog_says():
     """A kernel record that is not first-hand for the pid (an Xid 61: the driver's word, not
     the process's) is at most likely, and never surer than its catalog entry (possible)."""
-    from sidecar.autopsy.said import fits
+    from sidecar.autopsy.ranking import fits
     from sidecar.autopsy.witnesses import kernel_record
     from sidecar.catalog import catalog
 

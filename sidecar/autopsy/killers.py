@@ -29,7 +29,8 @@ from sidecar.autopsy.evidence import (
     signal_name,
 )
 from sidecar.autopsy.peers import timeout_elsewhere
-from sidecar.autopsy.said import from_output, gpu_fault, weaker
+from sidecar.autopsy.ranking import weaker
+from sidecar.autopsy.said import from_output, gpu_fault
 from sidecar.autopsy.senders import slurm_detail, tool_of, words
 from sidecar.autopsy.witnesses import (
     agent_signalled,

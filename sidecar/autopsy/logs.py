@@ -19,7 +19,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from sidecar.autopsy.evidence import EvidenceItem, KernelOom, UserspaceKill, Verdict, rank_name, signal_name
-from sidecar.autopsy.said import told_of
+from sidecar.autopsy.ranking import told_of
 from sidecar.catalog import Hit
 from sidecar.model import Confidence, Fate, Kind
 from sidecar.parse.jobs import JobRecord

@@ -50,7 +50,8 @@ from sidecar.autopsy.peers import (
     same_cause,
     says_why,
 )
-from sidecar.autopsy.said import WAITING, findings_of, from_output, weaker
+from sidecar.autopsy.ranking import weaker
+from sidecar.autopsy.said import WAITING, findings_of, from_output
 from sidecar.autopsy.witnesses import oom_for
 from sidecar.model import Confidence, Fate, Kind
 from sidecar.parse.ranks import Finding

@@ -24,7 +24,7 @@ from sidecar.autopsy.evidence import (
     rank_name,
     signal_name,
 )
-from sidecar.autopsy.said import fits, told_of, weaker
+from sidecar.autopsy.ranking import fits, told_of, weaker
 from sidecar.catalog import Hit, catalog
 from sidecar.model import Confidence, Kind
 

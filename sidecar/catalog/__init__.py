@@ -93,6 +93,9 @@ class Message:
     # a report that another process of the job (a worker, an actor, a child) died abruptly,
     # with no word of its own on why: a memory killer's record of the job explains it
     relays_death: bool = False
+    # a fatal-signal handler's report, from inside the process, of the signal it caught: a
+    # process dies of the first fatal signal it reports; a later one came while it died
+    caught: bool = False
 
     def said(self, fields: tuple[tuple[str, str], ...] | dict[str, str]) -> str:
         """``says`` with its ``{field}`` placeholders filled from what the pattern captured
@@ -114,7 +117,7 @@ class Message:
     def told(self, who: str, fields: tuple[tuple[str, str], ...] | dict[str, str]) -> str:
         """The verdict's sentence: ``who`` (a rank, a pid) and what the message says of it;
         a ``says`` about "the process" is said of ``who`` itself."""
-        said = self.said(fields)
+        said = self.said(fields).rstrip(".")  # one full stop, whatever the message ended with
         if said.startswith("the process "):
             return f"{who} {said[len('the process ') :]}."
         return f"{who}: {said}."
@@ -409,6 +412,7 @@ def _message(raw: dict[str, Any], emitter: str, channel: str, where: str) -> Mes
         exit_code=int(raw["exit_code"]) if "exit_code" in raw else None,
         vetoes=tuple(str(v) for v in raw.get("vetoes", ())),
         relays_death=bool(raw.get("relays_death", False)),
+        caught=bool(raw.get("caught", False)),
     )
 
 
