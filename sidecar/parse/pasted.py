@@ -97,6 +97,19 @@ def _unquoted(lines: list[str]) -> list[str]:
     return [_strip(line[m.end() :]) if (m := _QUOTE.match(line)) else line for line in lines]
 
 
+# docker compose's "<service>-<n>  | " before each line of a service (padded to the longest
+# name; a report that groups lines may leave the name out), a column of "| " in all
+_COMPOSE = re.compile(r"^\s{0,16}(?:[\w.-]{1,64}\s{1,16})?\| ")
+
+
+def _uncolumned(lines: list[str]) -> list[str]:
+    """docker compose's service column (``trainer-1  | ``) off each line that carries it,
+    where most lines do."""
+    if not _family(lines, _COMPOSE):
+        return lines
+    return [_strip(line[m.end() :]) if (m := _COMPOSE.match(line)) else line for line in lines]
+
+
 # markdown's bold markers around text a log's line starts with (after srun's task id and a
 # rank's prefix): a log pasted into an issue outside a code block, its important line made
 # bold. Never a line of asterisks (torchrun's OMP_NUM_THREADS banner), nor "**kwargs" inside
@@ -267,7 +280,7 @@ def plain_all(texts: list[str], unwrap: bool = True) -> list[str]:
     lines or more) is also taken off a shorter text all of whose lines carry it."""
     split = [[_strip(line) for line in text.split("\n")] for text in texts]
     if unwrap:  # a copy from a web page; a program's own output keeps what it wrote
-        split = [_unquoted(lines) for lines in split]
+        split = [_uncolumned(_unquoted(lines)) for lines in split]
     agents = launched_by_agent(texts)
     numbered = [_numbered(lines) for lines in split]
     tasks = [_srun_tasks(lines) for lines in split]
