@@ -359,6 +359,8 @@ def diagnose() -> str:
         (22, "beside the twenty-first (leaning to other frameworks and outside signals)"),
         (23, "after the twenty-second's rules (memory killers; excerpts unconfirmed)"),
         (24, "beside the twenty-third (other frameworks only; excerpts unconfirmed)"),
+        (25, "after the cgroup-counter and paste fixes (representative)"),
+        (26, "beside the twenty-fifth (launchers other than torchrun)"),
     ):
         doc_n = _load(f"diagnose-wave{wave}")
         halves_n = doc_n["results"]["halves"] if doc_n else {}
