@@ -75,6 +75,17 @@ def test_an_abort_by_the_c_library_is_named_live_and_from_its_logs(tmp_path):
         assert any("double free" in e["detail"] for e in doc["killer"]["evidence"]), doc["killer"]
 
 
+def test_a_rust_extension_s_allocation_failure_is_named_live_and_from_its_logs(tmp_path):
+    """A Rust extension in the rank (pydantic-core here; tokenizers and safetensors alike)
+    cannot get host memory (an address-space cap): Rust's allocation error handler says so on
+    the rank's stderr and aborts the process."""
+    live, offline, output = _run_and_diagnose(tmp_path, "--rust-alloc-rank=1", "--raise-after=2")
+    _both(live, offline, "abort", 1)
+    assert "memory allocation of" in output, output[-3000:]
+    for doc in (live, offline):  # Rust's own words are the evidence
+        assert any("memory allocation of" in e["detail"] for e in doc["killer"]["evidence"]), doc["killer"]
+
+
 def test_a_plain_traceback_is_named_live_and_from_its_logs(tmp_path):
     live, offline, _ = _run_and_diagnose(tmp_path, "--raise-rank=1", "--raise-after=2")
     _both(live, offline, "python_exception", 1)

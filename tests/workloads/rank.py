@@ -216,6 +216,13 @@ def main() -> int:
         help="this rank frees a C heap block twice after --raise-after: the C library aborts it",
     )
     ap.add_argument(
+        "--rust-alloc-rank",
+        type=int,
+        default=-1,
+        help="after --raise-after this rank's address space is capped and a Rust extension (pydantic-core) "
+        "allocates past it: Rust's allocation error handler aborts the process",
+    )
+    ap.add_argument(
         "--flood-rank", type=int, default=-1, help="once --flood-file exists, this rank forks --flood-count"
     )
     ap.add_argument("--flood-file", default=None)
@@ -379,6 +386,16 @@ def main() -> int:
             block = libc.malloc(64)
             libc.free(block)
             libc.free(block)  # glibc: "free(): double free detected in tcache 2", then abort()
+        if rank == args.rust_alloc_rank and restart == 0 and elapsed > args.raise_after:
+            import resource
+
+            import pydantic_core
+
+            data = ["x" * 1000] * 200_000  # one string, 200k times: ~200 MB of JSON from 1.6 MB
+            with open("/proc/self/statm") as f:
+                cap = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE") + (64 << 20)
+            resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+            pydantic_core.to_json(data)  # "memory allocation of N bytes failed", then abort()
         if rank == args.segfault_rank and restart == 0 and elapsed > args.raise_after:
             import ctypes
             import faulthandler
