@@ -133,13 +133,23 @@ _RANK_AGAIN = re.compile(r" (?=\[rank\d{1,6}\]:)")
 _TRACEBACK_AGAIN = re.compile(r"(?<=[^\s:])(?=Traceback \(most recent call last\):)")
 
 
+_BARE_RANK = re.compile(r"^\s{0,4}\[rank\d{1,6}\]:\s*$")
+
+
 def _unglued(lines: list[str]) -> list[str]:
+    """Lines whose newlines a copy lost, split again: at each ``[rankN]:`` inside a line that
+    begins with one (in a text that holds such a line, inside any line: a page wrapped the
+    paragraph anywhere), before a traceback's header inside a line. A rank prefix the split
+    left alone at a line's end takes the next line (the page put its words there)."""
+    glued = any(" [rank" in line and _TORCH_RANK.match(line) and _RANK_AGAIN.search(line) for line in lines)
     out: list[str] = []
     for line in lines:
-        if " [rank" in line and _TORCH_RANK.match(line) and _RANK_AGAIN.search(line):
+        if " [rank" in line and (glued or _TORCH_RANK.match(line)) and _RANK_AGAIN.search(line):
             out.extend(_strip(piece) for piece in _RANK_AGAIN.split(line))
         elif "Traceback (most" in line and _TRACEBACK_AGAIN.search(line):
             out.extend(_TRACEBACK_AGAIN.split(line))
+        elif glued and out and _BARE_RANK.match(out[-1]) and line and not _TORCH_RANK.match(line):
+            out[-1] = f"{out[-1].rstrip()} {line}"
         else:
             out.append(line)
     return out
@@ -288,11 +298,15 @@ def plain_all(texts: list[str], unwrap: bool = True) -> list[str]:
     for lines, num, task in zip(split, numbered, tasks, strict=True):
         if num:
             lines = [_strip(line[m.end() :]) if (m := _LINENO.match(line)) else line for line in lines]
-        lines = _untagged(lines, agents)  # after a viewer's line numbers
+        for _ in range(3):  # after a viewer's line numbers; tags inside tags (a copy of a copy)
+            untagged = _untagged(lines, agents)
+            if untagged == lines:
+                break
+            lines = untagged
         if task or (any(tasks) and _all_carry(lines, _SRUN)):
             lines = _untagged(_untask(lines, agents), agents)  # srun ran mpirun's processes
         if unwrap:  # after the line numbers and task ids a copy or srun put before them
-            lines = _unquoted(lines)  # a quote copied under the prefixes
+            lines = _uncolumned(_unquoted(lines))  # a quote or a column copied under the prefixes
             # wraps joined before glued lines are split: a wrap cuts a glued line anywhere
             lines = _unbolded(_unglued(join(lines).split("\n")))
         out.append("\n".join(lines))
