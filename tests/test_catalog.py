@@ -34,6 +34,7 @@ EMITTERS = {
     "xla",  # XLA/TSL's coordination service (jax.distributed)
     "submitit",  # submitit's Slurm time-limit and preemption signal handler
     "sighandlers",  # glog's, folly's and PaddlePaddle's fatal-signal banners
+    "yarn",  # Hadoop YARN's NodeManager memory monitor, Spark's YARN allocator
 }
 
 MESSAGES = load(texts()).messages  # raises what is wrong with a shipped file

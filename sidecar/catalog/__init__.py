@@ -463,6 +463,7 @@ FILES = (
     "sighandlers.toml",
     "slurm.toml",
     "submitit.toml",
+    "yarn.toml",
     "torchelastic.toml",
     "tvmffi.toml",
     "systemd.toml",
