@@ -936,3 +936,24 @@ def test_xla_s_out_of_memory_in_bytes_or_human_readable(line, kind):
 )  # fmt: skip
 def test_glog_s_fatal_check_and_nccl_s_words_behind_other_frameworks(text, kind):
     assert diagnose([LogInput("rank", text)])["killer"]["kind"] == kind
+
+
+def test_a_shell_s_status_of_a_signal_told_by_a_launcher_decides():
+    """A launcher's CalledProcessError says its command's shell exited 128+N: a process it
+    ran died of signal N (a launcher's direct child dying so would show a negative status).
+    The status alone (no exception words) is no uncaught Python exception."""
+    traceback = [
+        "Traceback (most recent call last):",
+        '  File "/usr/lib/python3.10/subprocess.py", line 369, in check_call',
+        "    raise CalledProcessError(retcode, cmd)",
+    ]
+    for status, kind in ((139, "segfault"), (134, "abort"), (135, "bus_error")):
+        line = f"subprocess.CalledProcessError: Command 'bash run.sh' returned non-zero exit status {status}."
+        doc = diagnose([LogInput("launcher.log", "\n".join([*traceback, line]))])
+        assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == (kind, "likely"), (
+            status,
+            doc["killer"],
+        )
+    line = "subprocess.CalledProcessError: Command 'bash run.sh' returned non-zero exit status 1."
+    doc = diagnose([LogInput("launcher.log", "\n".join([*traceback, line]))])
+    assert doc["killer"]["kind"] not in ("segfault", "abort", "bus_error"), doc["killer"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from sidecar.autopsy import UserspaceKill
-from sidecar.autopsy.logs import LogRecords
+from sidecar.autopsy.logrecords import LogRecords
 from sidecar.catalog import Hit, catalog
 from sidecar.diagnose.inputs import MAX_BYTES, LogInput
 from sidecar.diagnose.ranks import exit_of

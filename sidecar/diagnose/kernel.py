@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from sidecar.autopsy.logs import KernelRecords
+from sidecar.autopsy.logrecords import KernelRecords
 from sidecar.autopsy.oom import OomFold
 from sidecar.parse.kernel import OomKill, OomMemcgLimit, OomSummary, parse_oom_line, parse_xid_line
 from sidecar.parse.logs import KernelLine, parse_task_row

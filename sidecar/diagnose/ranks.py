@@ -12,7 +12,7 @@ import signal as _signal
 import time
 
 from sidecar.autopsy import EvidenceItem
-from sidecar.autopsy.logs import LogRank, LogRecords
+from sidecar.autopsy.logrecords import LogRank, LogRecords
 from sidecar.autopsy.peers import says_why
 from sidecar.catalog import Hit
 from sidecar.parse.logs import Dating, line_time

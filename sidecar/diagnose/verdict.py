@@ -11,15 +11,8 @@ from typing import Any
 
 from sidecar.autopsy import Evidence, EvidenceItem, RankState, Verdict, autopsy
 from sidecar.autopsy.evidence import rank_label
-from sidecar.autopsy.logs import (
-    COLLECT_DAEMON,
-    COLLECT_KERNEL,
-    COLLECT_RANK_LOGS,
-    KernelRecords,
-    LogRank,
-    LogRecords,
-    logs_rules,
-)
+from sidecar.autopsy.logrecords import KernelRecords, LogRank, LogRecords
+from sidecar.autopsy.logs import COLLECT_DAEMON, COLLECT_KERNEL, COLLECT_RANK_LOGS, logs_rules
 from sidecar.diagnose.kernel import kernel_records
 from sidecar.diagnose.ranks import log_ranks
 from sidecar.model import Confidence, wait_status_from_returncode
