@@ -361,6 +361,8 @@ def diagnose() -> str:
         (24, "beside the twenty-third (other frameworks only; excerpts unconfirmed)"),
         (25, "after the cgroup-counter and paste fixes (representative)"),
         (26, "beside the twenty-fifth (launchers other than torchrun)"),
+        (27, "after the twenty-sixth's rules (PyTorch, other libraries' words)"),
+        (28, "beside the twenty-seventh (frameworks other than PyTorch)"),
     ):
         doc_n = _load(f"diagnose-wave{wave}")
         halves_n = doc_n["results"]["halves"] if doc_n else {}
