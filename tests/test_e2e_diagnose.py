@@ -385,3 +385,26 @@ def test_submitit_s_time_limit_handler_is_a_signal_from_outside(tmp_path):
         "external_signal",
         "likely",
     ), doc["killer"]
+
+
+def test_a_launcher_s_report_of_its_shell_s_status_names_the_signal(tmp_path):
+    """A launcher runs its command through a shell that does not exec it (``cmd; exit $?``,
+    as a wrapper script does); the command segfaults; the shell exits 128+11 and the
+    launcher raises CalledProcessError(139). From the launcher's output alone (the shell's
+    own "Segmentation fault" line left out, as a launcher that keeps its shell's stderr does),
+    diagnose names the signal, not an uncaught Python exception."""
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(
+        "import subprocess, sys\n"
+        "subprocess.check_call(f\"{sys.executable} -c 'import ctypes; ctypes.string_at(0)'; exit $?\", "
+        "shell=True, stderr=subprocess.DEVNULL)\n"
+    )
+    run = subprocess.run([sys.executable, str(launcher)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and "returned non-zero exit status 139" in run.stderr, run.stderr
+    log = tmp_path / "launcher.log"
+    log.write_text(run.stdout + run.stderr)
+    rc, out, err = _diagnose("--format", "json", str(log))
+    assert rc == 0, err
+    killer = json.loads(out)["killer"]
+    assert (killer["kind"], killer["confidence"]) == ("segfault", "likely"), killer
+    assert any("exit status 139" in e["detail"] for e in killer["evidence"]), killer["evidence"]
