@@ -290,7 +290,7 @@ def plain_all(texts: list[str], unwrap: bool = True) -> list[str]:
     lines or more) is also taken off a shorter text all of whose lines carry it."""
     split = [[_strip(line) for line in text.split("\n")] for text in texts]
     if unwrap:  # a copy from a web page; a program's own output keeps what it wrote
-        split = [_uncolumned(_unquoted(lines)) for lines in split]
+        split = [_unquoted(lines) for lines in split]
     agents = launched_by_agent(texts)
     numbered = [_numbered(lines) for lines in split]
     tasks = [_srun_tasks(lines) for lines in split]
@@ -306,8 +306,9 @@ def plain_all(texts: list[str], unwrap: bool = True) -> list[str]:
         if task or (any(tasks) and _all_carry(lines, _SRUN)):
             lines = _untagged(_untask(lines, agents), agents)  # srun ran mpirun's processes
         if unwrap:  # after the line numbers and task ids a copy or srun put before them
-            lines = _uncolumned(_unquoted(lines))  # a quote or a column copied under the prefixes
-            # wraps joined before glued lines are split: a wrap cuts a glued line anywhere
-            lines = _unbolded(_unglued(join(lines).split("\n")))
+            lines = _unquoted(lines)  # a quote copied under the prefixes
+            # wraps joined before glued lines are split (a wrap cuts a glued line anywhere) and
+            # before compose's column comes off (the program wrote it, a terminal then wrapped)
+            lines = _unbolded(_unglued(_uncolumned(join(lines).split("\n"))))
         out.append("\n".join(lines))
     return out
