@@ -369,3 +369,26 @@ def test_a_traceback_header_inside_a_line_starts_a_line_again():
     ]
     kept = ["[rank1]:Traceback (most recent call last):", "0: Traceback (most recent call last):"]
     assert plain("\n".join(kept)).splitlines()[0] == kept[0]
+
+
+@given(
+    st.lists(
+        st.from_regex(r"[A-Za-z][A-Za-z0-9 .,:_()'=-]{0,60}", fullmatch=True).map(str.strip).filter(bool),
+        min_size=1,
+        max_size=6,
+    ),
+    st.integers(0, 63),
+    st.sampled_from(["f6114bb3", "20c5c597", "        "]),
+    st.booleans(),
+)
+@settings(max_examples=40, deadline=None)
+def test_determined_s_task_log_prefixes_come_off_and_name_the_rank(lines, rank, container, older):
+    """Determined's task logs as its master renders them (task.go's "[time] cid [rank=N] || ",
+    experiment.go's older "[time] [cid] [rank=N] || ") and its launch layer's own "[rank=N] "
+    (wrap_rank.py): each line's text comes back whole, under torch's "[rankN]:" prefix."""
+    stamp = "[2022-03-02T02:15:18.299569Z]" if not older else "[2021-12-07 10:39:26]"
+    cid = f"[{container.strip()}]" if older and container.strip() else container
+    master = "\n".join(f"{stamp} {cid} [rank={rank}] || {line}" for line in lines)
+    wrapped = "\n".join(f"[rank={rank}] {line}" for line in lines)
+    for text in (master, wrapped):
+        assert plain(text).split("\n") == [f"[rank{rank}]: {line}" for line in lines], text

@@ -31,6 +31,16 @@ _SRUN = re.compile(r"^ {0,4}(\d{1,6}): ")
 _CRI = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d) (?:stdout|stderr) [FP] ")
 _DOCKER_JSONISH = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{1,9}Z ")  # docker logs -t
 _KUBECTL = re.compile(r"^\[pod/[\w.-]{1,253}/[\w.-]{1,253}\] ")
+# Determined's task logs (master/pkg/model task.go TaskLog.Message: "[<RFC 3339 time>]
+# <container id, 8 characters, or 8 spaces> [rank=N] || [LEVEL: ]<line>", the level the one
+# ship_logs.py took off the line's own start, so left on); experiment.go's older
+# "[<time>] [<container>] [rank=N] || "), and its launch layer's own prefix on every worker line
+# (harness/determined/launch/wrap_rank.py: "[rank=N] "): the rank becomes torch's "[rankN]:"
+_DETERMINED = re.compile(
+    r"^(?:<[^>\n]{0,40}>\s{0,12})?(?:\[\d{4}-\d\d-\d\d[T ][\d:.]{8,16}Z?\]\s{1,2}"
+    r"(?:\[?[0-9a-f]{1,8}\]?|\s{8})\s(?:\[rank=(?P<rank>\d{1,6})\]\s)?\|\|\s"
+    r"|\[rank=(?P<wrapped>\d{1,6})\]\s)"
+)
 # a log viewer's or a paste site's line numbers: "[1787] "
 _LINENO = re.compile(r"^\[(\d{1,9})\] ")
 # journalctl's short and short-iso formats: "Dec 02 11:53:34 host ident[pid]: "
@@ -83,6 +93,11 @@ def _strip(line: str) -> str:
     m = _JOURNAL.match(line)
     if m and not _DAEMONS.match(m["ident"]):
         line = line[m.end() :]
+    if ("||" in line or "[rank=" in line) and (m := _DETERMINED.match(line)):
+        line = _strip(line[m.end() :])  # wrap_rank's prefix under the master's
+        rank = m["rank"] or m["wrapped"]
+        if rank is not None and not _TORCH_RANK.match(line):
+            line = f"[rank{rank}]: {line}"
     return line
 
 
@@ -231,7 +246,7 @@ def _untagged(lines: list[str], nodes: bool) -> list[str]:
     out = []
     for line in lines:
         if (m := _MPI_TAG.match(line)) is not None:
-            rest = line[m.end() :]
+            rest = _strip(line[m.end() :])  # what the copy put under the tag (Determined's prefix)
             out.append(rest if nodes or _TORCH_RANK.match(rest) else f"[rank{m['rank']}]:{rest}")
         elif (t := _TORCH_RANK.match(line)) is not None and (m := _MPI_TAG.match(line[t.end() :].lstrip())):
             out.append(line[: t.end()] + " " + line[t.end() :].lstrip()[m.end() :])  # the rank said once
@@ -259,7 +274,7 @@ def _untask(lines: list[str], nodes: bool) -> list[str]:
         if m is None:
             out.append(line)
             continue
-        rest = line[m.end() :]
+        rest = _strip(line[m.end() :])  # what the copy put under the task id
         out.append(f"[rank{m[1]}]:{rest}" if ranks and not _TORCH_RANK.match(rest) else rest)
     return out
 
