@@ -110,11 +110,13 @@ def test_a_removed_cgroup_reads_gone_and_its_namesake_reads_its_own_usage():
             assert sample.usage_bytes is not None and sample.usage_bytes >= 64 * MIB
             assert reader.usage(ref) >= 64 * MIB
             reader.end_round()
-            # usage, limit, peak, the OOM counters, memory.stat, v1's kernel memory and v2's
-            # PSI: each that this kernel has (memory.peak since 5.19, PSI where it is on)
+            # usage, limit, peak, the OOM counters, memory.stat, v1's kernel memory and limit
+            # hits (with swap accounting, memsw's too) and v2's PSI: each that this kernel has
+            # (memory.peak since 5.19, PSI where it is on)
             names = (
                 ("memory.usage_in_bytes", "memory.limit_in_bytes", "memory.max_usage_in_bytes",
-                 "memory.oom_control", "memory.stat", "memory.kmem.usage_in_bytes")
+                 "memory.oom_control", "memory.stat", "memory.kmem.usage_in_bytes",
+                 "memory.failcnt", "memory.memsw.failcnt")
                 if ref.version == 1
                 else ("memory.current", "memory.max", "memory.peak", "memory.events", "memory.stat",
                       "memory.pressure")

@@ -161,6 +161,7 @@ class CgroupReader:
         # each round (end_round closes the others); not a fixture tree's files, which a
         # test may replace. oom_kills() (any thread) opens its own.
         self._held = HeldFiles(enabled=not fs_prefix)
+        self._no_memsw: set[str] = set()  # v1 directories without memory.memsw.* (no swap accounting)
         self._touched: set[str] = set()
         mounts = parse_mountinfo(mountinfo)
         self.v1_memory = next((m for m in mounts if m.version == 1 and "memory" in m.controllers), None)
@@ -218,31 +219,53 @@ class CgroupReader:
         keyed = _read_keyed(f"{directory}/{'memory.oom_control' if version == 1 else 'memory.events'}")
         return keyed.get("oom_kill") if keyed is not None else None
 
-    def limit_hits(self, path: str, version: int, limited_by: str | None = None) -> int | None:
+    def limit_hits(
+        self,
+        path: str,
+        version: int,
+        limited_by: str | None = None,
+        read: Callable[..., bytes] = read_bytes,
+        own: int | None = None,
+    ) -> int | None:
         """How many times the memory cgroup at ``path``, or the level ``limited_by`` whose
         limit binds it, reached its limit (v2 memory.events ``oom``: usage at the limit and an
         allocation about to fail; v1 memory.failcnt and memory.memsw.failcnt, each level its
         own), summed over the two; None when none can be read. A cgroup's ``oom_kill`` counts
         its processes killed by *any* OOM killer, the global one's too: only this says its
-        own limit was reached. Safe to call from any thread: it only reads small files."""
+        own limit was reached. ``own``: the count of ``path`` itself already read (sample()'s
+        memory.events), ``read`` the reader to use (sample()'s held descriptors). Safe to call
+        from any thread with the default reader: it only reads small files."""
         mount = self.v1_memory if version == 1 else self.v2
         if mount is None:
             return None
         total: int | None = None
         for level in dict.fromkeys((path, limited_by or path)):
-            directory = self._directory(mount, level)
-            try:
-                if version == 2:
-                    keyed = _read_keyed(f"{directory}/memory.events")  # v2's root has none: None
-                    counts = [keyed.get("oom") if keyed is not None else None]
-                else:
-                    counts = [_read_int(f"{directory}/memory.{name}failcnt") for name in ("", "memsw.")]
-            except (ProbeError, ParseError):
-                continue
+            counts: list[int | None]
+            if level == path and own is not None:
+                counts = [own]
+            else:
+                counts = self._limit_counts(self._directory(mount, level), version, read)
             for count in counts:
                 if count is not None:
                     total = (total or 0) + count
         return total
+
+    def _limit_counts(self, directory: str, version: int, read: Callable[..., bytes]) -> list[int | None]:
+        try:
+            if version == 2:
+                keyed = _read_keyed(f"{directory}/memory.events", read)  # v2's root has none: None
+                return [keyed.get("oom") if keyed is not None else None]
+            counts = [_read_int(f"{directory}/memory.failcnt", read)]
+            if directory not in self._no_memsw:  # swap accounting off: no memsw files, learnt once
+                memsw = _read_int(f"{directory}/memory.memsw.failcnt", read)
+                if memsw is None:
+                    if len(self._no_memsw) >= 1024:  # bounded over a long life of many jobs
+                        self._no_memsw.clear()
+                    self._no_memsw.add(directory)
+                counts.append(memsw)
+            return counts
+        except (ProbeError, ParseError):
+            return []
 
     OOMD_XATTRS = ("user.oomd_ooms", "trusted.oomd_ooms", "user.oomd_kill", "trusted.oomd_kill")
 
@@ -335,7 +358,7 @@ class CgroupReader:
             events={k: events[k] for k in V2_EVENTS if k in events} if events else {},
             pressure_ratio=(psi.some_avg10_ratio, psi.full_avg10_ratio) if psi else None,
             pressure_stall_seconds=(psi.some_total_seconds, psi.full_total_seconds) if psi else None,
-            limit_hits=self.limit_hits(ref.path, ref.version, limited_by),
+            limit_hits=self.limit_hits(ref.path, ref.version, limited_by, read, oom_events),
         )
 
     def end_round(self) -> None:
