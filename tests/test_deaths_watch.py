@@ -453,3 +453,47 @@ def test_a_survivor_found_stranded_gets_that_fate_in_the_death_s_postmortem(tmp_
     finally:
         watch.stop()
     assert doc["ranks"][1]["fate"] != "stranded" and "stranded_since" not in doc["ranks"][1], doc["ranks"]
+
+
+def test_oom_counters_before_a_death_come_from_a_round_before_the_kill(tmp_path):
+    """The kernel counts an OOM kill before its victim exits, and a round can still list a
+    victim that is exiting: the last round that saw it may hold the kill in its counters.
+    The counters "before" come from the newest round at least a second before that one,
+    each cgroup's lowest read since; an older round's are not taken."""
+    from dataclasses import replace
+
+    from sidecar.deaths.engine import DeathWatch
+    from sidecar.model import CgroupSample, HostSample
+    from sidecar.sampling.timeline import Timeline
+    from tests.test_daemon_loop import _job, _snapshot
+
+    clock = [0]
+    watch = DeathWatch(
+        PostmortemStore(str(tmp_path)), Timeline(60, 1), hostname="h", clock_ns=lambda: clock[0]
+    )
+    host = HostSample(100, 50, 0, None, None, None, None, None, None)
+    cg = CgroupSample("/job", 1, 80, 100, None, 0, None, "/job", 100)
+
+    def round_at(seconds: float, host_kills: int, cg_kills: int, hits: int, cgroups: bool = True) -> None:
+        clock[0] = int(seconds * 1e9)
+        snap = replace(
+            _snapshot(int(seconds * 10), (_job("a", 100),)),
+            host=replace(host, oom_kills=host_kills),
+            cgroups=(replace(cg, oom_kills=cg_kills, limit_hits=hits),) if cgroups else (),
+        )
+        watch.observe(snap)
+
+    round_at(0.0, 3, 0, 1)  # too old: a second and more before the round it stands for
+    round_at(1.0, 4, 0, 2, cgroups=False)  # the cgroup not read this round
+    round_at(1.5, 4, 0, 2)
+    round_at(2.0, 5, 1, 3)  # lists the victim, its kill already counted
+    clock[0] = int(2.2e9)
+    watch.on_exit(ExitEvent(10, 9, 9, clock[0]))
+    (inc,) = watch.state.incidents.values()
+    assert inc.snapshot_before is not None and inc.snapshot_before.host is not None
+    assert inc.snapshot_before.host.oom_kills == 5  # the memory at death: the last round that saw it
+    assert (inc.host_oom_before, inc.cgroup_oom_before, inc.cgroup_hits_before) == (
+        4,
+        {"/job": 0},
+        {"/job": 2},
+    )

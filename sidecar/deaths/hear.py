@@ -17,7 +17,7 @@ from sidecar.deaths.gather import Gatherer
 from sidecar.deaths.incidents import Generation, Incident, Known
 from sidecar.deaths.records import EVERY_INCIDENT, Records
 from sidecar.deaths.state import UNKNOWN_EXIT_WAIT_S, Watched
-from sidecar.model import Snapshot, decode_wait_status
+from sidecar.model import CgroupSample, Snapshot, decode_wait_status
 from sidecar.parse.kernel import KmsgRecord
 from sidecar.probes.outputs import run_spool
 from sidecar.probes.senders import describe_sender
@@ -34,6 +34,8 @@ SPOOL_TRIES = 10  # rounds a job that names a `trainwatch run` output file is lo
 # observe() at 10 Hz: the latest samples every round; forgetting what is gone, the spools
 # and the journal's check once a second (and in any round with a new rank, agent or cgroup)
 TIDY_NS = 10**9
+# a victim still exiting is listed by rounds after its OOM kill was counted (hear._counters_before)
+COUNTERS_MARGIN_NS = 10**9
 AGENT_GRACE_NS = 30 * 10**9  # an agent's output files are kept this long after its job left the rounds
 
 
@@ -280,27 +282,29 @@ class Feeds:
         ranks = {rank_pid: k for rank_pid, k in self.state.known.items() if k.gen == known.gen}
         # The memory "at death" is the last snapshot that saw the victim alive (a snapshot
         # can be published just after the death it predates, so not "the last one before").
-        before = next(
+        rounds = list(self.state.snapshots)
+        seen = next(
             (
-                s
-                for _, s in reversed(self.state.snapshots)
-                if any(r.key.pid == pid for j in s.jobs for r in j.ranks)
+                i
+                for i in range(len(rounds) - 1, -1, -1)
+                if any(r.key.pid == pid for j in rounds[i][1].jobs for r in j.ranks)
             ),
             None,
         )
-        if before is None:
-            before = next((s for ns, s in reversed(self.state.snapshots) if ns <= at_ns), None)
+        if seen is None:
+            seen = next((i for i in range(len(rounds) - 1, -1, -1) if rounds[i][0] <= at_ns), None)
+        before = rounds[seen][1] if seen is not None else None
         inc = Incident(known.gen, ranks, snapshot_before=before)
         for rank_pid in ranks:
             if rank_pid in self.state.clean_exits:  # siblings that had already ended cleanly
                 ns, source = self.state.clean_exits.pop(rank_pid)
                 inc.deaths[rank_pid] = (0, ns, source)
-        if before is not None and before.host is not None:
-            inc.host_oom_before = before.host.oom_kills
-        if before is not None:
-            cgroups = before.cgroups
-            inc.cgroup_oom_before = {c.path: c.oom_kills for c in cgroups if c.oom_kills is not None}
-            inc.cgroup_hits_before = {c.path: c.limit_hits for c in cgroups if c.limit_hits is not None}
+        if seen is not None:
+            counted = _counters_before(rounds, seen)
+            hosts = [s.host.oom_kills for s in counted if s.host is not None and s.host.oom_kills is not None]
+            inc.host_oom_before = min(hosts, default=None)
+            inc.cgroup_oom_before = _earliest(counted, lambda c: c.oom_kills)
+            inc.cgroup_hits_before = _earliest(counted, lambda c: c.limit_hits)
         self.state.incidents[known.gen] = inc
         log.warning(
             "job %s: rank %s (pid %d) died (%s, told %.0f ms later); writing a postmortem",
@@ -311,6 +315,28 @@ class Feeds:
             max(0, self.clock_ns() - at_ns) / 1e6,
         )
         return inc
+
+
+def _counters_before(rounds: list[tuple[int, Snapshot]], seen: int) -> list[Snapshot]:
+    """The rounds whose OOM counters stand for "before the death": from the newest round
+    observed at least ``COUNTERS_MARGIN_NS`` before the last one that saw the victim (else the
+    oldest kept) up to that one. The kernel counts an OOM kill before its victim exits, and a
+    round can list a victim that is still exiting (its pid read before, its counters after the
+    kill): that round's counters may already hold the kill, so an earlier round's stand too."""
+    seen_ns = rounds[seen][0]
+    first = next((i for i in range(seen, -1, -1) if rounds[i][0] <= seen_ns - COUNTERS_MARGIN_NS), 0)
+    return [s for _, s in rounds[first : seen + 1]]
+
+
+def _earliest(rounds: list[Snapshot], value: Callable[[CgroupSample], int | None]) -> dict[str, int]:
+    """Each cgroup's lowest count over ``rounds`` (the counters only grow: the earliest read)."""
+    out: dict[str, int] = {}
+    for snap in rounds:
+        for c in snap.cgroups:
+            v = value(c)
+            if v is not None:
+                out[c.path] = min(v, out.get(c.path, v))
+    return out
 
 
 def _exit_text(code: int | None) -> str:
