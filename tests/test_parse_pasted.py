@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from sidecar.diagnose import LogInput, diagnose
 from sidecar.parse.pasted import plain
+from tests.pastes import PERTURBATIONS
 
 AGENT = [
     "W1202 11:53:35.000000 4200 torch/distributed/elastic/multiprocessing/api.py:897] Sending process 4241 "
@@ -120,7 +121,6 @@ def test_any_text_is_read_and_never_grows(lines):
 # -- issue "Logs as people paste them": every family, the job-level verdict -----------------
 
 from tests.corpus import cases, half  # noqa: E402
-from tests.pastes import PERTURBATIONS  # noqa: E402
 from tests.test_diagnose_units import CONFIDENT  # noqa: E402
 
 PREFIXES = ("line_numbers", "srun", "mpirun", "cri", "docker", "kubectl", "journald", "ansi", "crlf")
@@ -392,3 +392,39 @@ def test_determined_s_task_log_prefixes_come_off_and_name_the_rank(lines, rank, 
     wrapped = "\n".join(f"[rank={rank}] {line}" for line in lines)
     for text in (master, wrapped):
         assert plain(text).split("\n") == [f"[rank{rank}]: {line}" for line in lines], text
+
+
+# words no longer than 30 columns: a page's break then always follows a line of most of
+# its width, as the unwrap requires (a longer word put alone on a line is another test's)
+_WORD = st.one_of(
+    st.from_regex(r"[a-z][a-z0-9_]{0,11}", fullmatch=True),
+    st.from_regex(r"/[a-z]{1,6}(?:/[a-z0-9_]{1,6}){1,3}\.py", fullmatch=True),  # a path
+    st.from_regex(r"[a-z]{1,8}(?:\.[a-z_]{1,8}){1,2}\([a-z_]{0,6}", fullmatch=True),  # a call
+).filter(lambda word: len(word) <= 30)
+
+
+@given(
+    st.lists(st.lists(_WORD, min_size=1, max_size=10).map(" ".join), min_size=3, max_size=6),
+    st.sampled_from(["mpi", "determined", "determined-wrapped"]),
+    st.sampled_from(["terminal", "page"]),
+    st.integers(0, 7),
+)
+@settings(max_examples=60, deadline=None)
+def test_a_program_s_prefix_is_wrapped_with_its_line_and_both_come_back(lines, family, copy, rank):
+    """Open MPI's tags and Determined's task-log headers are written by a program before a
+    terminal or a page wraps the line at 80 columns: the pieces after the first carry no
+    prefix, and the first is shorter than the width once its prefix is off. Each line comes
+    back whole under its rank's prefix, as from the copy that was never wrapped (a page's
+    break right after a prefix whose first word did not fit beside it too)."""
+    prefix = {
+        "mpi": f"[1,{rank}]<stderr>:",
+        "determined": f"<>        [2021-12-07 10:39:26] 20c5c597 [rank={rank}] || ",
+        "determined-wrapped": f"[2022-03-02T02:15:18.299569Z] f6114bb3 [rank={rank}] || ",
+    }[family]
+    other = prefix.replace(f"{rank}]", f"{rank + 1}]").replace(f"={rank}]", f"={rank + 1}]")
+    shown = [f"{prefix}{line}" for line in lines] + [f"{other}step"]  # two processes: tags are ranks
+    width = 80
+    assume(sum(len(line) > width for line in shown) >= 3)  # a copy that was wrapped
+    cut = PERTURBATIONS["wrap80" if copy == "terminal" else "web80"]
+    wrapped = cut([("rank_stderr", "\n".join(shown))])[0][1]
+    assert plain(wrapped).split("\n") == plain("\n".join(shown)).split("\n"), wrapped

@@ -38,7 +38,7 @@ _KUBECTL = re.compile(r"^\[pod/[\w.-]{1,253}/[\w.-]{1,253}\] ")
 # (harness/determined/launch/wrap_rank.py: "[rank=N] "): the rank becomes torch's "[rankN]:"
 _DETERMINED = re.compile(
     r"^(?:<[^>\n]{0,40}>\s{0,12})?(?:\[\d{4}-\d\d-\d\d[T ][\d:.]{8,16}Z?\]\s{1,2}"
-    r"(?:\[?[0-9a-f]{1,8}\]?|\s{8})\s(?:\[rank=(?P<rank>\d{1,6})\]\s)?\|\|\s"
+    r"(?:\[?[0-9a-f]{1,8}\]?|\s{8})\s(?:\[rank=(?P<rank>\d{1,6})\]\s)?\|\|(?:\s|$)"
     r"|\[rank=(?P<wrapped>\d{1,6})\]\s)"
 )
 # a log viewer's or a paste site's line numbers: "[1787] "
@@ -98,6 +98,16 @@ def _strip(line: str) -> str:
         rank = m["rank"] or m["wrapped"]
         if rank is not None and not _TORCH_RANK.match(line):
             line = f"[rank{rank}]: {line}"
+    return line
+
+
+def _shown(line: str) -> str:
+    """A line as a terminal or a page showed it: its colours and redrawn parts gone, its
+    prefixes on."""
+    if "\x1b" in line:
+        line = _ANSI.sub("", line)
+    if "\r" in line:
+        line = line.rstrip("\r").rsplit("\r", 1)[-1]
     return line
 
 
@@ -304,13 +314,16 @@ def plain_all(texts: list[str], unwrap: bool = True) -> list[str]:
     elastic agent's lines), and wrapped messages joined. A prefix family one text shows (three
     lines or more) is also taken off a shorter text all of whose lines carry it."""
     split = [[_strip(line) for line in text.split("\n")] for text in texts]
+    # each line's length as shown before its prefixes came off: a program wrote them (Open
+    # MPI's tags, a task log's header) before a terminal or a page wrapped the line
+    shown = [[len(_shown(line)) for line in text.split("\n")] for text in texts] if unwrap else []
     if unwrap:  # a copy from a web page; a program's own output keeps what it wrote
         split = [_unquoted(lines) for lines in split]
     agents = launched_by_agent(texts)
     numbered = [_numbered(lines) for lines in split]
     tasks = [_srun_tasks(lines) for lines in split]
     out = []
-    for lines, num, task in zip(split, numbered, tasks, strict=True):
+    for n, (lines, num, task) in enumerate(zip(split, numbered, tasks, strict=True)):
         if num:
             lines = [_strip(line[m.end() :]) if (m := _LINENO.match(line)) else line for line in lines]
         for _ in range(3):  # after a viewer's line numbers; tags inside tags (a copy of a copy)
@@ -324,6 +337,7 @@ def plain_all(texts: list[str], unwrap: bool = True) -> list[str]:
             lines = _unquoted(lines)  # a quote copied under the prefixes
             # wraps joined before glued lines are split (a wrap cuts a glued line anywhere) and
             # before compose's column comes off (the program wrote it, a terminal then wrapped)
-            lines = _unbolded(_unglued(_uncolumned(join(lines).split("\n"))))
+            widths = shown[n] if [len(line) for line in lines] != shown[n] else None
+            lines = _unbolded(_unglued(_uncolumned(join(lines, widths).split("\n"))))
         out.append("\n".join(lines))
     return out

@@ -24,12 +24,24 @@ LINE_MAX = 4096  # longer lines are not joined to anything
 JOIN_MAX_LINES = 200_000  # past this many lines, a paste is a file: it was not wrapped by hand
 
 
-def join(lines: list[str]) -> str:
+def join(lines: list[str], shown: list[int] | None = None) -> str:
     """Wrapped lines joined: a terminal's fixed-width wrap, then a catalog message run
-    across a break."""
+    across a break. ``shown``: each line's length as it was displayed when the copy wrapped
+    it, where a prefix the program wrote (Open MPI's tag, a task log's header) has since come
+    off the line: a wrap's pieces after the first carry no prefix, and where those lengths
+    find such pieces, and more than the lines as they are, their wrap is undone."""
     if len(lines) > JOIN_MAX_LINES:
         return "\n".join(lines)
-    lines = _named_only(_unwrap_web(_unwrap_fixed(lines)))
+    unwrapped = _unwrap_web(_unwrap_fixed(lines))
+    if shown is not None and len(shown) == len(lines):
+        # the wrap the lengths as shown find, where it joins more: a prefix put on every line
+        # after the wrap (a viewer's line numbers) leaves it to the lines as they are
+        # shifts both alike, one that came off only some lines hides the wrap from the other
+        fixed = _unwrap_fixed(lines, shown)
+        as_shown = _unwrap_web(fixed, shown if fixed is lines else None)
+        if len(as_shown) < len(unwrapped):
+            unwrapped = as_shown
+    lines = _named_only(unwrapped)
     cat = catalog()
     found = cat.scan_lines(lines)  # each line's own messages, found once
     edges = _edges(cat)
@@ -89,6 +101,7 @@ def _cut_short(cat: Catalog, joined: str, lines: list[str], i: int, width: int) 
 
 # how a record starts: a rank's or a launcher's prefix, a log level, a timestamp, a traceback's
 # lines. A line that starts so is never the continuation of a wrapped one.
+_BARE_PREFIX = re.compile(r"^\s{0,4}\[(?:rank|default)\d{1,6}\]:\s?$")
 _RECORD_START = re.compile(
     r"^(?:\[(?:rank|default)\d{1,6}\]:|\[[EWIF] |\[?[EWIF]\d{4} \d\d:|\[?\d{4}-\d\d-\d\d[ T]|"
     r"\[\s{0,12}\d{1,12}\.\d{1,9}\]|"
@@ -103,70 +116,83 @@ _RECORD_START = re.compile(
 )
 
 
-def _unwrap_fixed(lines: list[str]) -> list[str]:
+def _unwrap_fixed(lines: list[str], shown: list[int] | None = None) -> list[str]:
     """A terminal wraps at a fixed width: every piece of a long record but its last is
     exactly as long as the widest line. When several lines share that width (and it is a
     terminal's, 40 columns or more), each of them continues on the next line, unless that
     line starts a record of its own (a log's lines of one length are not a wrap). A web
     page's wrap has a few lines that long too (a word that just fitted, one longer than the
-    width cut anywhere), among many a little shorter: not a terminal's."""
-    width = max((len(line) for line in lines), default=0)
-    full = sum(1 for line in lines if len(line) == width)
+    width cut anywhere), among many a little shorter: not a terminal's. ``shown``: the
+    lines' lengths as the terminal showed them (``join``); a line whose prefix came off
+    starts a line of the program's own, never a piece."""
+    lengths, opens = _as_shown(lines, shown)
+    width = max(lengths, default=0)
+    full = sum(1 for n in lengths if n == width)
     # near the width: a terminal's pieces are all exactly as wide, a web page's breaks (at
     # the last space before the width) spread over the last word's length below it
-    near = sum(1 for line in lines if len(line) >= width - 8)
-    if width < 40 or full < 3 or full * 20 < sum(1 for line in lines if len(line) >= 40) or 2 * full < near:
+    near = sum(1 for n in lengths if n >= width - 8)
+    if width < 40 or full < 3 or full * 20 < sum(1 for n in lengths if n >= 40) or 2 * full < near:
         return lines
     # a terminal breaks only lines that wide; a web page mostly shorter ones (at a word that
     # did not fit), and cuts at the width only a word longer than it: where breaks before
     # shorter lines outnumber the lines that wide, the page's unwrap undoes both
-    short = sum(1 for a, b in itertools.pairwise(lines) if len(a) < width and _web_break(a, b, width))
+    short = sum(
+        1
+        for i in range(len(lines) - 1)
+        if lengths[i] < width
+        and not opens[i + 1]
+        and _web_break(lines[i], lines[i + 1], width, length=lengths[i])
+    )
     if short >= 3 and short > full:
         return lines
     out: list[str] = []
     carry = False
     cat = catalog()
     for i, line in enumerate(lines):
-        if carry and not _RECORD_START.match(line):
+        if carry and not opens[i] and not _RECORD_START.match(line):
             following = lines[i + 1] if i + 1 < len(lines) else ""
             out[-1] = _glued(cat, out[-1], line, "" if _RECORD_START.match(following) else following)
         else:
             out.append(line)
-        carry = len(line) == width
+        carry = lengths[i] == width
     return out
 
 
-def _unwrap_web(lines: list[str]) -> list[str]:
+def _unwrap_web(lines: list[str], shown: list[int] | None = None) -> list[str]:
     """A web page (or an editor) wraps at the last space before its width and drops that
     space: the line before such a break is long (most of the width), the next one does not
     start with a space nor a record of its own, and its first word would not have fitted
     on the line before. When a text has several such breaks, each is undone with the space
     put back. A log that was never wrapped has few: its long lines are followed by a new
-    record, an indented line, or a word that would have fitted."""
-    width = max((len(line) for line in lines), default=0)
-    if not _web_wrapped(lines, width):
+    record, an indented line, or a word that would have fitted. ``shown``: the lines'
+    lengths as the page showed them (``join``; as for a terminal's)."""
+    lengths, opens = _as_shown(lines, shown)
+    width = max(lengths, default=0)
+    if not _web_wrapped(lines, width, lengths, opens):
         return lines
-
-    def broken(before: str, after: str, short: bool = False) -> bool:
-        return _web_break(before, after, width, short)
 
     out: list[str] = []
     cat = catalog()
-    previous = ""
-    for line in lines:
-        if out and broken(previous, line, short=True) and len(out[-1]) < LINE_MAX:
+    previous, length = "", 0
+    for line, n, opening in zip(lines, lengths, opens, strict=True):
+        if (
+            out
+            and not opening
+            and _web_break(previous, line, width, short=True, length=length)
+            and len(out[-1]) < LINE_MAX
+        ):
             # the space back, unless the words read only without it (a word the copy cut:
             # ``closing signal SI`` + ``GTERM``), read with the line before too (a message
             # whose head is there); when the catalog cannot tell, a line as wide as the page
             # with no space in it is one word longer than the width, cut (a path)
-            spaced, tight = out[-1] + " " + line, out[-1] + line
+            spaced, tight = out[-1].rstrip() + " " + line, out[-1] + line
             before = out[-2] if len(out) > 1 and len(out[-2]) < LINE_MAX else None
             wide, narrow = _read(cat, spaced, before), _read(cat, tight, before)
-            cut = len(previous) == width and " " not in previous
+            cut = length == width and " " not in previous
             out[-1] = tight if wide < narrow or (cut and wide == narrow) else spaced
         else:
             out.append(line)
-        previous = line
+        previous, length = line, n
     return out
 
 
@@ -196,25 +222,41 @@ def _named_only(lines: list[str]) -> list[str]:
     return out
 
 
-def _web_break(before: str, after: str, width: int, short: bool = False) -> bool:
+def _web_break(before: str, after: str, width: int, short: bool = False, length: int | None = None) -> bool:
     """A web page's break between ``before`` and ``after``: ``before`` is long, ``after``
     starts no record nor indent, and its first word would not have fitted. ``short``: also
     after a short line whose next word is long (most of the width), as the page put it on a
-    line of its own; only once the text is known wrapped."""
-    if not before or not after or before[-1].isspace() or after[0].isspace() or _RECORD_START.match(after):
+    line of its own; only once the text is known wrapped. ``length``: ``before``'s length
+    as shown, where a prefix has come off it."""
+    if not before or not after or after[0].isspace():
         return False
+    # a prefix alone (its line's first word did not fit beside it) starts no record of its own
+    if not _BARE_PREFIX.match(before) and (before[-1].isspace() or _RECORD_START.match(after)):
+        return False
+    n = len(before.rstrip()) if length is None else length
     word = after.split(" ", 1)[0]
-    long = len(before) >= 0.6 * width or (short and len(word) >= 0.6 * width)
-    return long and len(before) + 1 + len(word) > width
+    long = n >= 0.6 * width or (short and len(word) >= 0.6 * width)
+    return long and n + 1 + len(word) > width
 
 
-def _web_wrapped(lines: list[str], width: int) -> bool:
+def _as_shown(lines: list[str], shown: list[int] | None) -> tuple[list[int], list[bool]]:
+    """Each line's length as shown, and whether a prefix came off it (``join``)."""
+    if shown is None:
+        return [len(line) for line in lines], [False] * len(lines)
+    return shown, [n != len(line) for line, n in zip(lines, shown, strict=True)]
+
+
+def _web_wrapped(lines: list[str], width: int, lengths: list[int], opens: list[bool]) -> bool:
     """Several of the text's long lines end at a web page's break (a log never wrapped has
     few: its long lines are followed by a new record, an indented line, or a word that fits)."""
     if width < 40:
         return False
-    breaks = sum(1 for a, b in itertools.pairwise(lines) if _web_break(a, b, width))
-    long = sum(1 for line in lines if len(line) >= 0.6 * width)
+    breaks = sum(
+        1
+        for i in range(len(lines) - 1)
+        if not opens[i + 1] and _web_break(lines[i], lines[i + 1], width, length=lengths[i])
+    )
+    long = sum(1 for n in lengths if n >= 0.6 * width)
     return breaks >= 3 and breaks >= 0.2 * long
 
 
