@@ -12,6 +12,7 @@ import zlib
 import pytest
 
 from sidecar.catalog import Hit, Message, catalog
+from sidecar.diagnose import LogInput, diagnose
 from sidecar.parse.pasted import plain
 from tests.pastes import PERTURBATIONS
 
@@ -153,3 +154,45 @@ def test_a_quote_copied_under_line_numbers_or_task_ids_is_taken_off():
     for family in ("line_numbers", "srun"):
         ((_, text),) = PERTURBATIONS[family]([("rank_stderr", "\n".join(lines))])
         assert plain(text).split("\n")[-1].endswith("[rank1]: KeyError: 'x'"), (family, plain(text))
+
+
+def test_a_record_above_does_not_decide_how_a_page_s_break_is_undone():
+    """XLA's allocator retries a smaller size after each failure, one line each, and a page
+    breaks every line after ``from device:``. Undone, each record gets its space back: the
+    record above already reads the retry message whichever way this break is undone, so it
+    must not make the spaceless join look as if it read more (glued, ``from
+    device:CUDA_ERROR_OUT_OF_MEMORY`` reads as a CUDA OOM no allocator reported)."""
+    ladder = [
+        f"failed to allocate {size} ({size_bytes} bytes) from device: CUDA_ERROR_OUT_OF_MEMORY: out of memory"
+        for size, size_bytes in (
+            ("12.00G", 12884901888),
+            ("10.80G", 11596411699),
+            ("9.72G", 10436770529),
+            ("8.75G", 9393093476),
+        )
+    ]
+    error = "ValueError: worker 3 was pinned to visible device index 5 but the host exposes 4 GPUs"
+    text = "\n".join([*ladder, error])
+    ((_, wrapped),) = PERTURBATIONS["web80"]([("rank_stderr", text)])
+    assert "from device: CUDA_ERROR" in plain(wrapped) and "device:CUDA" not in plain(wrapped)
+    doc = diagnose([LogInput("rank_stderr", wrapped)])
+    assert doc["killer"]["kind"] == "python_exception", doc["killer"]
+
+
+def test_a_message_s_words_across_a_break_outweigh_a_free_text_field_running_on():
+    """A page breaks torch's watchdog timeout between ``collective`` and ``operation``, and
+    that piece is the paste's widest line: a terminal's cut would end there too, where a
+    free-text field (``DistBackendError: <any text>``) runs on either way. The watchdog's own
+    words read across the break only with the space back, and decide."""
+    text = "\n".join(
+        [
+            "torch.distributed.DistBackendError: [Rank 2] Watchdog caught collective operation timeout: ",
+            "WorkNCCL(SeqNum=2291, OpType=BROADCAST, NumelIn=<n>, NumelOut=<n>, Timeout(ms)=900000) ",
+            "ran for 900417 milliseconds before timing out.",
+        ]
+    )
+    ((_, wrapped),) = PERTURBATIONS["web80"]([("rank_stderr", text)])
+    assert "Watchdog caught collective\noperation" in wrapped  # the break the test is about
+    assert "collective operation timeout" in plain(wrapped)
+    doc = diagnose([LogInput("rank_stderr", wrapped)])
+    assert doc["killer"]["kind"] == "collective_timeout", doc["killer"]
