@@ -35,6 +35,8 @@ EMITTERS = {
     "submitit",  # submitit's Slurm time-limit and preemption signal handler
     "sighandlers",  # glog's, folly's and PaddlePaddle's fatal-signal banners
     "yarn",  # Hadoop YARN's NodeManager memory monitor, Spark's YARN allocator
+    "hsa",  # ROCm's HSA runtime: a GPU memory access fault
+    "sglang",  # SGLang's watchdog (a hang killed)
 }
 
 MESSAGES = load(texts()).messages  # raises what is wrong with a shipped file

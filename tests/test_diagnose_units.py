@@ -957,3 +957,25 @@ def test_a_shell_s_status_of_a_signal_told_by_a_launcher_decides():
     line = "subprocess.CalledProcessError: Command 'bash run.sh' returned non-zero exit status 1."
     doc = diagnose([LogInput("launcher.log", "\n".join([*traceback, line]))])
     assert doc["killer"]["kind"] not in ("segfault", "abort", "bus_error"), doc["killer"]
+
+
+def test_a_kernel_record_about_a_pid_no_line_ties_to_the_job_is_possible_at_most():
+    """The kernel logs every process's faults: an Xid 31 MMU fault naming a pid, in logs that
+    give no pid of the job's processes, may be anyone's. It is told at ``possible``; naming
+    the rank's own pid (its launcher's line), at the message's ``likely``."""
+    xid = (
+        "[2207402.517730] NVRM: Xid (PCI:0000:af:00): 31, pid={pid}, Ch 0000002a, intr 00000000. MMU Fault: "
+        "ENGINE GRAPHICS GPCCLIENT_T1_5 faulted @ 0x7f3c_11a08000. Fault is of type FAULT_PTE ACCESS_TYPE_VIRT_READ"
+    )
+    alone = diagnose([LogInput("dmesg", xid.format(pid=62214))])
+    assert (alone["killer"]["kind"], alone["killer"]["confidence"]) == ("gpu_error", "possible"), alone[
+        "killer"
+    ]
+    agent = (
+        "E1202 11:53:36.000000 4200 torch/distributed/elastic/multiprocessing/api.py:869] failed "
+        "(exitcode: -6) local_rank: 0 (pid: 62214) of binary: /usr/bin/python3"
+    )
+    tied = diagnose([LogInput("dmesg", xid.format(pid=62214)), LogInput("torchrun", agent)])
+    assert tied["killer"]["kind"] == "gpu_error" and tied["killer"]["confidence"] in ("likely", "certain"), (
+        tied["killer"]
+    )

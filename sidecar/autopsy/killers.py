@@ -226,6 +226,9 @@ def victim_verdict(
         if logged is not None:
             items.append(logged[3])
             return logged[:3]
+        hung = _hung_until_killed(victim, ev, items, facts)
+        if hung is not None:
+            return hung
         return (
             Kind.EXTERNAL_SIGNAL,
             sure,
@@ -303,6 +306,27 @@ def victim_verdict(
             if ev.output_read
             else "its output was not read (run it under `trainwatch run`, or send its output to a file)."
         ),
+    )
+
+
+def _hung_until_killed(
+    victim: RankState, ev: Evidence, items: list[EvidenceItem], facts: dict[str, Any]
+) -> tuple[Kind, Confidence, str] | None:
+    """A SIGKILL no record explains, after the process's own words that it hung: its
+    watchdog's timeout (SGLang's kills its whole process tree with SIGKILL; a collective
+    that never completed leaves a rank to whoever kills it). A rank hung until it was killed
+    died of the hang, at ``likely``: the sender of the SIGKILL is not known."""
+    said_items: list[EvidenceItem] = []
+    said_facts: dict[str, Any] = {}
+    told = from_output(victim, ev, said_items, said_facts)
+    if told is None or told[0] != Kind.COLLECTIVE_TIMEOUT:
+        return None
+    items += said_items
+    facts.update(said_facts)
+    return (
+        Kind.COLLECTIVE_TIMEOUT,
+        weaker(told[1], Confidence.LIKELY),
+        f"{told[2].rstrip('.')}; it was then killed by SIGKILL (the sender is unknown).",
     )
 
 

@@ -41,7 +41,8 @@ def told_of(
     ended it the way it ended and that is not about another pid. A mechanism before a
     symptom before a report, then ``precedence``. Its confidence is the message's ceiling
     when it names this pid and is first-hand, else at most likely (it names a container, a
-    step or nobody); a report of what happened elsewhere is possible at most. Both paths
+    step or nobody), and possible where a kernel record names a pid and the victim's is
+    unknown; a report of what happened elsewhere is possible at most. Both paths
     rank by it: ``logs.py`` for diagnose, ``witnesses.py`` for the job's logs read live."""
     found: list[tuple[int, tuple[bool, bool, bool, int], int, Hit, Confidence]] = []
     for hit in hits:
@@ -54,6 +55,10 @@ def told_of(
         named = named_pid is not None and named_pid.isdigit() and pid == int(named_pid)
         ceiling = m.confidence if (named and m.first_hand) else weaker(m.confidence, Confidence.LIKELY)
         if m.layer == "report" or m.untold_sigterm(hit.get("signal")):
+            ceiling = Confidence.POSSIBLE
+        elif not pid and m.channel == "kernel" and named_pid is not None and named_pid.isdigit():
+            # the kernel's record about some pid, where no line gives the victim's: nothing
+            # ties the two (the kernel logs every process's faults, the job's and any other's)
             ceiling = Confidence.POSSIBLE
         found.append(
             (
