@@ -436,3 +436,25 @@ def test_a_program_s_prefix_is_wrapped_with_its_line_and_both_come_back(lines, f
     if copy == "page":  # three pieces a page ended exactly at the width read as a terminal's cut
         assume(sum(len(piece) == width for piece in wrapped.split("\n")) < 3)
     assert plain(wrapped).split("\n") == plain("\n".join(shown)).split("\n"), wrapped
+
+
+@pytest.mark.parametrize("family", ["line_numbers", "srun", "mpirun", "wrap80", "web80", "wrap120", "web120"])
+def test_srun_s_task_id_before_torch_s_rank_prefix_comes_off_under_any_copy(family):
+    """``srun -l`` puts its task id before torch's ``[rankN]:``: under a viewer's numbers, an
+    mpirun tag, another task id, or on the first piece of a wrapped line, the id still comes
+    off and the rank's words read as its own."""
+    error = (
+        "0: [rank0]: PermissionError: [Errno 13] Permission denied: '/mnt/shared/datasets/shards/"
+        "train/index.json' while opening the dataset's index from the shared volume"
+    )
+    agent = "\n".join(
+        [
+            "1: W1202 11:53:35.000000 4200 torch/distributed/elastic/multiprocessing/api.py:897] Sending "
+            "process 4241 closing signal SIGTERM",
+            "0: E1202 11:53:36.000000 4100 torch/distributed/elastic/multiprocessing/api.py:869] failed "
+            "(exitcode: 1) local_rank: 0 (pid: 4142) of binary: /usr/bin/python3",
+        ]
+    )
+    pasted = PERTURBATIONS[family]([("rank_stderr", error), ("torchrun_log", agent)])
+    doc = diagnose([LogInput(f"{kind}-{i}", text) for i, (kind, text) in enumerate(pasted)])
+    assert (doc["killer"]["kind"], doc["victim"]["rank"]) == ("python_exception", 0), doc["killer"]

@@ -26,6 +26,8 @@ RECORD_START = re.compile(
     r"\[\s{0,12}\d{1,12}\.\d{1,9}\]|"
     r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun|Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) |"
     r"Traceback \(|\s{2}File \"|(?:INFO|WARNING|ERROR|DEBUG|CRITICAL)[:\s]|\d{1,6}: |"
+    # a shell's word on its child's death, alone on its line (bash's strsignal text)
+    r"(?:Killed|Aborted|Segmentation fault|Bus error|Terminated|Hangup)(?: \(core dumped\))?\s*$|"
     # Slurm's programs name themselves first on every line (log.c); a Python logger's name
     # then its level (submitit's '%(name)s %(levelname)s (%(asctime)s)')
     r"(?:slurmstepd|srun|sbatch|salloc|slurmd)(?:-[\w.-]{1,64})?: |"

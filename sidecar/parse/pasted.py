@@ -111,6 +111,15 @@ def _shown(line: str) -> str:
     return line
 
 
+def _added_after(shown: list[int], was: list[str], now: list[str]) -> None:
+    """``shown`` less what came off each line between ``was`` and ``now``: a prefix put on
+    after the copy wrapped the line (a viewer's line numbers, a quote's markers), which the
+    wrap's width never held."""
+    for i, (a, b) in enumerate(zip(was, now, strict=True)):
+        if a != b:
+            shown[i] -= len(a) - len(b)
+
+
 _QUOTE = re.compile(r"^ {0,3}>(?: |$)")
 
 
@@ -206,6 +215,7 @@ def _numbered(lines: list[str]) -> bool:
 
 
 _SRUN_TORCH = re.compile(r"^ {0,4}\d{1,6}: \s{0,4}\[(?:rank|default)\d{1,6}\]:")
+_TASK_BEFORE_RANK = re.compile(r"^(?: {0,4}\d{1,6}: ){1,3}(?=\s{0,4}\[(?:rank|default)\d{1,6}\]:)")
 
 
 def _srun_tasks(lines: list[str]) -> bool:
@@ -318,14 +328,21 @@ def plain_all(texts: list[str], unwrap: bool = True) -> list[str]:
     # MPI's tags, a task log's header) before a terminal or a page wrapped the line
     shown = [[len(_shown(line)) for line in text.split("\n")] for text in texts] if unwrap else []
     if unwrap:  # a copy from a web page; a program's own output keeps what it wrote
+        quoted = split
         split = [_unquoted(lines) for lines in split]
+        # a quote's markers and a viewer's line numbers were put on after the copy wrapped
+        for widths, was, now in zip(shown, quoted, split, strict=True):
+            _added_after(widths, was, now)
     agents = launched_by_agent(texts)
     numbered = [_numbered(lines) for lines in split]
     tasks = [_srun_tasks(lines) for lines in split]
     out = []
     for n, (lines, num, task) in enumerate(zip(split, numbered, tasks, strict=True)):
         if num:
+            was = lines
             lines = [_strip(line[m.end() :]) if (m := _LINENO.match(line)) else line for line in lines]
+            if unwrap:
+                _added_after(shown[n], was, lines)
         for _ in range(3):  # after a viewer's line numbers; tags inside tags (a copy of a copy)
             untagged = _untagged(lines, agents)
             if untagged == lines:
@@ -334,10 +351,14 @@ def plain_all(texts: list[str], unwrap: bool = True) -> list[str]:
         if task or (any(tasks) and _all_carry(lines, _SRUN)):
             lines = _untagged(_untask(lines, agents), agents)  # srun ran mpirun's processes
         if unwrap:  # after the line numbers and task ids a copy or srun put before them
-            lines = _unquoted(lines)  # a quote copied under the prefixes
+            was, lines = lines, _unquoted(lines)  # a quote copied under the prefixes
+            _added_after(shown[n], was, lines)
             # wraps joined before glued lines are split (a wrap cuts a glued line anywhere) and
             # before compose's column comes off (the program wrote it, a terminal then wrapped)
-            widths = shown[n] if [len(line) for line in lines] != shown[n] else None
-            lines = _unbolded(_unglued(_uncolumned(join(lines, widths).split("\n"))))
+            prefixed = [len(line) for line in lines] != shown[n]
+            lines = _unbolded(_unglued(_uncolumned(join(lines, shown[n] if prefixed else None).split("\n"))))
+        # srun's task id left before torch's own rank prefix (under a viewer's numbers, a tag,
+        # another id, or on a wrapped line's first piece): torch's prefix names the rank
+        lines = [_TASK_BEFORE_RANK.sub("", line, count=1) if ": [" in line else line for line in lines]
         out.append("\n".join(lines))
     return out
