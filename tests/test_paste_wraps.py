@@ -196,3 +196,39 @@ def test_a_message_s_words_across_a_break_outweigh_a_free_text_field_running_on(
     assert "collective operation timeout" in plain(wrapped)
     doc = diagnose([LogInput("rank_stderr", wrapped)])
     assert doc["killer"]["kind"] == "collective_timeout", doc["killer"]
+
+
+@pytest.mark.parametrize("wrap", ["wrap80", "web80"])
+@pytest.mark.parametrize("word", ["Killed", "Segmentation fault (core dumped)", "Aborted (core dumped)"])
+def test_a_shell_s_word_after_a_line_as_wide_as_the_page_is_its_own(wrap, word):
+    """The shell writes its word on its child's death alone on a line. After a record exactly
+    as wide as the copy (a terminal's full line, a page's long one), it is no piece of it."""
+    exact = "INFO 12-06 11:53:34 engine.py:310] Avg generation throughput: 1532.4 tokens/s, r"
+    assert len(exact) == 80
+    long = [f"step {i}: " + "x" * 90 for i in range(4)]  # wrapped: the copy is a terminal's or a page's
+    text = "\n".join([*long, exact, word])
+    ((_, wrapped),) = PERTURBATIONS[wrap]([("rank_stderr", text)])
+    assert word in plain(wrapped).split("\n")
+
+
+def test_the_watchdog_s_words_read_by_the_catalog_alone_say_what_its_fields_would():
+    """Ranks that all report the watchdog's timeout (nobody says why the missing one never
+    came): the collective timed out, at possible, whether the lines are read field by field
+    or, a wrap having cut a field under srun's task ids, only as the catalog's words."""
+
+    def watchdog(rank: int, cut: bool) -> list[str]:
+        line = (
+            f"[rank{rank}]:[E ProcessGroupNCCL.cpp:563] [Rank {rank}] Watchdog caught collective operation "
+            "timeout: WorkNCCL(SeqNum=15037, OpType=_ALLGATHER_BASE, NumelIn=131072512, NumelOut=524290048, "
+            f"Timeout(ms)=600000) ran for 60005{rank} milliseconds before timing out."
+        )
+        at = line.index("ut(ms)")
+        return [f"{rank}: {line[:at]}", f"{rank}: {line[at:]}"] if cut else [line]
+
+    for cut in (False, True):
+        text = "\n".join(line for rank in (3, 1, 2) for line in watchdog(rank, cut))
+        doc = diagnose([LogInput("rank_stderr", text)])
+        assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("collective_timeout", "possible"), (
+            cut,
+            doc["killer"],
+        )

@@ -218,14 +218,7 @@ def from_output(
         seq = first.get("seq")
         what = (op or "a collective") + (f" (SeqNum {seq})" if seq else "")
         waited = int(first.get("timeout_ms") or 0) / 1000
-        missing = [
-            r
-            for r in ev.ranks
-            if r is not victim
-            and not findings_of(r, ev, *WAITING)
-            and not _entered(r, ev, seq)
-            and (r.died_ns is None or victim.died_ns is None or r.died_ns >= victim.died_ns)
-        ]
+        missing = _never_arrived(victim, ev, seq)
         fr = ev.flight
         if fr is not None:  # sequence numbers beat inference from who said what
             missing = [
@@ -336,6 +329,16 @@ def from_output(
     ]
     mechanism = strongest(said, "mechanism")
     if mechanism is not None:
+        if (
+            mechanism.get("said_kind") == Kind.COLLECTIVE_TIMEOUT.value
+            and ev.from_logs
+            and ev.flight is None
+            and not (len(ev.ranks) == 1 and ev.world_size == 1)
+            and not _never_arrived(victim, ev, mechanism.get("seq"))
+        ):
+            # as for the watchdog's lines read field by field: the logs hold only ranks that
+            # waited, and what kept the missing one away is not in them
+            confidence = Confidence.POSSIBLE
         return _from_catalog(who, mechanism, confidence, items)
     exc_found = [f for f in mine if f.kind == "exception"]
     symptom = strongest(said, "symptom")
@@ -350,6 +353,29 @@ def from_output(
     if report is not None:  # its own words tell only what happened elsewhere
         return _from_catalog(who, report, Confidence.POSSIBLE, items)
     return None
+
+
+def _never_arrived(victim: RankState, ev: Evidence, seq: str | None) -> list[RankState]:
+    """The ranks alive at the victim's timeout that neither waited (the watchdog's lines read
+    field by field, or its words found by the catalog) nor entered the collective (``seq``):
+    the ones it waited for."""
+
+    def waited(r: RankState) -> bool:
+        return bool(findings_of(r, ev, *WAITING)) or any(
+            f.kind == "said"
+            and f.get("said_kind") == Kind.COLLECTIVE_TIMEOUT.value
+            and f.get("layer") == "mechanism"
+            for f in findings_of(r, ev)
+        )
+
+    return [
+        r
+        for r in ev.ranks
+        if r is not victim
+        and not waited(r)
+        and not _entered(r, ev, seq)
+        and (r.died_ns is None or victim.died_ns is None or r.died_ns >= victim.died_ns)
+    ]
 
 
 def _from_catalog(
