@@ -363,6 +363,8 @@ def diagnose() -> str:
         (26, "beside the twenty-fifth (launchers other than torchrun)"),
         (27, "after the twenty-sixth's rules (PyTorch, other libraries' words)"),
         (28, "beside the twenty-seventh (frameworks other than PyTorch)"),
+        (29, "after the twenty-eighth's rules (hangs and timeouts, other frameworks' GPU memory)"),
+        (30, "beside the twenty-ninth (representative, 2025-2026)"),
     ):
         doc_n = _load(f"diagnose-wave{wave}")
         halves_n = doc_n["results"]["halves"] if doc_n else {}
