@@ -979,3 +979,21 @@ def test_a_kernel_record_about_a_pid_no_line_ties_to_the_job_is_possible_at_most
     assert tied["killer"]["kind"] == "gpu_error" and tied["killer"]["confidence"] in ("likely", "certain"), (
         tied["killer"]
     )
+
+
+@pytest.mark.parametrize(
+    "meter",
+    [
+        "memory+swap: usage 62914560kB, limit 62914560kB",
+        "memory: usage 8388608kB, limit 8388608kB, failcnt 412",
+    ],
+)
+@pytest.mark.parametrize("stamp", ["", "Dec 02 11:53:00 node-1 kernel: ", "[1042.123456] "])
+def test_a_memory_cgroup_s_counters_alone_are_the_report_of_its_oom(meter, stamp):
+    """The kernel prints a memory cgroup's counters (``memory: usage X, limit Y``, v1's
+    ``memory+swap:``) only in the report of an OOM inside that cgroup: a paste that kept only
+    that line of the report, beside a process SIGKILLed, is that cgroup's OOM, at likely (the
+    line names no victim)."""
+    spawn = "torch.multiprocessing.spawn.ProcessExitedException: process 5 terminated with signal SIGKILL"
+    doc = diagnose([LogInput("rank_stderr", spawn), LogInput("kernel_log", stamp + meter)])
+    assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("cgroup_oom", "likely"), doc["killer"]

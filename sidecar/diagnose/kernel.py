@@ -14,6 +14,10 @@ from sidecar.parse.logs import KernelLine, parse_task_row
 __all__ = ["PAGE_SIZES", "infer_page_size", "kernel_records"]
 
 _PARTIAL = re.compile(r"oom-kill:constraint=(CONSTRAINT_[A-Z]+)")
+# mem_cgroup_print_oom_meminfo(): a memory cgroup's counters, which the kernel prints only in
+# the report of an OOM inside that cgroup ("memory: usage 102400kB, limit 102400kB, failcnt
+# 31"; v1 adds "memory+swap:" and "kmem:", v2 "swap:")
+_MEMCG_METER = re.compile(r"(?:^|\] )(?:memory|memory\+swap|swap|kmem): usage \d{1,20}kB, limit \d{1,20}kB")
 
 
 _PAGES_RAM = re.compile(r"^(\d+) pages RAM$")
@@ -86,6 +90,10 @@ def kernel_records(lines: list[KernelLine]) -> KernelRecords:
         if m and meminfo_pages is not None:
             node_kb += int(m[1]) + int(m[2])
     k.ooms = list(fold.kills)
+    if not k.ooms and not k.partial:  # a memcg OOM's report, cut off before its kill lines
+        meter = next((line for line in lines if _MEMCG_METER.search(line.text)), None)
+        if meter is not None:
+            k.partial.append(("CONSTRAINT_MEMCG", meter))
     pairs = [(o.rss_bytes, k.tasks[o.pid][0]) for o in k.ooms if o.rss_bytes is not None and o.pid in k.tasks]
     if meminfo_pages is not None and node_kb:
         pairs.append((node_kb * 1024, meminfo_pages))

@@ -78,7 +78,9 @@ _OTHER_START = re.compile(
 _WRAP_GAP = re.compile(r"(?<=\S) {40,}(?=\S)")
 _KERNEL_WORDS = re.compile(
     r"oom-kill:|Out of memory|Killed process|invoked oom-killer|Memory cgroup out of memory|NVRM: Xid|"
-    r"oom_reaper|Call Trace:|Tasks state \(memory values in pages\)"
+    r"oom_reaper|Call Trace:|Tasks state \(memory values in pages\)|"
+    # a memory cgroup's counters, printed only in the report of an OOM inside it
+    r"^(?:memory|memory\+swap|swap|kmem): usage \d{1,20}kB, limit \d{1,20}kB"
 )
 
 
