@@ -458,3 +458,26 @@ def test_srun_s_task_id_before_torch_s_rank_prefix_comes_off_under_any_copy(fami
     pasted = PERTURBATIONS[family]([("rank_stderr", error), ("torchrun_log", agent)])
     doc = diagnose([LogInput(f"{kind}-{i}", text) for i, (kind, text) in enumerate(pasted)])
     assert (doc["killer"]["kind"], doc["victim"]["rank"]) == ("python_exception", 0), doc["killer"]
+
+
+def test_a_markdown_escaped_hash_is_the_log_s_own():
+    """A log pasted into an issue outside a code block has ``frame #0`` escaped as ``frame
+    \\#0`` (a ``#`` at a line's start is a heading): the escape is the page's, not the log's,
+    and the one line it widens does not hide a terminal's wrap."""
+    whole = (
+        "[rank2]:[E ProcessGroupNCCL.cpp:1182] [Rank 2] NCCL watchdog thread terminated with exception: "
+        "[Rank 2] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3, OpType=BROADCAST, "
+        "NumelIn=4096, NumelOut=4096, Timeout(ms)=1800000) ran for 1800421 milliseconds before timing out."
+    )
+    frame = (
+        "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x99 (0x7f3e2a1b4c11 in "
+        "/opt/conda/lib/python3.10/site-packages/torch/lib/libc10.so)"
+    )
+    raised = (
+        "Exception raised from checkTimeout at ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:525 "
+        "(most recent call first):"
+    )
+    cut = [text[k : k + 96] for text in (whole, raised, frame) for k in range(0, len(text), 96)]
+    pasted = "\n".join(cut).replace("frame #0", "frame \\#0")
+    made = plain(pasted)
+    assert made.split("\n")[-1] == frame and whole in made  # every cut undone, no space put in

@@ -87,6 +87,8 @@ def _strip(line: str) -> str:
         line = _ANSI.sub("", line)
     if "\r" in line:  # a redrawn line keeps what was drawn last; a CRLF end is dropped
         line = line.rstrip("\r").rsplit("\r", 1)[-1]
+    if "\\#" in line:  # a markdown escape: "#" at a line's start would make a heading
+        line = line.replace("\\#", "#")
     m = _CRI.match(line) or _DOCKER_JSONISH.match(line) or _KUBECTL.match(line)
     if m:
         line = line[m.end() :]
@@ -108,7 +110,7 @@ def _shown(line: str) -> str:
         line = _ANSI.sub("", line)
     if "\r" in line:
         line = line.rstrip("\r").rsplit("\r", 1)[-1]
-    return line
+    return line.replace("\\#", "#")  # the page showed no escape
 
 
 def _added_after(shown: list[int], was: list[str], now: list[str]) -> None:
