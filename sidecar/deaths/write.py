@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sidecar.autopsy import Evidence, Verdict, autopsy
-from sidecar.deaths.gather import Gatherer
+from sidecar.deaths.gather import Gatherer, warm
 from sidecar.deaths.incidents import (
     Incident,
     Plan,
@@ -102,6 +102,7 @@ class Autopsies:
             self._thread = None
 
     def _run(self) -> None:
+        warm()
         while True:
             if self.store.unwritten:
                 self.store.retry()
