@@ -18,6 +18,9 @@ __all__ = ["LINE_MAX", "RECORD_START", "named_only", "unwrap_fixed", "unwrap_web
 LINE_MAX = 4096  # longer lines are not joined to anything
 
 
+# the last line of a Python traceback: an exception's (dotted) name, then a colon or nothing
+_EXCEPTION_LINE = r"(?:[A-Za-z_]\w{0,64}\.){0,8}[A-Z]\w{0,64}(?:Error|Exception|Interrupt|Exit)(?::|$)"
+
 # how a record starts: a rank's or a launcher's prefix, a log level, a timestamp, a traceback's
 # lines. A line that starts so is never the continuation of a wrapped one.
 _BARE_PREFIX = re.compile(r"^\s{0,4}\[(?:rank|default)\d{1,6}\]:\s?$")
@@ -33,7 +36,7 @@ RECORD_START = re.compile(
     r"(?:slurmstepd|srun|sbatch|salloc|slurmd)(?:-[\w.-]{1,64})?: |"
     r"[\w.]{1,64} (?:INFO|WARNING|ERROR|DEBUG|CRITICAL) |"
     # the last line of a Python traceback: the exception's (dotted) name and a colon
-    r"(?:[A-Za-z_]\w{0,64}\.){0,8}[A-Z]\w{0,64}(?:Error|Exception|Interrupt|Exit)(?::|$))"
+    f"{_EXCEPTION_LINE})"
 )
 
 
@@ -81,9 +84,7 @@ def unwrap_fixed(lines: list[str], shown: list[int] | None = None) -> list[str]:
 
 # a dotted name a terminal cut: the line before ends inside it, the piece after goes on with it
 _NAME_TAIL = re.compile(r"(?:^|[\s:\]])([A-Za-z_][\w.]{0,200})$")
-_EXCEPTION_NAME = re.compile(
-    r"(?:[A-Za-z_]\w{0,64}\.){0,8}[A-Z]\w{0,64}(?:Error|Exception|Interrupt|Exit)(?::|$)"
-)
+_EXCEPTION_NAME = re.compile(_EXCEPTION_LINE)
 
 
 def _name_cut(before: str, piece: str) -> bool:

@@ -83,12 +83,7 @@ def _strip(line: str) -> str:
     if not line.isascii():
         # a fullwidth bracket carries its own spacing: the space before it was dropped
         line = _WIDE_OPEN.sub(" \\g<0>", line).translate(_FULLWIDTH)
-    if "\x1b" in line:
-        line = _ANSI.sub("", line)
-    if "\r" in line:  # a redrawn line keeps what was drawn last; a CRLF end is dropped
-        line = line.rstrip("\r").rsplit("\r", 1)[-1]
-    if "\\#" in line:  # a markdown escape: "#" at a line's start would make a heading
-        line = line.replace("\\#", "#")
+    line = _shown(line)
     m = _CRI.match(line) or _DOCKER_JSONISH.match(line) or _KUBECTL.match(line)
     if m:
         line = line[m.end() :]
@@ -104,13 +99,14 @@ def _strip(line: str) -> str:
 
 
 def _shown(line: str) -> str:
-    """A line as a terminal or a page showed it: its colours and redrawn parts gone, its
-    prefixes on."""
+    """A line as a terminal or a page showed it: its colours gone, a redrawn line as drawn
+    last (a CRLF end dropped), a markdown escape as the page shows it (``\\#``: a ``#`` at a
+    line's start would make a heading); its prefixes on."""
     if "\x1b" in line:
         line = _ANSI.sub("", line)
     if "\r" in line:
         line = line.rstrip("\r").rsplit("\r", 1)[-1]
-    return line.replace("\\#", "#")  # the page showed no escape
+    return line.replace("\\#", "#") if "\\#" in line else line
 
 
 def _added_after(shown: list[int], was: list[str], now: list[str]) -> None:

@@ -34,9 +34,9 @@ def join(lines: list[str], shown: list[int] | None = None) -> str:
         return "\n".join(lines)
     unwrapped = unwrap_web(unwrap_fixed(lines))
     if shown is not None and len(shown) == len(lines):
-        # the wrap the lengths as shown find, where it joins more: a prefix put on every line
-        # after the wrap (a viewer's line numbers) leaves it to the lines as they are
-        # shifts both alike, one that came off only some lines hides the wrap from the other
+        # the wrap the lengths as shown find, where it joins more: a prefix that came off only
+        # some lines (the pieces after a wrap's first carry none) hides the wrap from the lines
+        # as they are
         fixed = unwrap_fixed(lines, shown)
         as_shown = unwrap_web(fixed, shown if fixed is lines else None)
         # (as many, where that is a terminal's: pieces exactly one width are firmer than the
