@@ -315,6 +315,27 @@ def test_a_markdown_quote_s_markers_are_taken_off():
     assert plain(mixed) == mixed.rstrip("\n") or plain(mixed) == mixed
 
 
+@pytest.mark.parametrize("cut", ["rank", "ank", "nk"])
+def test_a_copy_begun_inside_the_first_line_s_rank_prefix_still_names_its_rank(cut):
+    """A selection that began a character or three into the paste's first line leaves
+    ``ank7]:`` of torch's prefix: the rest still names the rank, so the line dates that rank's
+    timeout (the earliest here) and the victim is that rank, in one file or in several. Only
+    the first line of a text was cut so; a later line is the program's own."""
+    line = (
+        "{}]:[E126 01:17:58.{} ProcessGroupNCCL.cpp:616] [Rank {}] Watchdog caught collective "
+        "operation timeout: WorkNCCL(SeqNum=14, OpType=ALLGATHER, NumelIn=65536, "
+        "NumelOut=524288, Timeout(ms)=600000) ran for 600002 milliseconds before timing out."
+    )
+    first = line.format(f"{cut}7", "183429932", 7)
+    later = "[" + line.format("rank5", "183471014", 5)
+    assert plain(first).startswith("[rank7]:[E126")
+    for texts in ([first, later], [f"{first}\n{later}"]):
+        doc = diagnose([LogInput(f"rank-{i}", t) for i, t in enumerate(texts)])
+        assert doc["killer"]["kind"] == "collective_timeout" and doc["victim"]["rank"] == 7, doc["victim"]
+    inner = "step 3 done\nnk7]: is how the tool prints it"
+    assert plain(inner) == inner
+
+
 def test_rank_lines_a_copy_glued_into_one_are_split_again():
     """torch writes ``[rankN]:`` at a line's start only: a line that holds it again after a
     space lost its newlines in a copy. A line that does not begin with the prefix, or names

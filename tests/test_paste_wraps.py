@@ -211,6 +211,27 @@ def test_a_shell_s_word_after_a_line_as_wide_as_the_page_is_its_own(wrap, word):
     assert word in plain(wrapped).split("\n")
 
 
+@pytest.mark.parametrize("wrap", ["wrap80", "wrap120", "web80", "web120"])
+def test_nccl_s_debug_lines_after_a_wrapped_record_stay_lines_of_their_own(wrap):
+    """NCCL starts every debug line with ``host:pid:tid [dev] NCCL``: a record of its own. A
+    long host name as its first word never fits the line above, which reads to a page's
+    unwrap like a break; the lines stay apart and the rank the watchdog names stays the
+    victim."""
+    watchdog = (
+        "[E ProcessGroupNCCL.cpp:475] [Rank 15] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=96383, OpType=_ALLGATHER_BASE, NumelIn=88200, NumelOut=5644800, "
+        "Timeout(ms)=7200000) ran for 7200520 milliseconds before timing out."
+    )
+    host = "job-20240517230118-abcde-worker-1"
+    said = "NCCL INFO [Service thread] Connection closed by localRank 7"
+    nccl = [f"{host}:51{i}3:52{i}1 [{i}] {said}" for i in range(5)]
+    ((_, wrapped),) = PERTURBATIONS[wrap]([("rank_stderr", "\n".join([watchdog, *nccl]))])
+    lines = plain(wrapped).split("\n")
+    assert all(line in lines for line in nccl), lines
+    doc = diagnose([LogInput("rank_stderr", wrapped)])
+    assert doc["killer"]["kind"] == "collective_timeout" and doc["victim"]["rank"] == 15, doc["victim"]
+
+
 def test_the_watchdog_s_words_read_by_the_catalog_alone_say_what_its_fields_would():
     """Ranks that all report the watchdog's timeout (nobody says why the missing one never
     came): the collective timed out, at possible, whether the lines are read field by field

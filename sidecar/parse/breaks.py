@@ -35,6 +35,8 @@ RECORD_START = re.compile(
     # then its level (submitit's '%(name)s %(levelname)s (%(asctime)s)')
     r"(?:slurmstepd|srun|sbatch|salloc|slurmd)(?:-[\w.-]{1,64})?: |"
     r"[\w.]{1,64} (?:INFO|WARNING|ERROR|DEBUG|CRITICAL) |"
+    # NCCL's debug lines: "host:pid:tid [cudaDev] NCCL INFO|WARN ..." (debug.cc, every version)
+    r"[\w.-]{1,253}:\d{1,10}:\d{1,10} \[\d{1,4}\] NCCL |"
     # the last line of a Python traceback: the exception's (dotted) name and a colon
     f"{_EXCEPTION_LINE})"
 )

@@ -70,6 +70,9 @@ _MPI_TAG = re.compile(
     r"\[(?:\d{1,9},)?(?P<rank>\d{1,6})\]<(?:stdout|stderr|stddiag)>: ?"
 )
 _NAMES_RANK = re.compile(r"^\s{0,4}\[rank(\d{1,6})\]:|\[Rank (\d{1,6})\]")
+# a copy whose selection began inside the first line's torch prefix ("ank7]:[E126 ..."): the
+# prefix's rest still names the rank the line is from
+_CUT_RANK = re.compile(r"^(?:rank|ank|nk)(?=\d{1,6}\]:)")
 
 
 # fullwidth forms of ASCII (U+FF01-FF5E) and the ideographic space, as ASCII: a CJK locale's
@@ -358,5 +361,7 @@ def plain_all(texts: list[str], unwrap: bool = True) -> list[str]:
         # srun's task id left before torch's own rank prefix (under a viewer's numbers, a tag,
         # another id, or on a wrapped line's first piece): torch's prefix names the rank
         lines = [_TASK_BEFORE_RANK.sub("", line, count=1) if ": [" in line else line for line in lines]
+        if unwrap and (m := _CUT_RANK.match(lines[0])):
+            lines[0] = "[rank" + lines[0][m.end() :]
         out.append("\n".join(lines))
     return out
