@@ -37,6 +37,9 @@ EMITTERS = {
     "yarn",  # Hadoop YARN's NodeManager memory monitor, Spark's YARN allocator
     "hsa",  # ROCm's HSA runtime: a GPU memory access fault
     "sglang",  # SGLang's watchdog (a hang killed)
+    "mxnet",  # MXNet's storage managers, CUDA checks, signal handlers, dmlc tracker
+    "paddle",  # PaddlePaddle's enforce errors, allocators, store and comm-task timeouts, DataLoader
+    "tensorflow",  # TensorFlow's GPU setup, collectives, multi-worker health, fatal logs
 }
 
 MESSAGES = load(texts()).messages  # raises what is wrong with a shipped file

@@ -465,7 +465,7 @@ def test_a_device_fault_before_the_sigterms_is_the_failure_they_followed():
 
 
 _RELAY_VALUES = {"task": "ff00", "worker": "ab12", "node_id": "cd34", "ip": "10.0.0.7", "port": "10046",
-                 "pid": "4242", "pids": "4242"}  # fmt: skip
+                 "pid": "4242", "pids": "4242", "count": "1"}  # fmt: skip
 _MEMORY_RECORDS = (
     (
         "slurmstepd: error: Detected 2 oom-kill event(s) in StepId=59137890.batch. Some of your "
@@ -505,3 +505,20 @@ def test_an_exception_that_relays_an_abrupt_death_is_explained_by_a_memory_recor
     own = trace + "KeyError: 'labels'\n"
     mine = diagnose([LogInput("driver", own), LogInput("scheduler", record)])["killer"]
     assert mine["kind"] == "python_exception", mine
+
+
+@pytest.mark.parametrize(
+    "heap",
+    ["malloc_consolidate(): invalid chunk size", "corrupted double-linked list", "free(): invalid pointer"],
+)
+def test_a_heap_found_corrupt_first_is_how_the_process_died_not_its_workers_crashes_after(heap):
+    """glibc checks its heap and calls abort() when a check fails: the process's own word on
+    the fatal signal it is about to raise. A heap corrupted in a process that forked
+    DataLoader workers may crash them after it (Paddle's worker handler reports each
+    SIGSEGV): the first fatal event decides; had a worker crashed first, its crash would."""
+    worker = "ERROR: Unexpected segmentation fault encountered in DataLoader workers."
+    text = "\n".join(["epoch 11 step 300 loss 0.41", heap, worker, worker])
+    killer = diagnose([LogInput("rank", text)])["killer"]
+    assert killer["kind"] == "abort" and killer["confidence"] == "certain", killer
+    first = "\n".join(["epoch 11 step 300 loss 0.41", worker, heap])
+    assert diagnose([LogInput("rank", first)])["killer"]["kind"] == "segfault"

@@ -73,11 +73,13 @@ def _kept(whole: Found, wrapped: set[Found], message: Message) -> bool:
 
 
 def _rest_fields(message: Message) -> tuple[str, ...]:
-    """The fields of a pattern that take any text to the end of the line."""
+    """The fields of a pattern that take any text to the end of the line, or that end the
+    pattern (a status word, a host name: the line may go on, but a wrap cuts them as well)."""
     return tuple(
         name
         for name in message.pattern.groupindex
         if re.search(rf"\(\?P<{name}>(?:\[\^\\n\]|\.)\{{\d+,\d+\}}\)", message.pattern.pattern)
+        or re.search(rf"\(\?P<{name}>[^()]{{1,60}}\)$", message.pattern.pattern)
     )
 
 

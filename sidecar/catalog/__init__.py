@@ -445,32 +445,11 @@ def load(texts: dict[str, str]) -> Catalog:
 # The files the catalog is made of, one per emitter family. A test holds this list equal to
 # the folder's *.toml files; an installation that lacks one is broken (a wheel built without
 # its data), and loading says so instead of reading fewer messages.
-FILES = (
-    "absl.toml",
-    "alloc.toml",
-    "c10d.toml",
-    "cuda.toml",
-    "gpualloc.toml",
-    "hsa.toml",
-    "k8s.toml",
-    "launchers.toml",
-    "libc.toml",
-    "linux.toml",
-    "mpi.toml",
-    "nccl.toml",
-    "nvrm.toml",
-    "oomd.toml",
-    "python.toml",
-    "sglang.toml",
-    "sighandlers.toml",
-    "slurm.toml",
-    "submitit.toml",
-    "yarn.toml",
-    "torchelastic.toml",
-    "tvmffi.toml",
-    "systemd.toml",
-    "xla.toml",
+_NAMES = (
+    "absl alloc c10d cuda gpualloc hsa k8s launchers libc linux mpi mxnet nccl nvrm oomd paddle python "
+    "sglang sighandlers slurm submitit yarn torchelastic tvmffi systemd tensorflow xla"
 )
+FILES = tuple(f"{name}.toml" for name in _NAMES.split())
 
 
 def texts() -> dict[str, str]:

@@ -253,7 +253,10 @@ def _parse(text: str) -> list[Finding]:
         body = line.strip()
         if body.startswith(("*** Aborted at", "[TimeInfo:")) and (st := line_stamp(body)) is not None:
             dated[(rank, local)] = (i, st)
-        said = [h for h in found if h.message.decides]
+        # what decides alone, and an output's word that another process of the job died
+        # abruptly (a DataLoader's workers: the catalog's relays_death), which explains an
+        # exception that only relays it
+        said = [h for h in found if h.message.decides or h.message.relays_death]
         if any(_reports(h.message) for h in found):
             # its words report a failure elsewhere (a peer gone, Horovod shut down by another
             # rank's exception), whatever else the line is: peers.py weighs it so
