@@ -362,6 +362,59 @@ def test_open_mpi_s_tagged_output_names_the_rank_that_raised(tmp_path):
     ]
 
 
+@pytest.mark.root
+@requires("openmpi")
+def test_mpirun_s_own_time_limit_is_a_signal_from_outside(tmp_path):
+    """``mpirun --timeout N``: Open MPI's own limit on the job's run time. The ranks keep
+    running until it is reached; mpirun then says so and kills every one of them. The ranks
+    did nothing wrong: the launcher's limit ended them (external_signal, likely: a hung job
+    runs into the limit too, which its words cannot tell)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [
+        "mpirun.openmpi", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "--timeout", "4",
+        "-np", "2", sys.executable, str(TASK_JOB), f"--port={free_port()}", "--hold-mb=30", "--workers=0",
+        "--duration=120",
+    ]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO, env=env)
+    text = run.stdout + run.stderr
+    assert "time limit for job execution has been reached" in text, text[-3000:]
+    paste = tmp_path / "mpirun.log"
+    paste.write_text(text)
+    rc, out, _ = _diagnose("--format", "json", str(paste))
+    doc = json.loads(out)
+    assert rc == 0 and (doc["killer"]["kind"], doc["killer"]["confidence"]) == (
+        "external_signal",
+        "likely",
+    ), doc["killer"]
+
+
+def test_a_rendezvous_that_never_filled_is_a_store_barrier_that_timed_out(tmp_path):
+    """torchrun asked for two nodes and only one came: the agents' rendezvous, a barrier kept
+    in the c10d store, waits out its join timeout and the agent raises RendezvousTimeoutError.
+    That is a store timeout (collective_timeout, likely), not an exception of the job's own;
+    the paste holds nothing else, and diagnose says what it read it as."""
+    script = tmp_path / "train.py"
+    script.write_text("import time\ntime.sleep(60)\n")
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-conf", "join_timeout=5",
+        str(script),
+    ]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO)
+    text = run.stdout + run.stderr
+    assert run.returncode != 0 and "RendezvousTimeoutError" in text, text[-3000:]
+    paste = tmp_path / "torchrun.log"
+    paste.write_text(text)
+    rc, out, _ = _diagnose("--format", "json", str(paste))
+    doc = json.loads(out)
+    assert rc == 0 and (doc["killer"]["kind"], doc["killer"]["confidence"]) == (
+        "collective_timeout",
+        "likely",
+    ), doc["killer"]
+    rc, out, _ = _diagnose(str(paste))
+    assert "nothing recognised" not in out, out
+
+
 def test_submitit_s_time_limit_handler_is_a_signal_from_outside(tmp_path):
     """submitit (the Slurm executor fairseq, detectron2 and DINO launch through), run for real
     by its local executor with a limit of seconds: its handler catches the warning signal,

@@ -79,6 +79,8 @@ def gather(inputs: list[LogInput], now: float | None = None) -> LogRecords:
                     continue
                 if hit.message.emitter not in _NAMED_ALREADY:
                     sources.add(hit.message.emitter)
+                elif not klines and not agent:
+                    sources.add(hit.message.emitter)  # its words alone (an agent's exception)
             for rec in parse_job_lines(line):
                 if rec.what == "exit_code" and any(at == n for at, _ in vetoed):
                     continue  # the same status, read by the job-line reader
