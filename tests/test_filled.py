@@ -97,6 +97,10 @@ def test_the_advice_is_chosen_by_what_filled_the_limit() -> None:
         ),
     )
     assert tips[0].startswith("Rank 3 alone grew, by 4.0 GiB in 50 s at 80 MiB/s")
+    # flat over its last stretch (the rate rounds to nothing): said without one
+    flat = Filling("one_rank", rank="1", grown_bytes=3 * GIB, rate_bytes_per_second=100 * 1024, seconds=52)
+    tips = advice(v, [], None, None, filling=flat)
+    assert tips[0].startswith("Rank 1 alone grew, by 3.0 GiB in 52 s, while"), tips[0]
     tips = advice(v, [], None, None, filling=Filling("shmem", part_bytes=3 * GIB, total_bytes=4 * GIB))
     assert tips[0].startswith("Shared memory filled the limit: 3.0 GiB of the 4.0 GiB")
     # not an OOM: what filled the memory is not the story

@@ -85,7 +85,9 @@ def _filled(f: Filling) -> str:
             )
         )
     if f.kind == "one_rank":
-        rate = f" at {_size(f.rate_bytes_per_second)}/s" if f.rate_bytes_per_second else ""
+        # its last stretch's rate, where it still grew (flat before the kill: no "at 0 MiB/s")
+        per_s = f.rate_bytes_per_second or 0.0
+        rate = f" at {_size(per_s)}/s" if per_s >= 2**19 else ""
         return " ".join(
             (
                 f"Rank {f.rank} alone grew, by {_size(f.grown_bytes)} in {f.seconds:.0f} s{rate}, while",
