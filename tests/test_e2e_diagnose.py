@@ -36,6 +36,15 @@ def _diagnose(*args: str, stdin: str = "") -> tuple[int, str, str]:
     return r.returncode, r.stdout, r.stderr
 
 
+def _pasted(paste: Path, text: str) -> dict:
+    """``text`` written to ``paste`` as a user would save it, and diagnose's JSON document of it
+    (diagnose itself must have succeeded)."""
+    paste.write_text(text)
+    rc, out, err = _diagnose("--format", "json", str(paste))
+    assert rc == 0, err[-3000:]
+    return json.loads(out)
+
+
 def _dmesg(*flags: str) -> str:
     """The kernel's own records: other tests running beside this one write lines of their own
     into /dev/kmsg (user facility: an oomd kill, a flood), which are no part of this death."""
@@ -288,11 +297,7 @@ def test_a_paste_of_the_agent_s_closing_signals_and_a_rank_s_crash_names_the_cra
     cut = log.split("failed (exitcode")[0]
     cut = "\n".join(cut.splitlines()[:-1])  # the agent's failure report and all after it left out
     assert "Fatal Python error: Segmentation fault" in cut and "closing signal SIGTERM" in cut
-    paste = tmp_path / "paste.txt"
-    paste.write_text(cut)
-    rc, out, _ = _diagnose("--format", "json", str(paste))
-    assert rc == 0
-    doc = json.loads(out)
+    doc = _pasted(tmp_path / "paste.txt", cut)
     assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("segfault", "likely"), doc["killer"]
     (root,) = [r for r in doc["ranks"] if r["fate"] == "root_cause"]
     assert root["rank"] is None and root["pid"] is None, doc["ranks"]  # no line names it
@@ -326,13 +331,8 @@ def test_srun_s_teardown_of_a_task_the_paste_does_not_report_is_no_cancel_from_o
     rc, out, _ = _diagnose("--format", "json", str(whole))
     doc = json.loads(out)
     assert rc == 0 and doc["killer"]["kind"] == "segfault" and doc["victim"]["rank"] == 1, doc["killer"]
-    paste = tmp_path / "paste.log"
-    paste.write_text(crashed.sub("", text))
-    rc, out, _ = _diagnose("--format", "json", str(paste))
-    doc = json.loads(out)
-    assert rc == 0 and (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("segfault", "likely"), doc[
-        "killer"
-    ]
+    doc = _pasted(tmp_path / "paste.log", crashed.sub("", text))
+    assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("segfault", "likely"), doc["killer"]
     (root,) = [r for r in doc["ranks"] if r["fate"] == "root_cause"]
     assert root["rank"] is None, doc["ranks"]  # no line the paste kept names it
     assert {r["rank"]: r["fate"] for r in doc["ranks"] if r["rank"] is not None} == {0: "terminated_by_agent"}
@@ -353,13 +353,8 @@ def test_open_mpi_s_tagged_output_names_the_rank_that_raised(tmp_path):
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO, env=env)
     text = run.stdout + run.stderr
     assert run.returncode != 0 and re.search(r"^\[\d+,1\]<stderr>:", text, re.M), text[-3000:]
-    paste = tmp_path / "mpirun.log"
-    paste.write_text(text)
-    rc, out, _ = _diagnose("--format", "json", str(paste))
-    doc = json.loads(out)
-    assert rc == 0 and (doc["killer"]["kind"], doc["victim"]["rank"]) == ("python_exception", 1), doc[
-        "killer"
-    ]
+    doc = _pasted(tmp_path / "mpirun.log", text)
+    assert (doc["killer"]["kind"], doc["victim"]["rank"]) == ("python_exception", 1), doc["killer"]
 
 
 @pytest.mark.root
@@ -378,14 +373,10 @@ def test_mpirun_s_own_time_limit_is_a_signal_from_outside(tmp_path):
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO, env=env)
     text = run.stdout + run.stderr
     assert "time limit for job execution has been reached" in text, text[-3000:]
-    paste = tmp_path / "mpirun.log"
-    paste.write_text(text)
-    rc, out, _ = _diagnose("--format", "json", str(paste))
-    doc = json.loads(out)
-    assert rc == 0 and (doc["killer"]["kind"], doc["killer"]["confidence"]) == (
-        "external_signal",
-        "likely",
-    ), doc["killer"]
+    doc = _pasted(tmp_path / "mpirun.log", text)
+    assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("external_signal", "likely"), doc[
+        "killer"
+    ]
 
 
 def test_a_rendezvous_that_never_filled_is_a_store_barrier_that_timed_out(tmp_path):
@@ -404,15 +395,12 @@ def test_a_rendezvous_that_never_filled_is_a_store_barrier_that_timed_out(tmp_pa
     text = run.stdout + run.stderr
     assert run.returncode != 0 and "RendezvousTimeoutError" in text, text[-3000:]
     paste = tmp_path / "torchrun.log"
-    paste.write_text(text)
-    rc, out, _ = _diagnose("--format", "json", str(paste))
-    doc = json.loads(out)
-    assert rc == 0 and (doc["killer"]["kind"], doc["killer"]["confidence"]) == (
-        "collective_timeout",
-        "likely",
-    ), doc["killer"]
+    doc = _pasted(paste, text)
+    assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("collective_timeout", "likely"), doc[
+        "killer"
+    ]
     rc, out, _ = _diagnose(str(paste))
-    assert "nothing recognised" not in out, out
+    assert rc == 0 and "nothing recognised" not in out, out
 
 
 def test_submitit_s_time_limit_handler_is_a_signal_from_outside(tmp_path):
