@@ -357,6 +357,27 @@ def test_open_mpi_s_tagged_output_names_the_rank_that_raised(tmp_path):
     assert (doc["killer"]["kind"], doc["victim"]["rank"]) == ("python_exception", 1), doc["killer"]
 
 
+@requires("openmpi")
+def test_open_mpi_s_tags_between_one_line_s_writes_do_not_hide_a_segfault(tmp_path):
+    """orte's iof tags each chunk it reads from a rank's pipe, not each line: faulthandler
+    writes ``Fatal Python error: `` and ``Segmentation fault`` apart, and the line comes out
+    ``Fatal Python error: [1,0]<stderr>:Segmentation fault``. A paste of the rank's lines
+    alone (mpirun's own notice cut off, as Horovod's users paste it) is that segfault, not
+    the interpreter's abort() on a fatal error that the tagged line read as (likely, wrong)."""
+    crash = "import faulthandler, ctypes; faulthandler.enable(); ctypes.string_at(0)"
+    cmd = ["mpirun.openmpi", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "--tag-output",
+           "-np", "1", sys.executable, "-c", crash]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO)
+    text = run.stdout + run.stderr
+    assert "exited on signal 11" in text, text[-3000:]
+    mine = "".join(line for line in text.splitlines(keepends=True) if re.match(r"\[\d+,0\]<stderr>:", line))
+    assert re.search(r"Fatal Python error: \[\d+,0\]<stderr>:Segmentation fault", mine), mine
+    doc = _pasted(tmp_path / "rank0.log", mine)
+    assert doc["killer"]["kind"] == "segfault", doc["killer"]
+    said = [e["detail"] for e in doc["killer"]["evidence"]]
+    assert any(t.startswith("Fatal Python error: Segmentation fault") for t in said), said
+
+
 @pytest.mark.root
 @requires("openmpi")
 def test_mpirun_s_own_time_limit_is_a_signal_from_outside(tmp_path):

@@ -377,6 +377,19 @@ def test_open_mpi_s_output_tags_become_the_rank_s_prefix():
     assert (doc["killer"]["kind"], doc["victim"]["rank"]) == ("python_exception", 1)
 
 
+def test_open_mpi_s_tag_before_each_chunk_of_a_line_comes_out():
+    """orte's iof tags each chunk it reads from a rank's pipe: a line the process wrote in
+    pieces holds its tag between them (a real ``mpirun --tag-output`` of faulthandler's
+    report, Open MPI 4.1). The process's own tag on that stream comes out, with its date
+    under --timestamp-output; another process's or stream's text is the line's own."""
+    cut = "[1,0]<stderr>:Fatal Python error: [1,0]<stderr>:Segmentation fault\n[1,0]<stderr>:\n"
+    assert plain(cut).splitlines()[0] == "Fatal Python error: Segmentation fault"
+    stamped = "Sun Dec  6 18:17:10 2026[1,2]<stderr>:a Sun Dec  6 18:17:10 2026[1,2]<stderr>:b"
+    assert plain(stamped) == "a b"
+    other = "[1,0]<stderr>:x [1,1]<stderr>:y [1,0]<stdout>:z"
+    assert plain(other) == "x [1,1]<stderr>:y [1,0]<stdout>:z"
+
+
 def test_a_traceback_header_inside_a_line_starts_a_line_again():
     """Python writes "Traceback (most recent call last):" as a line of its own: glued after an
     exception's name or a markdown backtick, a copy lost the newline. After a prefix's colon

@@ -65,9 +65,9 @@ _TORCH_RANK = re.compile(r"^\s{0,4}\[(?:rank|default)\d{1,6}\]:")
 # Open MPI's --tag-output (mpirun -tag-output, horovodrun): "[jobid,rank]<stderr>:" before each
 # line of a process's output (orte iof, "[%s,%d]<%s>:"; --timestamp-output puts ctime's date
 # before it); Horovod's Gloo runner writes "[rank]<stderr>:"
+_MPI_STAMP = r"(?:[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})?"
 _MPI_TAG = re.compile(
-    r"^(?:[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4})?"
-    r"\[(?:\d{1,9},)?(?P<rank>\d{1,6})\]<(?:stdout|stderr|stddiag)>: ?"
+    rf"^{_MPI_STAMP}(?P<tag>\[(?:\d{{1,9}},)?(?P<rank>\d{{1,6}})\]<(?:stdout|stderr|stddiag)>:) ?"
 )
 _NAMES_RANK = re.compile(r"^\s{0,4}\[rank(\d{1,6})\]:|\[Rank (\d{1,6})\]")
 # a copy whose selection began inside the first line's torch prefix ("ank7]:[E126 ..."): the
@@ -249,6 +249,16 @@ def _tags_are_ranks(named: dict[str, set[str]], nodes: bool) -> bool:
     return not nodes and len(named) > 1 and all(said <= {tag} for tag, said in named.items())
 
 
+def _unchunked(rest: str, tag: str) -> str:
+    """A tagged line less its own tag inside it: orte's iof puts the tag before each chunk it
+    reads from the process's pipe, not before each line, so a line written in several writes
+    (faulthandler's ``Fatal Python error: `` then ``Segmentation fault``) comes out with the
+    tag between its pieces. Only that process's tag on that stream is taken out."""
+    if tag not in rest:
+        return rest
+    return re.sub(_MPI_STAMP + re.escape(tag), "", rest)
+
+
 def _untagged(lines: list[str], nodes: bool) -> list[str]:
     """Open MPI's (and Horovod's) output tags taken off. A tagged process is a rank where
     mpirun started the ranks itself (as for srun's tasks: several processes, and no line of
@@ -267,7 +277,7 @@ def _untagged(lines: list[str], nodes: bool) -> list[str]:
     out = []
     for line in lines:
         if (m := _MPI_TAG.match(line)) is not None:
-            rest = _strip(line[m.end() :])  # what the copy put under the tag (Determined's prefix)
+            rest = _strip(_unchunked(line[m.end() :], m["tag"]))  # Determined's prefix under it
             out.append(rest if nodes or _TORCH_RANK.match(rest) else f"[rank{m['rank']}]:{rest}")
         elif (t := _TORCH_RANK.match(line)) is not None and (m := _MPI_TAG.match(line[t.end() :].lstrip())):
             out.append(line[: t.end()] + " " + line[t.end() :].lstrip()[m.end() :])  # the rank said once
