@@ -40,6 +40,8 @@ EMITTERS = {
     "mxnet",  # MXNet's storage managers, CUDA checks, signal handlers, dmlc tracker
     "paddle",  # PaddlePaddle's enforce errors, allocators, store and comm-task timeouts, DataLoader
     "tensorflow",  # TensorFlow's GPU setup, collectives, multi-worker health, fatal logs
+    "tcnn",  # tiny-cuda-nn's CUDA checks and GPU memory arena
+    "caffe2",  # Caffe2's GPU allocator checks (Detectron's words)
 }
 
 MESSAGES = load(texts()).messages  # raises what is wrong with a shipped file
