@@ -366,7 +366,8 @@ def diagnose() -> str:
         (29, "after the twenty-eighth's rules (hangs and timeouts, other frameworks' GPU memory)"),
         (30, "beside the twenty-ninth (representative, 2025-2026)"),
         (31, "beside the thirtieth's rules (other frameworks, JAX, store and gloo timeouts)"),
-        (32, "after the thirty-first's rules (representative, schedulers; excerpts unreviewed)"),
+        (32, "after the thirty-first's rules (representative, schedulers; search excerpts)"),
+        (33, "after the tag, tiny-cuda-nn and Caffe2 fixes (issue 40's families, representative)"),
     ):
         doc_n = _load(f"diagnose-wave{wave}")
         halves_n = doc_n["results"]["halves"] if doc_n else {}
