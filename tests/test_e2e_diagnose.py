@@ -357,6 +357,28 @@ def test_open_mpi_s_tagged_output_names_the_rank_that_raised(tmp_path):
     assert (doc["killer"]["kind"], doc["victim"]["rank"]) == ("python_exception", 1), doc["killer"]
 
 
+# faulthandler's report as its C code writes it (faulthandler_fatal_error: "Fatal Python error: ",
+# then the signal's name, then the line's end, each its own write), with the pipe drained between
+# the first two: orte's iof then reads them as two chunks whatever the machine's load. Then the
+# signal itself, as faulthandler re-raises it.
+_FAULTHANDLER_IN_WRITES = """
+import fcntl, os, signal, struct, termios, time
+def drained():
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if struct.unpack("i", fcntl.ioctl(2, termios.FIONREAD, b"\\0" * 4))[0] == 0:
+            return
+        time.sleep(0.01)
+os.write(2, b"Fatal Python error: ")
+drained()
+os.write(2, b"Segmentation fault")
+os.write(2, b"\\n\\n")
+drained()
+signal.signal(signal.SIGSEGV, signal.SIG_DFL)
+os.kill(os.getpid(), signal.SIGSEGV)
+"""
+
+
 @requires("openmpi")
 def test_open_mpi_s_tags_between_one_line_s_writes_do_not_hide_a_segfault(tmp_path):
     """orte's iof tags each chunk it reads from a rank's pipe, not each line: faulthandler
@@ -364,9 +386,8 @@ def test_open_mpi_s_tags_between_one_line_s_writes_do_not_hide_a_segfault(tmp_pa
     ``Fatal Python error: [1,0]<stderr>:Segmentation fault``. A paste of the rank's lines
     alone (mpirun's own notice cut off, as Horovod's users paste it) is that segfault, not
     the interpreter's abort() on a fatal error that the tagged line read as (likely, wrong)."""
-    crash = "import faulthandler, ctypes; faulthandler.enable(); ctypes.string_at(0)"
     cmd = ["mpirun.openmpi", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "--tag-output",
-           "-np", "1", sys.executable, "-c", crash]  # fmt: skip
+           "-np", "1", sys.executable, "-c", _FAULTHANDLER_IN_WRITES]  # fmt: skip
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=REPO)
     text = run.stdout + run.stderr
     assert "exited on signal 11" in text, text[-3000:]

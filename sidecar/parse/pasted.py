@@ -253,10 +253,12 @@ def _unchunked(rest: str, tag: str) -> str:
     """A tagged line less its own tag inside it: orte's iof puts the tag before each chunk it
     reads from the process's pipe, not before each line, so a line written in several writes
     (faulthandler's ``Fatal Python error: `` then ``Segmentation fault``) comes out with the
-    tag between its pieces. Only that process's tag on that stream is taken out."""
-    if tag not in rest:
+    tag between its pieces. Only that process's tag on that stream is taken out, and only
+    after the line's first character: iof writes no empty chunk, so a tag right after the
+    tag is no chunk's but a second launcher's (a tagged log run through mpirun again)."""
+    if tag not in rest[1:]:
         return rest
-    return re.sub(_MPI_STAMP + re.escape(tag), "", rest)
+    return rest[:1] + re.sub(_MPI_STAMP + re.escape(tag), "", rest[1:])
 
 
 def _untagged(lines: list[str], nodes: bool) -> list[str]:
