@@ -421,6 +421,30 @@ def test_mpirun_s_own_time_limit_is_a_signal_from_outside(tmp_path):
     ]
 
 
+def test_a_store_wait_that_saw_no_reply_is_a_store_timeout_even_cut_short(tmp_path):
+    """A real TCPStore client waits for a key no one sets: torch's socket layer warns that
+    waitForInput timed out, then the store raises ``wait timeout after Nms``. The whole
+    output is that store timeout; a paste cut before the raise (the traceback's last line
+    lost, as a progress bar's or a page's cut leaves it) still names a store wait that saw
+    no reply, at possible (the raise is not in its words); before, nothing was read."""
+    script = tmp_path / "store.py"
+    script.write_text(
+        "import datetime, torch.distributed as dist\n"
+        "t = datetime.timedelta(seconds=2)\n"
+        "server = dist.TCPStore('127.0.0.1', 0, 1, True, timeout=t)\n"
+        "client = dist.TCPStore('127.0.0.1', server.port, 1, False, timeout=t)\n"
+        "client.get('a-key-no-rank-sets')\n"
+    )
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=REPO)
+    text = run.stdout + run.stderr
+    assert run.returncode != 0 and "waitForInput: socket" in text, text[-3000:]
+    doc = _pasted(tmp_path / "whole.log", text)
+    assert doc["killer"]["kind"] == "collective_timeout", doc["killer"]
+    cut = "".join(line for line in text.splitlines(keepends=True) if "wait timeout after" not in line)
+    killer = _pasted(tmp_path / "cut.log", cut)["killer"]
+    assert (killer["kind"], killer["confidence"]) == ("collective_timeout", "possible"), killer
+
+
 def test_a_rendezvous_that_never_filled_is_a_store_barrier_that_timed_out(tmp_path):
     """torchrun asked for two nodes and only one came: the agents' rendezvous, a barrier kept
     in the c10d store, waits out its join timeout and the agent raises RendezvousTimeoutError.
