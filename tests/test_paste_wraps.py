@@ -73,12 +73,16 @@ def _kept(whole: Found, wrapped: set[Found], message: Message) -> bool:
 
 
 def _rest_fields(message: Message) -> tuple[str, ...]:
-    """The fields of a pattern that take any text to the end of the line, or that end the
-    pattern (a status word, a host name: the line may go on, but a wrap cuts them as well)."""
+    """The fields of a pattern that take any text to the end of the line (after a first
+    character of a class, short of a closing bracket), or that end the pattern (a status
+    word, a host name: the line may go on, but a wrap cuts them as well)."""
     return tuple(
         name
         for name in message.pattern.groupindex
-        if re.search(rf"\(\?P<{name}>(?:\[\^\\n\]|\.)\{{\d+,\d+\}}\)", message.pattern.pattern)
+        if re.search(
+            rf"\(\?P<{name}>(?:\[[^\]]{{1,20}}\])?(?:\[\^[^\]]{{0,6}}\\n\]|\.)\{{\d+,\d+\}}\)",
+            message.pattern.pattern,
+        )
         or re.search(rf"\(\?P<{name}>[^()]{{1,60}}\)$", message.pattern.pattern)
     )
 
@@ -179,6 +183,36 @@ def test_a_record_above_does_not_decide_how_a_page_s_break_is_undone():
     assert "from device: CUDA_ERROR" in plain(wrapped) and "device:CUDA" not in plain(wrapped)
     doc = diagnose([LogInput("rank_stderr", wrapped)])
     assert doc["killer"]["kind"] == "python_exception", doc["killer"]
+
+
+def test_a_break_inside_a_message_s_second_line_reads_with_its_head_above():
+    """Horovod's stall warning runs over three lines of a page at 120 columns, and the
+    tensor names below it are longer than the page, cut at its width with no space to break
+    at: the paste reads as a terminal's wrap, and the warning's one line exactly as wide as
+    the page was glued to the next without its space (``more`` + ``than``). Whether the space
+    comes back is read with the line above, where the message's head is."""
+    names = ", ".join(
+        f"model/encoder/layer_{i}/attention/self/HorovodAllreduce_model_encoder_layer_{i}"
+        "_attention_self_query_kernel_grad_0_cast_to_fp16_x"
+        for i in range(4)
+    )
+    text = "\n".join(
+        [
+            "[2023-03-14 09:12:07.123456: W /opt/venv/lib/site-packages/horovod/common/"
+            "stall_inspector.cc:105] One or more tensors were submitted to be reduced, gathered "
+            "or broadcasted by subset of ranks and are waiting for remainder of ranks for more "
+            "than 60 seconds. This may indicate that different ranks are trying to submit "
+            "different tensors or that only subset of ranks is submitting tensors, which will "
+            "cause deadlock.",
+            "Missing ranks:",
+            f"3: [{names}]",
+        ]
+    )
+    ((_, wrapped),) = PERTURBATIONS["web120"]([("rank_stderr", text)])
+    assert 120 in [len(line) for line in wrapped.split("\n")]  # the case: a piece as wide as the page
+    assert "for more than 60 seconds" in plain(wrapped)
+    doc = diagnose([LogInput("rank_stderr", wrapped)])
+    assert doc["killer"]["kind"] == "collective_timeout", doc["killer"]
 
 
 def test_a_message_s_words_across_a_break_outweigh_a_free_text_field_running_on():

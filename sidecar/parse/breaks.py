@@ -77,7 +77,8 @@ def unwrap_fixed(lines: list[str], shown: list[int] | None = None) -> list[str]:
     for i, line in enumerate(lines):
         if carry and not opens[i] and (not RECORD_START.match(line) or _name_cut(out[-1], line)):
             following = lines[i + 1] if i + 1 < len(lines) else ""
-            out[-1] = _glued(cat, out[-1], line, "" if RECORD_START.match(following) else following)
+            above = out[-2] if len(out) > 1 and len(out[-2]) < LINE_MAX else ""
+            out[-1] = _glued(cat, out[-1], line, "" if RECORD_START.match(following) else following, above)
         else:
             out.append(line)
         carry = lengths[i] == width
@@ -217,15 +218,16 @@ def _own(cat: Catalog, line: str) -> set[str]:
     return {h.message.id for h in cat.scan(line)}
 
 
-def _glued(cat: Catalog, before: str, after: str, following: str = "") -> str:
+def _glued(cat: Catalog, before: str, after: str, following: str = "", above: str = "") -> str:
     """A terminal's wrap keeps every character (``before + after``); a copy that wrapped
     at a space dropped it. A catalog message that reads only with the space back decides
     (``Sending process 812914`` + ``closing signal SIGTERM``), read with the line after
     too, joined either way, where the message runs on into it (``closing signal SI`` +
-    ``GTERM``)."""
+    ``GTERM``), and with the line ``above`` where the message's head is there (a message
+    run over three lines, the break undone being its second)."""
     tight = before + after
     if before.endswith(" ") or after.startswith(" "):
         return tight
     spaced = before + " " + after
-    wide, narrow = _read(cat, spaced, after=following), _read(cat, tight, after=following)
+    wide, narrow = _read(cat, spaced, above or None, following), _read(cat, tight, above or None, following)
     return spaced if narrow < wide else tight  # the space reads more, and loses nothing
