@@ -42,6 +42,7 @@ EMITTERS = {
     "tensorflow",  # TensorFlow's GPU setup, collectives, multi-worker health, fatal logs
     "tcnn",  # tiny-cuda-nn's CUDA checks and GPU memory arena
     "caffe2",  # Caffe2's GPU allocator checks (Detectron's words)
+    "iris",  # marin's Iris scheduler: task exits, a gang's teardown
 }
 
 MESSAGES = load(texts()).messages  # raises what is wrong with a shipped file
