@@ -368,6 +368,7 @@ def diagnose() -> str:
         (31, "beside the thirtieth's rules (other frameworks, JAX, store and gloo timeouts)"),
         (32, "after the thirty-first's rules (representative, schedulers; search excerpts)"),
         (33, "after the tag, tiny-cuda-nn and Caffe2 fixes (issue 40's families, representative)"),
+        (34, "after the Iris and submitit entries (representative)"),
     ):
         doc_n = _load(f"diagnose-wave{wave}")
         halves_n = doc_n["results"]["halves"] if doc_n else {}
