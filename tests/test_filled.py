@@ -101,6 +101,8 @@ def test_the_advice_is_chosen_by_what_filled_the_limit() -> None:
     flat = Filling("one_rank", rank="1", grown_bytes=3 * GIB, rate_bytes_per_second=100 * 1024, seconds=52)
     tips = advice(v, [], None, None, filling=flat)
     assert tips[0].startswith("Rank 1 alone grew, by 3.0 GiB in 52 s, while"), tips[0]
+    half = Filling("one_rank", rank="1", grown_bytes=3 * GIB, rate_bytes_per_second=2**19, seconds=52)
+    assert "0 MiB/s" not in advice(v, [], None, None, filling=half)[0]  # rounds to nothing: unsaid
     tips = advice(v, [], None, None, filling=Filling("shmem", part_bytes=3 * GIB, total_bytes=4 * GIB))
     assert tips[0].startswith("Shared memory filled the limit: 3.0 GiB of the 4.0 GiB")
     # not an OOM: what filled the memory is not the story

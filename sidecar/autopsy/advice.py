@@ -86,8 +86,8 @@ def _filled(f: Filling) -> str:
         )
     if f.kind == "one_rank":
         # its last stretch's rate, where it still grew (flat before the kill: no "at 0 MiB/s")
-        per_s = f.rate_bytes_per_second or 0.0
-        rate = f" at {_size(per_s)}/s" if per_s >= 2**19 else ""
+        shown = _size(f.rate_bytes_per_second or 0.0)
+        rate = f" at {shown}/s" if shown != _size(0) else ""
         return " ".join(
             (
                 f"Rank {f.rank} alone grew, by {_size(f.grown_bytes)} in {f.seconds:.0f} s{rate}, while",

@@ -77,10 +77,10 @@ def gather(inputs: list[LogInput], now: float | None = None) -> LogRecords:
                     g.exits.append((hit, line_time(line, g.dating)))
                 else:
                     continue
-                if hit.message.emitter not in _NAMED_ALREADY:
+                # an emitter the agent's or the kernel's lines already name is said once, unless
+                # its words are all there is (an agent's exception alone)
+                if hit.message.emitter not in _NAMED_ALREADY or not (klines or agent):
                     sources.add(hit.message.emitter)
-                elif not klines and not agent:
-                    sources.add(hit.message.emitter)  # its words alone (an agent's exception)
             for rec in parse_job_lines(line):
                 if rec.what == "exit_code" and any(at == n for at, _ in vetoed):
                     continue  # the same status, read by the job-line reader
