@@ -43,6 +43,7 @@ EMITTERS = {
     "tcnn",  # tiny-cuda-nn's CUDA checks and GPU memory arena
     "caffe2",  # Caffe2's GPU allocator checks (Detectron's words)
     "iris",  # marin's Iris scheduler: task exits, a gang's teardown
+    "vllm",  # vLLM's engine core, executors and workers: deaths told by a peer, KV-cache errors
 }
 
 MESSAGES = load(texts()).messages  # raises what is wrong with a shipped file

@@ -465,7 +465,7 @@ def test_a_device_fault_before_the_sigterms_is_the_failure_they_followed():
 
 
 _RELAY_VALUES = {"task": "ff00", "worker": "ab12", "node_id": "cd34", "ip": "10.0.0.7", "port": "10046",
-                 "pid": "4242", "pids": "4242", "count": "1"}  # fmt: skip
+                 "pid": "4242", "pids": "4242", "count": "1", "exit_code": "-9", "rank": "3"}  # fmt: skip
 _MEMORY_RECORDS = (
     (
         "slurmstepd: error: Detected 2 oom-kill event(s) in StepId=59137890.batch. Some of your "

@@ -447,7 +447,7 @@ def load(texts: dict[str, str]) -> Catalog:
 # its data), and loading says so instead of reading fewer messages.
 _NAMES = (
     "absl alloc c10d caffe2 cuda gpualloc hsa iris k8s launchers libc linux mpi mxnet nccl nvrm oomd paddle "
-    "python sglang sighandlers slurm submitit yarn tcnn torchelastic tvmffi systemd tensorflow xla"
+    "python sglang sighandlers slurm submitit yarn tcnn torchelastic tvmffi systemd tensorflow vllm xla"
 )
 FILES = tuple(f"{name}.toml" for name in _NAMES.split())
 
