@@ -85,6 +85,23 @@ def test_public_rank_stderr_of_every_generation():
     ]  # "CUDA error: out of memory"
 
 
+def test_the_allocator_s_message_cut_after_its_head_is_still_its_own():
+    """A paste (or a logger) that kept only the first sentence of the caching allocator's
+    message: the exception's words are the allocator's, whatever torch named the type."""
+    for line in (
+        "torch.cuda.OutOfMemoryError: CUDA out of memory.",
+        "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate",
+        "RuntimeError: CUDA out of memory",
+    ):
+        assert [f.kind for f in parse_rank_output(line) if f.kind != "said"] == ["cuda_oom"], line
+    for line in (  # someone's words about it, or a later sentence: not the allocator's message
+        "I keep getting CUDA out of memory.",
+        "WARNING: ran out of memory with exception: CUDA out of memory; skipping batch",
+        "RuntimeError: CUDA out of memory. Try a smaller batch size",
+    ):
+        assert [f for f in parse_rank_output(line) if f.kind == "cuda_oom"] == [], line
+
+
 def test_cuda_oom_old_and_new_wording_and_dataloader_lines():
     old = (
         "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.15 GiB total capacity; "

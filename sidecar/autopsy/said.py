@@ -283,8 +283,11 @@ def from_output(
     oom = cite(Kind.CUDA_OOM)
     if oom:
         f = oom[0]
-        if f.get("requested_bytes") is None:  # "CUDA error: out of memory": no sizes in it
-            return Kind.CUDA_OOM, confidence, f"{who} ran out of GPU memory (CUDA error: out of memory)."
+        if f.get("requested_bytes") is None:  # no sizes: "CUDA error: out of memory", a cut message
+            words = (
+                "CUDA error: out of memory" if "CUDA error: out of memory" in f.line else "CUDA out of memory"
+            )
+            return Kind.CUDA_OOM, confidence, f"{who} ran out of GPU memory ({words})."
         gib = int(f.get("requested_bytes") or 0) / 2**30
         gpu = f.get("gpu")
         extra = ""

@@ -159,6 +159,9 @@ _CUDA_OOM = re.compile(
     r"(?:[ .(]+GPU (\d{1,20})(?:; | has a total capacity of )(\d{1,15}(?:\.\d{1,6})?) (B|KiB|MiB|GiB|TiB)"
     r"(?: total capacity| of which (\d{1,15}(?:\.\d{1,6})?) (B|KiB|MiB|GiB|TiB) is free)?)?"
 )
+# the caching allocator's message cut after its head ("...OutOfMemoryError: CUDA out of memory.",
+# a paste or a logger that kept the first sentence): the exception's words are the allocator's own
+_CUDA_OOM_HEAD = re.compile(r"(?:Error|Exception): CUDA out of memory\.?(?: Tried to allocate)?\s{0,4}$")
 _DATALOADER = re.compile(
     r"DataLoader worker \(pids?\(?s?\)? ?([\d, ]+)\) (?:is killed by signal: ([\w ]+)|exited)"
 )
@@ -412,7 +415,7 @@ def _structured(body: str, rank: int | None, local: int | None, out: list[Findin
         out.append(Finding("peer_closed", rank, local, body, (("peer", f"{m[1]}:{m[2]}"),)))
         return
     m = _CUDA_OOM.search(body)
-    if m is None and "CUDA error: out of memory" in body:
+    if m is None and ("CUDA error: out of memory" in body or _CUDA_OOM_HEAD.search(body)):
         out.append(Finding("cuda_oom", rank, local, body))
         return
     if m:
