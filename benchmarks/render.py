@@ -370,6 +370,7 @@ def diagnose() -> str:
         (33, "after the tag, tiny-cuda-nn and Caffe2 fixes (issue 40's families, representative)"),
         (34, "after the Iris and submitit entries (representative)"),
         (35, "after the advice mend, a representative mix of 2024-2026"),
+        (36, "after the vLLM, coordination-service and cut-OOM rules (two collectors)"),
     ):
         doc_n = _load(f"diagnose-wave{wave}")
         halves_n = doc_n["results"]["halves"] if doc_n else {}
