@@ -7,13 +7,11 @@ import time
 from datetime import datetime
 from unittest.mock import ANY
 
+from sidecar.model.events import ExitEvent
 from sidecar.parse.kernel import (
     parse_kmsg_record,
 )
 from sidecar.postmortem import PostmortemStore
-from sidecar.watch.exits import (
-    ExitEvent,
-)
 from tests.e2e import wait_for
 
 
@@ -262,8 +260,8 @@ def test_only_signals_that_end_a_process_have_their_sender_described(tmp_path, m
 
     import sidecar.deaths.hear as hear
     from sidecar.deaths.engine import DeathWatch
+    from sidecar.model.events import SignalEvent
     from sidecar.sampling.timeline import Timeline
-    from sidecar.watch.signals import SignalEvent
     from tests.test_daemon_loop import _job, _snapshot
 
     described: list[int] = []

@@ -90,8 +90,6 @@ def test_the_advice_is_chosen_by_what_filled_the_limit() -> None:
     tips = advice(
         v,
         [],
-        None,
-        None,
         filling=Filling(
             "one_rank", rank="3", grown_bytes=4 * GIB, rate_bytes_per_second=80 * MIB, seconds=50
         ),
@@ -99,15 +97,15 @@ def test_the_advice_is_chosen_by_what_filled_the_limit() -> None:
     assert tips[0].startswith("Rank 3 alone grew, by 4.0 GiB in 50 s at 80 MiB/s")
     # flat over its last stretch (the rate rounds to nothing): said without one
     flat = Filling("one_rank", rank="1", grown_bytes=3 * GIB, rate_bytes_per_second=100 * 1024, seconds=52)
-    tips = advice(v, [], None, None, filling=flat)
+    tips = advice(v, [], filling=flat)
     assert tips[0].startswith("Rank 1 alone grew, by 3.0 GiB in 52 s, while"), tips[0]
     half = Filling("one_rank", rank="1", grown_bytes=3 * GIB, rate_bytes_per_second=2**19, seconds=52)
-    assert "0 MiB/s" not in advice(v, [], None, None, filling=half)[0]  # rounds to nothing: unsaid
-    tips = advice(v, [], None, None, filling=Filling("shmem", part_bytes=3 * GIB, total_bytes=4 * GIB))
+    assert "0 MiB/s" not in advice(v, [], filling=half)[0]  # rounds to nothing: unsaid
+    tips = advice(v, [], filling=Filling("shmem", part_bytes=3 * GIB, total_bytes=4 * GIB))
     assert tips[0].startswith("Shared memory filled the limit: 3.0 GiB of the 4.0 GiB")
     # not an OOM: what filled the memory is not the story
     crash = _verdict(Kind.SEGFAULT)
-    assert not any("Shared memory" in t for t in advice(crash, [], None, None, filling=Filling("shmem")))
+    assert not any("Shared memory" in t for t in advice(crash, [], filling=Filling("shmem")))
 
 
 def test_the_text_view_times_a_warning_from_the_death() -> None:
@@ -162,7 +160,7 @@ def test_copy_on_access_is_seen_in_the_workers_uss_not_their_rss() -> None:
     ]  # fmt: skip
     f = what_filled(_charge(anon=4 * GIB), 1, points)
     assert f is not None and f.kind == "workers" and f.grown_bytes == 29 * 40 * MIB
-    assert advice(_verdict(Kind.CGROUP_OOM), [], None, None, filling=f)[0].startswith(
+    assert advice(_verdict(Kind.CGROUP_OOM), [], filling=f)[0].startswith(
         "The ranks' child processes (DataLoader workers) grew by 1.1 GiB of memory of their own (USS) in 29 s"
     )
 

@@ -10,6 +10,7 @@ import signal
 import pytest
 
 from sidecar.model import wait_status_from_returncode
+from sidecar.model.events import ExitEvent
 from sidecar.parse.torchrun import (
     ClosingSignal,
     DeathSignal,
@@ -19,7 +20,6 @@ from sidecar.parse.torchrun import (
     exit_codes_by_pid,
     parse_agent_text,
 )
-from sidecar.watch.exits import ExitEvent
 from tests.paths import CAPTURES
 from tests.paths import PUBLIC_CASES as PUBLIC
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.autopsy.evidence import Sender
 from sidecar.autopsy.senders import TOOLS, tool_of
+from sidecar.model.events import Sender
 from sidecar.probes.senders import describe_sender
 from tests.e2e import wait_for
 
@@ -110,7 +110,7 @@ def test_the_advice_follows_the_tool() -> None:
         v = Verdict(
             RankState("1", 1, 1, 5), Kind.EXTERNAL_SIGNAL, Confidence.CERTAIN, "s", (), {}, None, facts
         )
-        return advice(v, [], None, None)
+        return advice(v, [])
 
     assert tips("slurm")[0].startswith("Slurm ended the step: `sacct")
     assert tips("user")[0].startswith("It was killed from a shell on this node (uid 1000)")

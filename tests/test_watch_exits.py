@@ -9,13 +9,8 @@ import time
 
 import pytest
 
-from sidecar.watch.exits import (
-    ExitEvent,
-    ProcConnector,
-    decode_wait_status,
-    parse_messages,
-    subscribe_message,
-)
+from sidecar.model.events import ExitEvent
+from sidecar.watch.exits import ProcConnector, decode_wait_status, parse_messages, subscribe_message
 from tests.skips import requires
 
 EXIT_DATAGRAM = bytes.fromhex(

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.watch.exits import ExitEvent
+from sidecar.model.events import ExitEvent
 from sidecar.watch.pidfds import PidfdWatcher, pidfd_exit_status
 from tests.skips import met, requires, skip
 

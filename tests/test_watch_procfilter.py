@@ -12,8 +12,9 @@ import sys
 import threading
 import time
 
+from sidecar.model.events import ExitEvent
 from sidecar.watch import procfilter
-from sidecar.watch.exits import ExitEvent, ProcConnector
+from sidecar.watch.exits import ProcConnector
 from tests.skips import requires
 
 RENAME = "import ctypes,sys; ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0); sys.stdin.readline()"

@@ -7,7 +7,7 @@ The daemon and ``trainwatch diagnose`` both go through it; they differ only in h
 gather the evidence.
 """
 
-from sidecar.autopsy.advice import advice
+from sidecar.autopsy.advice import RankMemory, advice
 from sidecar.autopsy.evidence import (
     USERSPACE_OOM_DAEMONS,
     Evidence,
@@ -31,6 +31,7 @@ __all__ = [
     "EvidenceItem",
     "Facts",
     "KernelOom",
+    "RankMemory",
     "RankState",
     "SignalSent",
     "UserspaceKill",

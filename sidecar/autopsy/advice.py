@@ -4,16 +4,22 @@ the verdict's words. The live daemon and ``trainwatch diagnose`` share it (``liv
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from sidecar.autopsy.evidence import Verdict
 from sidecar.autopsy.filled import Filling
 from sidecar.model import CgroupSample, Kind
 
-if TYPE_CHECKING:
-    from sidecar.postmortem.document import RankRow
+__all__ = ["RankMemory", "advice"]
 
-__all__ = ["advice"]
+
+class RankMemory(NamedTuple):
+    """The numbers advice reads of a rank: its own RSS and its tree's (DataLoader workers
+    included), as last known; None where unknown."""
+
+    rss_bytes: int | None
+    tree_rss_bytes: int | None
 
 
 def _gib(n: int | None) -> str:
@@ -117,12 +123,12 @@ def _filled(f: Filling) -> str:
 
 def advice(
     v: Verdict,
-    ranks: list[RankRow],
-    cg: CgroupSample | None,
-    host_total: int | None,
+    ranks: Sequence[RankMemory],
+    *,
+    cg: CgroupSample | None = None,
+    host_total: int | None = None,
     output_read: bool = True,
     flight_enabled: bool | None = None,
-    *,
     live: bool = True,
     filling: Filling | None = None,
     run_output: str | None = None,

@@ -10,6 +10,7 @@ import signal as _signal
 from dataclasses import KW_ONLY, dataclass, field
 
 from sidecar.model import Confidence, Fate, Kind, decode_wait_status
+from sidecar.model.events import Sender
 from sidecar.parse.flight import FlightVerdict
 from sidecar.parse.kernel import XidRecord
 from sidecar.parse.ranks import Finding
@@ -21,7 +22,6 @@ __all__ = [
     "Facts",
     "KernelOom",
     "RankState",
-    "Sender",
     "SignalSent",
     "UserspaceKill",
     "Verdict",
@@ -131,24 +131,6 @@ class KernelOom:
             rss_bytes=fresh.rss_bytes if fresh.rss_bytes is not None else self.rss_bytes,
             lines=(*self.lines, *fresh.lines),
         )
-
-
-@dataclass(frozen=True, slots=True)
-class Sender:
-    """A signal's sender as /proc showed it when the tracepoint reported the signal: its
-    parents (pid, comm, exe) from the nearest up; ``tool`` is what the catalogue
-    (autopsy/senders.py) makes of the chain."""
-
-    pid: int
-    comm: str
-    exe: str | None
-    uid: int | None
-    cgroup: str | None
-    parents: tuple[tuple[int, str, str | None], ...]
-    tool: str = "unknown"
-    seen_at: float | None = None  # wall-clock time /proc was read (just after the signal)
-    # what the tool was doing, where the catalogue can tell: "time_limit", "cancelled"
-    detail: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,6 @@ from sidecar.autopsy.evidence import (
     EvidenceItem,
     KernelOom,
     RankState,
-    Sender,
     rank_label,
     rank_name,
     signal_name,
@@ -43,6 +42,7 @@ from sidecar.autopsy.witnesses import (
     userspace_for,
 )
 from sidecar.model import Confidence, Kind
+from sidecar.model.events import Sender
 
 __all__ = ["victim_verdict"]
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import re
 
-from sidecar.autopsy.evidence import Sender
+from sidecar.model.events import Sender
 
 __all__ = ["TOOLS", "slurm_detail", "tool_of", "words"]
 

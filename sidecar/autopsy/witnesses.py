@@ -18,7 +18,6 @@ from sidecar.autopsy.evidence import (
     EvidenceItem,
     KernelOom,
     RankState,
-    Sender,
     SignalSent,
     UserspaceKill,
     rank_name,
@@ -27,6 +26,7 @@ from sidecar.autopsy.evidence import (
 from sidecar.autopsy.ranking import fits, told_of, weaker
 from sidecar.catalog import Hit, catalog
 from sidecar.model import Confidence, Kind
+from sidecar.model.events import Sender
 
 __all__ = [
     "OOM_RECORD_WINDOW_NS",

@@ -30,10 +30,10 @@ from sidecar.deaths.saved import State
 from sidecar.deaths.state import Watched
 from sidecar.deaths.write import TIMELINE_WINDOW_S, Autopsies
 from sidecar.model import Warned
+from sidecar.model.events import SignalEvent
 from sidecar.parse.kernel import KmsgRecord
 from sidecar.postmortem import PostmortemStore
 from sidecar.sampling.timeline import Timeline
-from sidecar.watch.signals import SignalEvent
 
 __all__ = ["TIMELINE_WINDOW_S", "DeathWatch"]
 

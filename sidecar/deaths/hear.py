@@ -18,11 +18,10 @@ from sidecar.deaths.incidents import Generation, Incident, Known
 from sidecar.deaths.records import EVERY_INCIDENT, Records
 from sidecar.deaths.state import UNKNOWN_EXIT_WAIT_S, Watched
 from sidecar.model import CgroupSample, Snapshot, decode_wait_status
+from sidecar.model.events import ENDING_SIGNALS, ExitEvent, SignalEvent
 from sidecar.parse.kernel import KmsgRecord
 from sidecar.probes.outputs import run_spool
 from sidecar.probes.senders import describe_sender
-from sidecar.watch.exits import ExitEvent
-from sidecar.watch.signals import ENDING_SIGNALS, SignalEvent
 
 __all__ = ["Feeds"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sidecar.autopsy import Evidence, Verdict, advice
+from sidecar.autopsy import Evidence, RankMemory, Verdict, advice
 from sidecar.autopsy.filled import what_filled
 from sidecar.deaths.incidents import Incident
 from sidecar.model import Fate, Kind, TimelinePoint, Warned
@@ -127,11 +127,11 @@ def live_parts(
         warnings=warnings or [],
         advice=advice(
             v,
-            rows,
-            cg,
-            host.total_bytes if host else None,
-            ev.output_read,
-            ev.flight_enabled,
+            [RankMemory(r.rss_bytes, r.tree_rss_bytes) for r in rows],
+            cg=cg,
+            host_total=host.total_bytes if host else None,
+            output_read=ev.output_read,
+            flight_enabled=ev.flight_enabled,
             run_output=ev.run_output,
             filling=what_filled(
                 cg.charge if cg is not None and v.kind != Kind.KERNEL_OOM else None,

@@ -13,10 +13,10 @@ from collections import deque
 from dataclasses import dataclass
 
 from sidecar.autopsy import SignalSent, UserspaceKill
-from sidecar.autopsy.evidence import Sender
 from sidecar.autopsy.oom import OomFold
 from sidecar.catalog import catalog
 from sidecar.model import Snapshot
+from sidecar.model.events import Sender, SignalEvent
 from sidecar.parse.kernel import (
     KmsgRecord,
     OomKill,
@@ -27,7 +27,6 @@ from sidecar.parse.kernel import (
     parse_xid_line,
 )
 from sidecar.parse.oomd import parse_userspace_oom_line
-from sidecar.watch.signals import SignalEvent
 
 __all__ = ["EVERY_INCIDENT", "Parsed", "Records"]
 

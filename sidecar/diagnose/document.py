@@ -8,7 +8,7 @@ import socket
 import time
 from typing import Any
 
-from sidecar.autopsy.advice import advice
+from sidecar.autopsy.advice import RankMemory, advice
 from sidecar.autopsy.logs import COLLECT_DAEMON
 from sidecar.diagnose.contents import gather
 from sidecar.diagnose.inputs import LogInput
@@ -63,7 +63,8 @@ def diagnose(inputs: list[LogInput], now: float | None = None) -> dict[str, Any]
             for e in (*v.evidence[1:], *out.notes)  # the first item is the synthetic exit line
         ]
         # what only the daemon could change is left out: "collect" says what logs need
-        tips = advice(v, rows, None, host_total, True, None, live=False)
+        memory = [RankMemory(r.rss_bytes, r.tree_rss_bytes) for r in rows]
+        tips = advice(v, memory, host_total=host_total, live=False)
     collect = list(dict.fromkeys([*out.collect, *([COLLECT_DAEMON] if out.collect else [])]))
     died = vr.at if vr is not None else None
     ident = make_id(died or now, 0, (v.victim.label if v else "x").replace("?", "x"), g.host or "logs")

@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 import time
 
-from sidecar.autopsy.evidence import Sender
 from sidecar.errors import ProbeError
+from sidecar.model.events import Sender
 from sidecar.probes.proc import read_stat
 
 __all__ = ["describe_sender"]

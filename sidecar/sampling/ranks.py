@@ -12,12 +12,12 @@ from typing import NamedTuple
 
 from sidecar.errors import NoSuchProcess, ProbeError
 from sidecar.model import ProcKey
+from sidecar.model.events import ExitEvent
 from sidecar.probes.proc import ProcReader, ProcStat, ProcStatus
 from sidecar.probes.pss import PssSampler
 from sidecar.probes.zombies import zombie_status
 from sidecar.sampling.discovery import Discovery
 from sidecar.sampling.jobs import TrackedRank
-from sidecar.watch.exits import ExitEvent
 
 __all__ = ["RankRead", "RankReader"]
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from sidecar import saferead
 from sidecar.errors import ProbeError
 from sidecar.model import HostSample, ProbeStatus, ProcKey, Snapshot
+from sidecar.model.events import ExitEvent
 from sidecar.probes.cgroup import CgroupReader
 from sidecar.probes.gpu import GpuProbe
 from sidecar.probes.host import HostReader
@@ -39,7 +40,6 @@ from sidecar.sampling.gpus import GpuAttribution
 from sidecar.sampling.jobs import TrackedJob
 from sidecar.sampling.ranks import RankReader
 from sidecar.settings import Settings
-from sidecar.watch.exits import ExitEvent
 
 __all__ = ["CGROUP_LINGER_SECONDS", "PROBES", "RoundPlan", "Sampler"]
 

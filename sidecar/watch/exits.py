@@ -35,14 +35,13 @@ import socket
 import struct
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from sidecar.model import decode_wait_status
+from sidecar.model.events import ExitEvent
 from sidecar.watch import procfilter
 
 __all__ = [
     "DISCOVERY_EVENTS",
-    "ExitEvent",
     "ProcConnector",
     "decode_wait_status",
     "parse_events",
@@ -76,34 +75,6 @@ _EVENT_HEADER = struct.Struct("=IIQ")  # what, cpu, timestamp_ns
 _EXIT = struct.Struct("=iiIIii")  # pid, tgid, exit_code, exit_signal, parent_pid, parent_tgid
 _FORK = struct.Struct("=iiii")  # parent_pid, parent_tgid, child_pid, child_tgid
 _COMM = struct.Struct("=ii16s")  # pid, tgid, comm
-
-
-@dataclass(frozen=True, slots=True)
-class ExitEvent:
-    """A process (thread-group leader) exited. ``monotonic_ns`` is CLOCK_MONOTONIC;
-    ``exit_code`` is the raw wait status; pids are initial-namespace pids. ``source``
-    says who told: "connector" (the kernel, at the exit), "pidfd", or "proc" (a zombie
-    seen in /proc by the sampler)."""
-
-    pid: int
-    exit_code: int
-    parent_pid: int
-    monotonic_ns: int
-    source: str = "connector"
-
-    @property
-    def signal(self) -> int | None:
-        return decode_wait_status(self.exit_code)[1]
-
-    @property
-    def status(self) -> int | None:
-        return decode_wait_status(self.exit_code)[0]
-
-    @property
-    def returncode(self) -> int:
-        """As ``Popen.returncode`` and torchrun print it: -N for signal N, else the status."""
-        status, sig = decode_wait_status(self.exit_code)
-        return -sig if sig is not None else (status or 0)
 
 
 def subscribe_message(op: int, events: int | None, seq: int = 1) -> bytes:

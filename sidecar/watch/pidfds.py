@@ -26,9 +26,9 @@ import time
 from collections.abc import Callable
 
 from sidecar.errors import ProbeError
+from sidecar.model.events import ExitEvent
 from sidecar.probes.proc import read_stat
 from sidecar.probes.zombies import zombie_status
-from sidecar.watch.exits import ExitEvent
 
 __all__ = ["PIDFD_GET_INFO", "PidfdWatcher", "pidfd_exit_status"]
 

@@ -17,12 +17,12 @@ import logging
 import os
 import re
 import select
-import signal
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 
-__all__ = ["ENDING_SIGNALS", "SignalEvent", "SignalWatcher", "find_tracefs", "parse_trace_line"]
+from sidecar.model.events import ENDING_SIGNALS, SignalEvent
+
+__all__ = ["SignalWatcher", "find_tracefs", "parse_trace_line"]
 
 log = logging.getLogger(__name__)
 
@@ -42,41 +42,13 @@ def find_tracefs(places: tuple[str, ...] = TRACEFS_PLACES) -> str:
 
 
 BUFFER_KB = 64
-# the signals recorded (the kernel filters out every other): those whose default action ends
-# the process, as a kill, a fault or a request to stop (SIGCHLD, SIGCONT, the stops and the
-# like never end one, and a rank's children send it a SIGCHLD each as they exit)
-ENDING_SIGNALS = frozenset(
-    int(s)
-    for s in (
-        signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGABRT,
-        signal.SIGSEGV, signal.SIGBUS, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM, signal.SIGXCPU,
-    )
-)  # fmt: skip
+# the signals recorded, ENDING_SIGNALS (model/events.py): the kernel filters out every other
 FILTER = " || ".join(f"sig == {s}" for s in sorted(ENDING_SIGNALS))
 _LINE = re.compile(
     r"^\s*(?P<scomm>.+?)-(?P<spid>\d+)\s+(?:\(\s*[-\d]+\)\s+)?\[\d+\]\s+\S+\s+(?P<ts>\d+\.\d+):\s+signal_generate:\s+"
     r"sig=(?P<sig>-?\d+) errno=-?\d+ code=(?P<code>-?\d+) comm=(?P<comm>.*?) pid=(?P<pid>\d+) grp=\d+"
     r" res=(?P<res>\d+)"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class SignalEvent:
-    """``sender_pid`` (thread id of the sender, as the trace prints it) sent ``signal`` to
-    ``target_pid`` at ``monotonic_ns``; ``code`` is the siginfo si_code."""
-
-    sender_comm: str
-    sender_pid: int
-    target_comm: str
-    target_pid: int
-    signal: int
-    code: int
-    result: int
-    monotonic_ns: int
-
-    @property
-    def from_kernel(self) -> bool:
-        return self.code == 128  # SI_KERNEL
 
 
 def parse_trace_line(line: str) -> SignalEvent | None:
