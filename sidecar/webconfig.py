@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sidecar.errors import ConfigError
-from sidecar.story.prom import go_duration
+from sidecar.units import go_duration
 
 __all__ = ["CLIENT_AUTH", "VERSIONS", "WebConfig", "load"]
 

@@ -27,7 +27,8 @@ from sidecar.story.clock import SCHEDULING_S, Offset, from_rounds, from_stamps
 from sidecar.story.fetch import FetchError, get_json
 from sidecar.story.gather import MetricDeath, NodeSeen, RankSeen, Seen
 from sidecar.story.join import join
-from sidecar.story.prom import PromError, Prometheus, go_duration, quote
+from sidecar.story.prom import PromError, Prometheus, quote
+from sidecar.units import go_duration
 from tests.e2e import REPO
 from tests.storyfakes import PromAnswers, recorded, reply, server
 

@@ -10,6 +10,7 @@ from typing import NamedTuple
 from sidecar.autopsy.evidence import Verdict
 from sidecar.autopsy.filled import Filling
 from sidecar.model import CgroupSample, Kind
+from sidecar.units import gib, gib_or_mib
 
 __all__ = ["RankMemory", "advice"]
 
@@ -23,11 +24,7 @@ class RankMemory(NamedTuple):
 
 
 def _gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / 2**30:.1f} GiB"
-
-
-def _size(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.0f} MiB"
+    return "?" if n is None else gib(n)
 
 
 OOM_KINDS = (Kind.KERNEL_OOM, Kind.CGROUP_OOM, Kind.USERSPACE_OOM)
@@ -71,7 +68,8 @@ def _filled(f: Filling) -> str:
     if f.kind == "shmem":
         return " ".join(
             (
-                f"Shared memory filled the limit: {_size(f.part_bytes)} of the {_size(f.total_bytes)}",
+                f"Shared memory filled the limit: {gib_or_mib(f.part_bytes)} of the"
+                f" {gib_or_mib(f.total_bytes)}",
                 "charged at the kill was shmem (files in /dev/shm or another tmpfs, shared tensors),",
                 "which counts toward the limit and no reclaim frees. Look for what the job keeps in",
                 "/dev/shm (a dataset copied there, tensors shared between processes, files left by",
@@ -82,7 +80,7 @@ def _filled(f: Filling) -> str:
     if f.kind == "page_cache":
         return " ".join(
             (
-                f"Page cache filled the limit: {_size(f.part_bytes)} of the {_size(f.total_bytes)}",
+                f"Page cache filled the limit: {gib_or_mib(f.part_bytes)} of the {gib_or_mib(f.total_bytes)}",
                 "charged at the kill was file pages, which cgroup v1 counts toward the limit; the kernel",
                 "kills when it cannot reclaim them fast enough (dirty pages of a checkpoint being",
                 "written, mapped dataset files). Write checkpoints in pieces and flush them (os.fsync),",
@@ -92,11 +90,11 @@ def _filled(f: Filling) -> str:
         )
     if f.kind == "one_rank":
         # its last stretch's rate, where it still grew (flat before the kill: no "at 0 MiB/s")
-        shown = _size(f.rate_bytes_per_second or 0.0)
-        rate = f" at {shown}/s" if shown != _size(0) else ""
+        shown = gib_or_mib(f.rate_bytes_per_second or 0.0)
+        rate = f" at {shown}/s" if shown != gib_or_mib(0) else ""
         return " ".join(
             (
-                f"Rank {f.rank} alone grew, by {_size(f.grown_bytes)} in {f.seconds:.0f} s{rate}, while",
+                f"Rank {f.rank} alone grew, by {gib_or_mib(f.grown_bytes)} in {f.seconds:.0f} s{rate}, while",
                 "the other ranks stayed flat: a leak in what only that rank does (rank-0 logging or",
                 "evaluation, metrics or losses kept as tensors with their graph, a cache that never",
                 "evicts). tracemalloc or memray on that rank shows where.",
@@ -105,7 +103,7 @@ def _filled(f: Filling) -> str:
     if f.kind == "workers":
         return " ".join(
             (
-                f"The ranks' child processes (DataLoader workers) grew by {_size(f.grown_bytes)}",
+                f"The ranks' child processes (DataLoader workers) grew by {gib_or_mib(f.grown_bytes)}",
                 "of memory of their own (USS) in" if f.unique else "in",
                 f"{f.seconds:.0f} s while the ranks did not: copy-on-access, each worker un-sharing the",
                 "dataset's pages as it touches Python objects (their reference counts are written).",

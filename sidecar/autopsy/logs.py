@@ -22,6 +22,7 @@ from sidecar.autopsy.ranking import told_of
 from sidecar.catalog import Hit
 from sidecar.model import Confidence, Fate, Kind
 from sidecar.parse.torchrun import DeathSignal
+from sidecar.units import gib
 
 __all__ = [
     "COLLECT_CGROUP",
@@ -202,7 +203,7 @@ def logs_rules(
             pid, (pages, comm) = biggest
             rss = k.task_rss_bytes(pid)
             size = (
-                f"{_gib(rss)} RSS"
+                f"{gib(rss)} RSS"
                 if rss is not None
                 else f"{pages} pages RSS (the record does not tell their size)"
             )
@@ -425,7 +426,3 @@ def _with(
     if all_torn_down:
         fates = {label: Fate.TERMINATED_BY_AGENT for label in fates}
     return Verdict(v.victim, kind, confidence, summary, tuple(items), fates, v.oom)
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB"

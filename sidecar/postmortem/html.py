@@ -13,6 +13,7 @@ from typing import Any
 
 from sidecar.model import Fate
 from sidecar.postmortem.document import epoch_of
+from sidecar.units import gib_or_mib
 
 __all__ = ["render_html"]
 
@@ -43,10 +44,6 @@ td,th{border-bottom:1px solid #eee;padding:4px 10px;text-align:left;vertical-ali
 .fate{color:#fff;border-radius:3px;padding:1px 6px;font-size:12px} .ax{font-size:11px;fill:#666}
 .lg{font-size:11px} h2{font-size:15px;margin:18px 0 4px} h3{font-size:13px;margin:10px 0 2px}
 pre{font-size:12px;background:#f6f6f6;padding:6px;overflow-x:auto}"""
-
-
-def _gib(n: float) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 _MIB, _GIB = 2**20, 2**30
@@ -177,7 +174,7 @@ def _chart(doc: dict[str, Any]) -> str:
         )
         out.append(
             f"<text x='{PAD_L + 4}' y='{y(limit) - 5:.1f}' class='lg' fill='#c0392b'>cgroup limit "
-            f"{_gib(limit)}</text>"
+            f"{gib_or_mib(limit)}</text>"
         )
     if avail:
         scale = max(v for _, v in avail)
@@ -232,9 +229,9 @@ def render_html(doc: dict[str, Any]) -> str:
         f"<tr><td>{_e(r.get('rank'))}</td><td>{_e(r.get('pid'))}</td>"
         f"<td><span class='fate' style='background:{FATE_COLORS.get(r.get('fate'), '#999')}'>{_e(r.get('fate'))}"
         f"</span></td><td>{_e(r.get('exit_code'))}</td><td>{_e(r.get('signal'))}</td>"
-        f"<td>{_gib(r['rss_bytes']) if isinstance(r.get('rss_bytes'), int) else ''}</td>"
-        f"<td>{_gib(r['peak_rss_bytes']) if isinstance(r.get('peak_rss_bytes'), int) else ''}</td>"
-        f"<td>{_gib(r['tree_rss_bytes']) if isinstance(r.get('tree_rss_bytes'), int) else ''}</td>"
+        f"<td>{gib_or_mib(r['rss_bytes']) if isinstance(r.get('rss_bytes'), int) else ''}</td>"
+        f"<td>{gib_or_mib(r['peak_rss_bytes']) if isinstance(r.get('peak_rss_bytes'), int) else ''}</td>"
+        f"<td>{gib_or_mib(r['tree_rss_bytes']) if isinstance(r.get('tree_rss_bytes'), int) else ''}</td>"
         f"<td>{_e(r.get('died_at'))}</td></tr>"
         for r in doc.get("ranks") or []
     )
@@ -280,15 +277,15 @@ def render_html(doc: dict[str, Any]) -> str:
     if isinstance(host.get("total_bytes"), int):
         avail = host.get("available_bytes_at_death")
         mem_lines.append(
-            f"host: {_gib(avail) if isinstance(avail, int) else '?'} available of "
-            f"{_gib(host['total_bytes'])} at death"
+            f"host: {gib_or_mib(avail) if isinstance(avail, int) else '?'} available of "
+            f"{gib_or_mib(host['total_bytes'])} at death"
         )
     if cg:
         usage, limit = cg.get("usage_bytes_at_death"), cg.get("limit_bytes")
         mem_lines.append(
             f"cgroup <code>{_e(cg.get('path'))}</code> (v{_e(cg.get('version'))}): "
-            f"{_gib(usage) if isinstance(usage, int) else '?'} used of "
-            f"{_gib(limit) if isinstance(limit, int) else 'no'} limit, OOM kills {_e(cg.get('oom_kills'))}"
+            f"{gib_or_mib(usage) if isinstance(usage, int) else '?'} used of "
+            f"{gib_or_mib(limit) if isinstance(limit, int) else 'no'} limit, OOM kills {_e(cg.get('oom_kills'))}"
         )
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">

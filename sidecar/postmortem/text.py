@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from sidecar.postmortem.document import epoch_of
+from sidecar.units import format_bytes
 
 __all__ = ["render_text"]
 
@@ -25,12 +26,7 @@ CHARGE_PARTS = (
 
 
 def _size(n: Any) -> str:
-    if not isinstance(n, (int, float)):
-        return "-"
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
+    return format_bytes(n) if isinstance(n, (int, float)) else "-"
 
 
 def _spark(values: list[int]) -> str:

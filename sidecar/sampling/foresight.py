@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from sidecar.model import CgroupSample, MemoryLimit, ProcKey, RankSample, Snapshot, Warned, evolve
 from sidecar.trend import median, theil_sen
+from sidecar.units import gib_or_mib
 
 __all__ = [
     "CONFIRM_SECONDS",
@@ -159,7 +160,7 @@ def _committed(cg: CgroupSample) -> int | None:
 
 
 def _size(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.0f} MiB"
+    return gib_or_mib(n, 2)
 
 
 class Foresight:

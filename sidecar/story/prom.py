@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.story.fetch import ClientConfig, FetchError, get_json
+from sidecar.units import go_duration
 
 __all__ = ["PromError", "Prometheus", "Series", "Target", "quote"]
 
@@ -39,17 +40,6 @@ class Target:
 
 
 DEFAULT_TOLERANCE_S = 0.002  # Prometheus's default --scrape.timestamp-tolerance
-_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def go_duration(text: str) -> float | None:
-    """Seconds of a Go duration (``2ms``, ``1m30s``, ``0s``); None when it is not one."""
-    import re
-
-    parts = re.findall(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)", text)
-    if not parts or "".join(n + u for n, u in parts) != text.strip():
-        return None
-    return sum(float(n) * _GO_UNITS[u] for n, u in parts)
 
 
 def quote(value: str) -> str:
