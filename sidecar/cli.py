@@ -49,7 +49,7 @@ def postmortem_command(ns: argparse.Namespace, env: Mapping[str, str]) -> int:
     import urllib.error
     import urllib.request
 
-    from sidecar.postmortem import ID_PATTERN, PostmortemStore, render_text
+    from sidecar.postmortem import ID_PATTERN, SCHEMA, PostmortemStore, render_text
 
     settings = settings_from(ns, env, POSTMORTEM)
     directory = settings.postmortem_dir
@@ -87,8 +87,8 @@ def postmortem_command(ns: argparse.Namespace, env: Mapping[str, str]) -> int:
             raise ConfigError(
                 f"no postmortem {what or 'yet'} in {directory}" + ("" if what else f" nor at {local}")
             )
-    if not isinstance(doc, dict) or doc.get("schema") != "trainwatch.postmortem/v1":
-        raise ConfigError("not a trainwatch.postmortem/v1 document")
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise ConfigError(f"not a {SCHEMA} document")
     sys.stdout.write(json.dumps(doc, indent=1) + "\n" if ns.format == "json" else render_text(doc))
     return 0
 
