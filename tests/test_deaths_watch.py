@@ -258,14 +258,14 @@ def test_only_signals_that_end_a_process_have_their_sender_described(tmp_path, m
     SIGABRT is kept as it came."""
     import signal
 
-    import sidecar.deaths.hear as hear
     from sidecar.deaths.engine import DeathWatch
+    from sidecar.deaths.gather import Gatherer
     from sidecar.model.events import SignalEvent
     from sidecar.sampling.timeline import Timeline
     from tests.test_daemon_loop import _job, _snapshot
 
     described: list[int] = []
-    monkeypatch.setattr(hear, "describe_sender", lambda root, pid, comm: described.append(pid))
+    monkeypatch.setattr(Gatherer, "sender", lambda self, pid, comm: described.append(pid))
     watch = DeathWatch(PostmortemStore(str(tmp_path)), Timeline(60, 1), hostname="h")
     watch.observe(_snapshot(1, (_job("a", 100),)))  # rank pid 10
     for i in range(100):

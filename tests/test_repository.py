@@ -268,6 +268,8 @@ def test_each_floor_uses_only_the_floors_below_it():
         there = _room(dep)
         if room in GROUND and there not in GROUND[room]:
             wrong.append(f"{name} -> {dep}: {room} may use only {sorted(GROUND[room])}")
+        if name in {"sidecar.deaths.hear", "sidecar.deaths.engine"} and there == "probes":
+            wrong.append(f"{name} -> {dep}: the feeds only record; the Gatherer is the one door to files")
         if room in {"sampling", "deaths"} and there == "watch":
             wrong.append(f"{name} -> {dep}: the flows hear events in the model's words (model/events.py)")
         if room == "sampling" and there in {"deaths", "autopsy", "postmortem", "diagnose", "story"}:

@@ -19,6 +19,7 @@ from sidecar.deaths.incidents import Incident, Plan, Reads
 from sidecar.deaths.oomd import kill_lines, marked_kills, oom_daemons
 from sidecar.errors import NoSuchProcess, ProbeError
 from sidecar.model import ProcKey, wait_status_from_returncode
+from sidecar.model.events import Sender
 from sidecar.parse.flight import MAX_DUMP_BYTES, FlightDump, FlightVerdict, parse_dump, summarise
 from sidecar.parse.pasted import plain_output
 from sidecar.parse.ranks import Finding, parse_rank_output, stamp_to_epoch
@@ -28,8 +29,9 @@ from sidecar.parse.torchrun import (
     parse_agent_text,
     parse_error_file,
 )
-from sidecar.probes.outputs import OutputFile, read_output, regular_outputs
+from sidecar.probes.outputs import OutputFile, read_output, regular_outputs, run_spool
 from sidecar.probes.proc import read_stat
+from sidecar.probes.senders import describe_sender
 
 __all__ = ["OUTPUT_PARSE_BYTES", "Gatherer"]
 
@@ -104,6 +106,16 @@ class Gatherer:
         root = self.roots.pop(agent_pid, None)
         if root is not None:
             root.close()
+
+    def run_spool(self, agent_pid: int, path: str, uid: int | None) -> OutputFile | None:
+        """Where ``trainwatch run`` keeps the job's output, if a process of the job holds it
+        (probes/outputs.run_spool): the feeds ask here, the one door to the files."""
+        return run_spool(self.proc_root, agent_pid, path, uid)
+
+    def sender(self, pid: int, comm: str) -> Sender:
+        """A signal's sender as /proc shows it now (probes/senders.describe_sender): read on
+        the tracepoint's thread at once, since a ``kill`` is gone within milliseconds."""
+        return describe_sender(self.proc_root, pid, comm)
 
     def _deadline(self) -> float:
         """The deadline of the next read of a job-named file: what is left of the round's

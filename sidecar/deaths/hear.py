@@ -20,8 +20,6 @@ from sidecar.deaths.state import UNKNOWN_EXIT_WAIT_S, Watched
 from sidecar.model import CgroupSample, Snapshot, decode_wait_status
 from sidecar.model.events import ENDING_SIGNALS, ExitEvent, SignalEvent
 from sidecar.parse.kernel import KmsgRecord
-from sidecar.probes.outputs import run_spool
-from sidecar.probes.senders import describe_sender
 
 __all__ = ["Feeds"]
 
@@ -132,7 +130,7 @@ class Feeds:
             known_files = [f for files in self.state.agent_outputs.values() for f in files]
         # Outside the lock (file system calls), once per new job, rank and cgroup
         outputs, rank_files, marks = self.gather.newcomers(new_agents, new_ranks, new_cgroups, known_files)
-        found = {a: run_spool(self.gather.proc_root, a, path, uid) for a, (path, uid) in spools.items()}
+        found = {a: self.gather.run_spool(a, path, uid) for a, (path, uid) in spools.items()}
         with self.state.cv:
             for agent, spool in found.items():
                 if spool is None:
@@ -231,7 +229,7 @@ class Feeds:
         sender = None
         if not event.from_kernel and event.sender_pid != event.target_pid:
             # read now, outside the lock: a `kill` is gone within milliseconds
-            sender = describe_sender(self.gather.proc_root, event.sender_pid, event.sender_comm)
+            sender = self.gather.sender(event.sender_pid, event.sender_comm)
         with self.state.cv:
             if event.target_pid not in self.state.known and event.target_pid not in self._agents():
                 return
