@@ -119,21 +119,14 @@ def _filled(f: Filling) -> str:
     )
 
 
-def advice(
+def _memory(
     v: Verdict,
     ranks: Sequence[RankMemory],
-    *,
-    cg: CgroupSample | None = None,
-    host_total: int | None = None,
-    output_read: bool = True,
-    flight_enabled: bool | None = None,
-    live: bool = True,
-    filling: Filling | None = None,
-    run_output: str | None = None,
+    cg: CgroupSample | None,
+    host_total: int | None,
+    filling: Filling | None,
 ) -> list[str]:
-    """What to change, from the verdict's kind and facts and the numbers. ``live`` False:
-    for ``trainwatch diagnose``, which leaves out what only the daemon's setup could change.
-    ``filling``: what filled the limit, for an OOM (autopsy/filled.py)."""
+    """For an OOM: what filled the limit, every rank alike, the limit or the machine, the workers."""
     out: list[str] = []
     if filling is not None and v.kind in OOM_KINDS:
         out.append(_filled(filling))
@@ -170,6 +163,12 @@ def advice(
             "The ranks' child processes (DataLoader workers) held much of the memory: lower num_workers, "
             "avoid copying the dataset into each worker, or use shared memory for it."
         )
+    return out
+
+
+def _signalled(v: Verdict) -> list[str]:
+    """For a signal from outside: what its sender (and what it was doing) says to look at."""
+    out: list[str] = []
     sender = v.facts.sender
     if (
         v.kind == Kind.EXTERNAL_SIGNAL
@@ -184,6 +183,12 @@ def advice(
             "Nothing on this machine recorded an OOM. Look at who sends signals here: the scheduler "
             "(Slurm time limit, Kubernetes eviction or preemption), an operator, a watchdog."
         )
+    return out
+
+
+def _timed_out(v: Verdict, flight_enabled: bool | None) -> list[str]:
+    """For a collective timeout: where to look, and the flight recorder."""
+    out: list[str] = []
     if v.kind == Kind.COLLECTIVE_TIMEOUT:
         nccl = v.facts.backend == "nccl"
         if v.facts.all_entered:
@@ -217,6 +222,12 @@ def advice(
                 "mismatch between ranks' collectives visible."
             )
         out.append("Raise the timeout (init_process_group(timeout=...)) only when a step truly takes longer.")
+    return out
+
+
+def _by_kind(v: Verdict) -> list[str]:
+    """For a GPU fault, a CUDA OOM, /dev/shm, an exception: the one thing to change."""
+    out: list[str] = []
     if v.kind == Kind.GPU_ERROR:
         out.append(
             "The GPU failed, not the program: drain the node and have it checked (nvidia-smi -q, "
@@ -238,6 +249,14 @@ def advice(
         )
     if v.kind == Kind.PYTHON_EXCEPTION:
         out.append("The exception is the rank's own: fix it from the traceback in the rank's output.")
+    return out
+
+
+def _unread(
+    v: Verdict, output_read: bool, run_output: str | None, live: bool, host_total: int | None
+) -> list[str]:
+    """When the ranks' own words were not read, or only the daemon's setup could tell."""
+    out: list[str] = []
     own_words = (Kind.PYTHON_EXCEPTION, Kind.ABORT, Kind.SEGFAULT, Kind.BUS_ERROR, Kind.UNKNOWN)
     if not output_read and v.kind in own_words and run_output is not None:
         out.append(  # never tell a user to do what they already did
@@ -261,3 +280,27 @@ def advice(
             "per node; a memory limit on the job turns this into a contained failure."
         )
     return out
+
+
+def advice(
+    v: Verdict,
+    ranks: Sequence[RankMemory],
+    *,
+    cg: CgroupSample | None = None,
+    host_total: int | None = None,
+    output_read: bool = True,
+    flight_enabled: bool | None = None,
+    live: bool = True,
+    filling: Filling | None = None,
+    run_output: str | None = None,
+) -> list[str]:
+    """What to change, from the verdict's kind and facts and the numbers. ``live`` False:
+    for ``trainwatch diagnose``, which leaves out what only the daemon's setup could change.
+    ``filling``: what filled the limit, for an OOM (autopsy/filled.py)."""
+    return [
+        *_memory(v, ranks, cg, host_total, filling),
+        *_signalled(v),
+        *_timed_out(v, flight_enabled),
+        *_by_kind(v),
+        *_unread(v, output_read, run_output, live, host_total),
+    ]
