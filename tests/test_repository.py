@@ -333,8 +333,6 @@ LONG_RULES = {
     "sidecar/autopsy/killers.py:victim_verdict",
     "sidecar/autopsy/logs.py:logs_rules",
     "sidecar/autopsy/said.py:from_output",
-    "sidecar/diagnose/ranks.py:log_ranks",
-    "sidecar/deaths/parts.py:live_parts",
 }
 
 

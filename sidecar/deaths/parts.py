@@ -12,7 +12,7 @@ from typing import Any
 from sidecar.autopsy import Evidence, RankMemory, Verdict, advice
 from sidecar.autopsy.filled import what_filled
 from sidecar.deaths.incidents import Incident
-from sidecar.model import Fate, Kind, TimelinePoint, Warned
+from sidecar.model import CgroupSample, Fate, Kind, TimelinePoint, Warned
 from sidecar.postmortem.document import (
     CgroupAtDeath,
     Cited,
@@ -44,54 +44,9 @@ def live_parts(
     timeline over the window before the death; ``wall_of``: a monotonic ns time as
     wall-clock seconds (None stays None)."""
     before = inc.snapshot_before
-    cgroups = {c.path: c for c in before.cgroups} if before else {}
-    cg_path = (
-        (v.oom.oom_memcg if v.oom and v.oom.oom_memcg else None)
-        or v.victim.cgroup_limited_by
-        or v.victim.cgroup
-    )
-    cg = cgroups.get(cg_path or "")
-    if cg is None and v.victim.cgroup:
-        cg = cgroups.get(v.victim.cgroup)
-    rows = []
-    for r in ev.ranks:
-        k = inc.ranks.get(r.pid)
-        s = k.sample if k else None
-        rows.append(
-            RankRow(
-                rank=r.rank,
-                local_rank=r.local_rank,
-                pid=r.pid,
-                exit_code=r.returncode,
-                signal=r.signal,
-                exit_source=r.exit_source,
-                died_at=wall_of(r.died_ns) if r.pid not in inc.untimed else None,
-                fate=_fate(v.fates.get(r.label, Fate.UNKNOWN), r.pid, inc),
-                stranded_since=inc.stranded.get(r.pid) if not r.dead else None,
-                rss_bytes=s.rss_bytes if s else None,
-                peak_rss_bytes=s.peak_rss_bytes if s else None,
-                tree_rss_bytes=s.tree_rss_bytes if s else None,
-                tree_pss_bytes=s.tree_pss_bytes if s else None,
-                tree_uss_bytes=s.tree_uss_bytes if s else None,
-                gpu_memory_bytes=sum(s.gpu_memory_bytes.values()) if s and s.gpu_memory_bytes else None,
-                rank_source=s.rank_source if s else None,
-                launcher=inc.gen.launcher,
-            )
-        )
+    cg, cgroup = _cgroup(inc, v, ev)
+    rows = _rows(inc, v, ev, wall_of)
     host = before.host if before else None
-    cgroup = None
-    if cg is not None:
-        # counted after the death (the snapshot before it predates the kill); on v1 the
-        # counter is per cgroup, so the kill shows in the victim's own one
-        kills = max(
-            (
-                n
-                for path, n in ev.cgroup_oom_kills_after.items()
-                if path == cg.path or (v.victim.cgroup == path and path.startswith(cg.path.rstrip("/") + "/"))
-            ),
-            default=cg.oom_kills,
-        )
-        cgroup = CgroupAtDeath(sample=cg, oom_kills=kills)
     return Parts(
         ident=inc.doc_id or "",
         created_at=inc.created_at or updated_at,
@@ -150,6 +105,66 @@ def live_parts(
             else {}
         ),
     )
+
+
+def _cgroup(inc: Incident, v: Verdict, ev: Evidence) -> tuple[CgroupSample | None, CgroupAtDeath | None]:
+    """The cgroup whose limit bound the victim (the OOM record's, else the victim's), as the
+    round before the death read it, and its OOM kills counted after the death (the round
+    before predates the kill; on v1 the counter is per cgroup, so the kill shows in the
+    victim's own one)."""
+    before = inc.snapshot_before
+    cgroups = {c.path: c for c in before.cgroups} if before else {}
+    cg_path = (
+        (v.oom.oom_memcg if v.oom and v.oom.oom_memcg else None)
+        or v.victim.cgroup_limited_by
+        or v.victim.cgroup
+    )
+    cg = cgroups.get(cg_path or "")
+    if cg is None and v.victim.cgroup:
+        cg = cgroups.get(v.victim.cgroup)
+    if cg is None:
+        return None, None
+    kills = max(
+        (
+            n
+            for path, n in ev.cgroup_oom_kills_after.items()
+            if path == cg.path or (v.victim.cgroup == path and path.startswith(cg.path.rstrip("/") + "/"))
+        ),
+        default=cg.oom_kills,
+    )
+    return cg, CgroupAtDeath(sample=cg, oom_kills=kills)
+
+
+def _rows(
+    inc: Incident, v: Verdict, ev: Evidence, wall_of: Callable[[int | None], float | None]
+) -> list[RankRow]:
+    """Each rank's fate and its memory as last sampled."""
+    rows = []
+    for r in ev.ranks:
+        k = inc.ranks.get(r.pid)
+        s = k.sample if k else None
+        rows.append(
+            RankRow(
+                rank=r.rank,
+                local_rank=r.local_rank,
+                pid=r.pid,
+                exit_code=r.returncode,
+                signal=r.signal,
+                exit_source=r.exit_source,
+                died_at=wall_of(r.died_ns) if r.pid not in inc.untimed else None,
+                fate=_fate(v.fates.get(r.label, Fate.UNKNOWN), r.pid, inc),
+                stranded_since=inc.stranded.get(r.pid) if not r.dead else None,
+                rss_bytes=s.rss_bytes if s else None,
+                peak_rss_bytes=s.peak_rss_bytes if s else None,
+                tree_rss_bytes=s.tree_rss_bytes if s else None,
+                tree_pss_bytes=s.tree_pss_bytes if s else None,
+                tree_uss_bytes=s.tree_uss_bytes if s else None,
+                gpu_memory_bytes=sum(s.gpu_memory_bytes.values()) if s and s.gpu_memory_bytes else None,
+                rank_source=s.rank_source if s else None,
+                launcher=inc.gen.launcher,
+            )
+        )
+    return rows
 
 
 def _restart_note(inc: Incident) -> list[Cited]:

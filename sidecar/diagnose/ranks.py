@@ -25,12 +25,37 @@ _TABLE_TIME = re.compile(r"time\s*:?\s*(\d{4})-(\d\d)-(\d\d)[_ ](\d\d):(\d\d):(\
 
 
 def log_ranks(g: LogRecords) -> tuple[list[LogRank], list[EvidenceItem]]:
-    """The ranks the logs name, merged by pid (then by rank, then by local rank)."""
-    ranks: list[LogRank] = []
+    """The ranks the logs name, merged by pid (then by rank, then by local rank): each step
+    below in order, every one adding to the same book."""
+    book = _Book()
     notes: list[EvidenceItem] = []
+    _from_the_agent(book, g)
+    # srun started the ranks, no launcher of their own (a torchrun agent's or DeepSpeed's
+    # lines): its task ids are ranks (SLURM_PROCID); else a task is a node's launcher
+    tasks_are_ranks = not g.agent and not any(j.source == "deepspeed" for j in g.jobs)
+    srun_failed = _from_the_launchers(book, g, tasks_are_ranks)
+    _deepspeed_starts(book, g)
+    _named_by_their_lines(book, g, notes)
+    _torn_down_locals(book, notes)
+    _launcher_reports(book, notes)
+    _reported_exits(book, g)
+    ranks = book.ranks
+    teardown_after_own_failure(ranks, g, notes)
+    _the_worker_the_agent_reacted_to(ranks, g, notes)
+    if tasks_are_ranks and not srun_failed:
+        _the_task_srun_reacted_to(ranks, g, notes)
+    return ranks, notes
 
-    def get(pid: int | None, rank: int | None = None, local: int | None = None) -> LogRank:
-        for r in ranks:
+
+class _Book:
+    """The ranks found so far; ``get`` finds one by pid (then by rank, then by local rank)
+    or adds it, and fills in what it did not know."""
+
+    def __init__(self) -> None:
+        self.ranks: list[LogRank] = []
+
+    def get(self, pid: int | None, rank: int | None = None, local: int | None = None) -> LogRank:
+        for r in self.ranks:
             if (
                 (pid is not None and r.pid == pid)
                 or ((pid is None or r.pid is None) and rank is not None and r.rank == rank)
@@ -39,7 +64,7 @@ def log_ranks(g: LogRecords) -> tuple[list[LogRank], list[EvidenceItem]]:
                 break
         else:
             r = LogRank(pid=pid)
-            ranks.append(r)
+            self.ranks.append(r)
         if rank is not None:
             r.rank = rank
         if local is not None:
@@ -48,9 +73,13 @@ def log_ranks(g: LogRecords) -> tuple[list[LogRank], list[EvidenceItem]]:
             r.pid = pid
         return r
 
+
+def _from_the_agent(book: _Book, g: LogRecords) -> None:
+    """torchrun's agent: its failure table, its ``failed (exitcode: N)`` line and the
+    ranks it sent its closing signal."""
     for rec in g.agent:
         if isinstance(rec, FailureEntry):
-            r = get(rec.pid, rec.rank, rec.local_rank)
+            r = book.get(rec.pid, rec.rank, rec.local_rank)
             r.returncode = rec.exitcode
             r.first = r.first or rec.root_cause
             m = _TABLE_TIME.search(f"time : {rec.time}" if rec.time else "")
@@ -58,21 +87,23 @@ def log_ranks(g: LogRecords) -> tuple[list[LogRank], list[EvidenceItem]]:
                 r.at = time.mktime((*(int(m[i]) for i in range(1, 7)), 0, 0, -1))  # type: ignore[arg-type]
             r.lines.append(f"exitcode {rec.exitcode} (pid {rec.pid}): {rec.traceback or ''}".strip())
         elif isinstance(rec, WorkerFailed):
-            r = get(rec.pid, None, rec.local_rank)
+            r = book.get(rec.pid, None, rec.local_rank)
             r.returncode = rec.exitcode
             r.first = True
             r.lines.append(rec.line)
             r.at = r.at or when(rec.line, g.dating)  # when the agent noticed: within its monitor interval
         elif isinstance(rec, ClosingSignal):
-            r = get(rec.pid)
+            r = book.get(rec.pid)
             r.torn_down = True
             if r.returncode is None and rec.signal is not None:
                 r.returncode = -rec.signal
             r.lines.append(rec.line)
-    # srun started the ranks, no launcher of their own (a torchrun agent's or DeepSpeed's
-    # lines): its task ids are ranks (SLURM_PROCID); else a task is a node's launcher
-    tasks_are_ranks = not g.agent and not any(j.source == "deepspeed" for j in g.jobs)
-    srun_failed = False  # srun reported a task's own failure: the kills it reports next are its teardown
+
+
+def _from_the_launchers(book: _Book, g: LogRecords, tasks_are_ranks: bool) -> bool:
+    """srun's, DeepSpeed's and other launchers' exit lines, a shell's ``Killed``. Whether
+    srun reported a task's own failure (the kills it reports next are its teardown)."""
+    srun_failed = False
     for job in g.jobs:
         if job.source == "slurm" and job.what == "oom_cgroup" and job.tasks and tasks_are_ranks:
             # srun's "task N: Out Of Memory": the task ended while the step's memory cgroup
@@ -80,7 +111,7 @@ def log_ranks(g: LogRecords) -> tuple[list[LogRank], list[EvidenceItem]]:
             # have exited of a child's kill), its own end: the kills srun reports after it are
             # its teardown. How it ended, the line does not say.
             for task in job.tasks:
-                r = get(None, task, None)
+                r = book.get(None, task, None)
                 r.inferred_rank = True
                 if r.returncode is None and not r.first:
                     r.first, r.torn_down = True, False
@@ -102,7 +133,7 @@ def log_ranks(g: LogRecords) -> tuple[list[LogRank], list[EvidenceItem]]:
             teardown = srun_failed and job.signal in (_signal.SIGKILL, _signal.SIGTERM)
             for task in job.tasks:
                 # srun's task id is the rank (SLURM_PROCID) when srun started the ranks
-                r = get(None, task, None)
+                r = book.get(None, task, None)
                 r.inferred_rank = True
                 if r.returncode is not None:
                     continue
@@ -114,35 +145,43 @@ def log_ranks(g: LogRecords) -> tuple[list[LogRank], list[EvidenceItem]]:
             srun_failed = srun_failed or job.signal not in (_signal.SIGKILL, _signal.SIGTERM)
             continue
         if job.source == "deepspeed" and job.what == "teardown":
-            r = get(job.pid)
+            r = book.get(job.pid)
             r.torn_down = True
             r.lines.append(job.line)
         elif job.what in ("exit_signal", "exit_code") and job.source in ("deepspeed", "launcher", "slurm"):
-            r = get(None, None, job.local_rank) if job.local_rank is not None else get(None)
+            r = book.get(None, None, job.local_rank) if job.local_rank is not None else book.get(None)
             r.returncode = -job.signal if job.signal else job.exit_code
             r.first = True
             r.lines.append(job.line)
             r.at = r.at or when(job.line, g.dating)
         elif job.what == "killed_by_shell" and job.pid is not None:
-            r = get(job.pid)
+            r = book.get(job.pid)
             r.returncode = -(job.signal or 9)
             r.lines.append(job.line)
-    # DeepSpeed's launcher names each worker's pid as it starts it, with its local rank on
-    # the command line (--local_rank=N): the ranks other lines named by one get the other,
-    # so a kernel record naming the pid is the rank's. No rank is made of a start alone.
+    return srun_failed
+
+
+def _deepspeed_starts(book: _Book, g: LogRecords) -> None:
+    """DeepSpeed's launcher names each worker's pid as it starts it, with its local rank on
+    the command line (--local_rank=N): the ranks other lines named by one get the other,
+    so a kernel record naming the pid is the rank's. No rank is made of a start alone."""
     spawned = [j for j in g.jobs if j.what == "spawned" and j.pid is not None and j.local_rank is not None]
     local_of = {j.pid: j.local_rank for j in spawned}
     pid_of = {j.local_rank: j.pid for j in spawned}
     if len(local_of) == len(spawned) and len(pid_of) == len(spawned):  # one node's starts, unambiguous
-        for r in ranks:
+        for r in book.ranks:
             if r.pid is None and r.local_rank in pid_of:
                 r.pid = pid_of[r.local_rank]
             elif r.local_rank is None and r.pid in local_of:
                 r.local_rank = local_of[r.pid]
-        _merge_by_pid(ranks)
-    # ranks whose own lines name them (the watchdog's [Rank N], a [rankN]: prefix). A global
-    # rank no table gave, on a rank whose local rank is the same number, is taken to be it
-    # (true on one node; said as inferred, so never certain)
+        _merge_by_pid(book.ranks)
+
+
+def _named_by_their_lines(book: _Book, g: LogRecords, notes: list[EvidenceItem]) -> None:
+    """Ranks whose own lines name them (the watchdog's [Rank N], a [rankN]: prefix). A global
+    rank no table gave, on a rank whose local rank is the same number, is taken to be it
+    (true on one node; said as inferred, so never certain)."""
+    ranks = book.ranks
     for _, f in g.findings:
         if f.rank is None or any(r.rank == f.rank for r in ranks):
             continue
@@ -159,29 +198,38 @@ def log_ranks(g: LogRecords) -> tuple[list[LogRank], list[EvidenceItem]]:
             )
         else:
             ranks.append(LogRank(rank=f.rank, local_rank=f.local_rank))
-    # torn-down pids in one run of consecutive pids with a rank whose local rank is known:
-    # torchrun starts the workers in local-rank order
+
+
+def _torn_down_locals(book: _Book, notes: list[EvidenceItem]) -> None:
+    """Torn-down pids in one run of consecutive pids with a rank whose local rank is known:
+    torchrun starts the workers in local-rank order."""
+    ranks = book.ranks
     anchors = [r for r in ranks if r.local_rank is not None and r.pid is not None]
-    if anchors:
-        base = anchors[0].local_rank, anchors[0].pid
-        for r in ranks:
-            if r.local_rank is None and r.pid is not None and r.torn_down:
-                local = base[0] + (r.pid - base[1])  # type: ignore[operator]
-                if 0 <= local < 64 and not any(o.local_rank == local for o in ranks):
-                    r.local_rank, r.inferred_local = local, True
-        if any(r.inferred_local for r in ranks):
-            notes.append(
-                EvidenceItem(
-                    "inference",
-                    None,
-                    "local ranks of the torn-down pids inferred from their place in the run of "
-                    "consecutive pids "
-                    f"(local rank {base[0]} is pid {base[1]})",
-                )
+    if not anchors:
+        return
+    base = anchors[0].local_rank, anchors[0].pid
+    for r in ranks:
+        if r.local_rank is None and r.pid is not None and r.torn_down:
+            local = base[0] + (r.pid - base[1])  # type: ignore[operator]
+            if 0 <= local < 64 and not any(o.local_rank == local for o in ranks):
+                r.local_rank, r.inferred_local = local, True
+    if any(r.inferred_local for r in ranks):
+        notes.append(
+            EvidenceItem(
+                "inference",
+                None,
+                "local ranks of the torn-down pids inferred from their place in the run of "
+                "consecutive pids "
+                f"(local rank {base[0]} is pid {base[1]})",
             )
-    # A launcher's report of its child's exit that names no rank (subprocess's
-    # CalledProcessError of `torchrun ...`, a launcher's "exits with return code") is the
-    # whole job's exit when the logs name ranks: it is never a rank of its own, nor the reason
+        )
+
+
+def _launcher_reports(book: _Book, notes: list[EvidenceItem]) -> None:
+    """A launcher's report of its child's exit that names no rank (subprocess's
+    CalledProcessError of `torchrun ...`, a launcher's "exits with return code") is the
+    whole job's exit when the logs name ranks: it is never a rank of its own, nor the reason."""
+    ranks = book.ranks
     named = [r for r in ranks if r.pid is not None or r.rank is not None or r.local_rank is not None]
     if named:
         for r in [r for r in ranks if r not in named]:
@@ -190,24 +238,24 @@ def log_ranks(g: LogRecords) -> tuple[list[LogRank], list[EvidenceItem]]:
                 EvidenceItem("launcher", None, f"the job's exit, as its launcher reported it: {line}")
                 for line in r.lines
             ]
-    if not any(r.returncode is not None for r in ranks):
-        # no structured record gave an exit: a launcher's, a shell's or a runtime's report of
-        # a process's exit status or signal is one (spawn's "process 1 terminated with signal
-        # SIGSEGV", mpirun's "exited on signal 9", a container's "Exit Code: 137")
-        for hit, at in g.exits:
-            code = exit_of(hit)
-            who = [_int(hit.get(name)) for name in ("pid", "rank", "local_rank")]
-            r = get(who[0], who[1], who[2]) if any(x is not None for x in who) else get(None)
-            if r.returncode is None:
-                r.returncode = code
-                r.first = not any(o.first for o in ranks if o is not r)
-                r.lines.append(hit.line)
-                r.at = r.at or at
-    teardown_after_own_failure(ranks, g, notes)
-    _the_worker_the_agent_reacted_to(ranks, g, notes)
-    if tasks_are_ranks and not srun_failed:
-        _the_task_srun_reacted_to(ranks, g, notes)
-    return ranks, notes
+
+
+def _reported_exits(book: _Book, g: LogRecords) -> None:
+    """When no structured record gave an exit: a launcher's, a shell's or a runtime's report
+    of a process's exit status or signal is one (spawn's "process 1 terminated with signal
+    SIGSEGV", mpirun's "exited on signal 9", a container's "Exit Code: 137")."""
+    ranks = book.ranks
+    if any(r.returncode is not None for r in ranks):
+        return
+    for hit, at in g.exits:
+        code = exit_of(hit)
+        who = [_int(hit.get(name)) for name in ("pid", "rank", "local_rank")]
+        r = book.get(who[0], who[1], who[2]) if any(x is not None for x in who) else book.get(None)
+        if r.returncode is None:
+            r.returncode = code
+            r.first = not any(o.first for o in ranks if o is not r)
+            r.lines.append(hit.line)
+            r.at = r.at or at
 
 
 # what a process's own words can say of its own end and not of a peer's: a fault, an abort,
