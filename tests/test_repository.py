@@ -332,7 +332,6 @@ def test_no_module_of_the_package_is_over_500_lines():
 LONG_RULES = {
     "sidecar/autopsy/killers.py:victim_verdict",
     "sidecar/autopsy/logs.py:logs_rules",
-    "sidecar/autopsy/said.py:from_output",
 }
 
 

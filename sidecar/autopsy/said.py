@@ -10,6 +10,7 @@ back on signals and counters.
 from __future__ import annotations
 
 import signal as _signal
+from dataclasses import dataclass
 from typing import Any
 
 from sidecar.autopsy.evidence import Evidence, EvidenceItem, RankState, rank_label, rank_name
@@ -145,7 +146,24 @@ def from_output(
 ) -> tuple[Kind, Confidence, str] | None:
     """The verdict the victim's own output gives: its watchdog's or its backend's timeout,
     a CUDA OOM, a shared-memory bus error, an exception. First-hand, so certain. What it
-    found as data goes into ``facts`` (see ``Facts``)."""
+    found as data goes into ``facts`` (see ``Facts``). Whose words they are first, then
+    each rule of ``_OWN_WORDS`` in order: the first that holds decides."""
+    mine, confidence, who = _whose_words(victim, ev)
+    if not mine and ev.from_logs and victim.status == 1 and victim.signal is None:
+        return _as_its_peers(victim, ev, who, items)
+    if not mine or victim.returncode == 0:
+        return None
+    w = _Words(victim, ev, mine, confidence, who, items, facts)
+    for rule in _OWN_WORDS:
+        found = rule(w)
+        if found is not None:
+            return found
+    return None
+
+
+def _whose_words(victim: RankState, ev: Evidence) -> tuple[list[Finding], Confidence, str]:
+    """The findings that are the victim's own words, how sure that they are, and how the
+    summary names it (lines with no rank prefix are its own only in the cases below)."""
     who = rank_name(victim.label, victim.pid, ev.from_logs)
     mine = findings_of(victim, ev)
     confidence = Confidence.CERTAIN
@@ -195,46 +213,64 @@ def from_output(
             ]
             confidence = Confidence.POSSIBLE
             who = "A rank (no line says which)"
-    if not mine and ev.from_logs and victim.status == 1 and victim.signal is None:
-        return _as_its_peers(victim, ev, who, items)
-    if not mine or victim.returncode == 0:
-        return None
+    return mine, confidence, who
 
-    def cite(*kinds: str) -> list[Finding]:
-        found = [f for f in mine if f.kind in kinds]
+
+@dataclass(slots=True)
+class _Words:
+    """The victim's own words and what a rule says of them: the items it cites and the facts
+    it finds go to the verdict's."""
+
+    victim: RankState
+    ev: Evidence
+    mine: list[Finding]
+    confidence: Confidence
+    who: str
+    items: list[EvidenceItem]
+    facts: dict[str, Any]
+
+    def cite(self, *kinds: str) -> list[Finding]:
+        found = [f for f in self.mine if f.kind in kinds]
         for f in found[:3]:
-            items.append(_cited(f))
+            self.items.append(_cited(f))
         return found
 
-    nccl = cite("nccl_timeout")
-    gloo = [] if nccl else cite("gloo_timeout")
+
+_Said = tuple[Kind, Confidence, str]
+
+
+def _timed_out(w: _Words) -> _Said | None:
+    """Its watchdog's or gloo's timeout, read field by field; who never arrived."""
+    confidence = w.confidence
+    nccl = w.cite("nccl_timeout")
+    gloo = [] if nccl else w.cite("gloo_timeout")
     if nccl or gloo:
-        cite("nccl_progress")
-        exc = next((f for f in mine if f.kind == "exception" and f.get("collective")), None)
+        w.cite("nccl_progress")
+        exc = next((f for f in w.mine if f.kind == "exception" and f.get("collective")), None)
         first = nccl[0] if nccl else gloo[0]
         backend = "NCCL" if nccl else "gloo"
-        facts["backend"] = "nccl" if nccl else "gloo"
+        w.facts["backend"] = "nccl" if nccl else "gloo"
         op = (nccl[0].get("op") or "").lower() if nccl else (exc.get("collective") if exc else None)
         seq = first.get("seq")
         what = (op or "a collective") + (f" (SeqNum {seq})" if seq else "")
         waited = int(first.get("timeout_ms") or 0) / 1000
-        missing = _never_arrived(victim, ev, seq)
-        fr = ev.flight
+        missing = _never_arrived(w.victim, w.ev, seq)
+        fr = w.ev.flight
         if fr is not None:  # sequence numbers beat inference from who said what
             missing = [
                 r for r in missing if r.rank is None or r.rank not in fr.dumped or r.rank in fr.laggards
             ]
             for line in fr.lines:
-                items.append(EvidenceItem("flight_recorder", None, line))
+                w.items.append(EvidenceItem("flight_recorder", None, line))
             if fr.laggards:
                 what = (fr.op or op or "a collective") + f" (SeqNum {fr.seq})"
         else:
             for r in missing:
-                items.append(
+                w.items.append(
                     EvidenceItem(
                         "output",
                         None,
-                        f"{rank_name(r.label, r.pid, ev.from_logs)} was alive and reported no timeout: "
+                        f"{rank_name(r.label, r.pid, w.ev.from_logs)} was alive and reported no timeout: "
                         "it never joined",
                     )
                 )
@@ -242,24 +278,24 @@ def from_output(
             never = f"; rank {', '.join(map(str, fr.laggards))} never entered it (flight recorder)"
         elif missing:
             never = (
-                f"; {rank_label(missing[0].label, ev.from_logs)}"
+                f"; {rank_label(missing[0].label, w.ev.from_logs)}"
                 + "".join(f", {r.label}" for r in missing[1:])
                 + " never arrived"
             )
-        elif len(ev.ranks) == 1 and ev.world_size == 1:
-            facts["all_entered"] = True
+        elif len(w.ev.ranks) == 1 and w.ev.world_size == 1:
+            w.facts["all_entered"] = True
             never = (
                 "; it is the whole world, so its own work held the collective up (a GPU kernel ahead of it)"
             )
-        elif fr is not None and ev.world_size is not None and len(fr.dumped) == ev.world_size:
-            facts["all_entered"] = True
+        elif fr is not None and w.ev.world_size is not None and len(fr.dumped) == w.ev.world_size:
+            w.facts["all_entered"] = True
             never = (
                 "; every rank entered it (flight recorder), so the collective itself did not finish "
                 "(the network, NCCL, or GPU work queued ahead of it)"
             )
         else:
             never = "; every rank here was waiting (the one that never arrived is elsewhere)"
-            if ev.from_logs:
+            if w.ev.from_logs:
                 # the logs hold only ranks that waited: what kept the missing one away (a
                 # crash, an OOM, a hang on another node) is the job's killer, and they do
                 # not show it
@@ -269,25 +305,36 @@ def from_output(
         return (
             Kind.COLLECTIVE_TIMEOUT,
             confidence,
-            f"{who}: {named} did not complete within {waited:g} s{never}.",
+            f"{w.who}: {named} did not complete within {waited:g} s{never}.",
         )
-    stuck = cite("nccl_heartbeat")
+    return None
+
+
+def _watchdog_stuck(w: _Words) -> _Said | None:
+    """The heartbeat monitor gave up on its watchdog."""
+    stuck = w.cite("nccl_heartbeat")
     if stuck:
-        facts["backend"] = "nccl"
+        w.facts["backend"] = "nccl"
         return (
             Kind.COLLECTIVE_TIMEOUT,
             Confidence.LIKELY,
-            f"{who}: its NCCL watchdog got stuck (the heartbeat monitor gave up on it): a collective or a "
+            f"{w.who}: its NCCL watchdog got stuck (the heartbeat monitor gave up on it): a collective or a "
             "CUDA call it waits on hung, and the process was ended for it.",
         )
-    oom = cite(Kind.CUDA_OOM)
+    return None
+
+
+def _out_of_gpu_memory(w: _Words) -> _Said | None:
+    """The caching allocator's out-of-memory, with its sizes when it gave them."""
+    confidence = w.confidence
+    oom = w.cite(Kind.CUDA_OOM)
     if oom:
         f = oom[0]
         if f.get("requested_bytes") is None:  # no sizes: "CUDA error: out of memory", a cut message
             words = (
                 "CUDA error: out of memory" if "CUDA error: out of memory" in f.line else "CUDA out of memory"
             )
-            return Kind.CUDA_OOM, confidence, f"{who} ran out of GPU memory ({words})."
+            return Kind.CUDA_OOM, confidence, f"{w.who} ran out of GPU memory ({words})."
         gib = int(f.get("requested_bytes") or 0) / 2**30
         gpu = f.get("gpu")
         extra = ""
@@ -299,63 +346,80 @@ def from_output(
         return (
             Kind.CUDA_OOM,
             confidence,
-            f"{who} ran out of GPU memory{on}: it tried to allocate {gib:.2f} GiB{extra}.",
+            f"{w.who} ran out of GPU memory{on}: it tried to allocate {gib:.2f} GiB{extra}.",
         )
-    shm = cite("shm_bus_error") or [
-        f for f in cite("dataloader_killed") if (f.get("signal") or "").lower().startswith("bus")
+    return None
+
+
+def _shared_memory(w: _Words) -> _Said | None:
+    """A DataLoader worker's bus error, or a batch that found /dev/shm full."""
+    confidence = w.confidence
+    shm = w.cite("shm_bus_error") or [
+        f for f in w.cite("dataloader_killed") if (f.get("signal") or "").lower().startswith("bus")
     ]
     size = ""
-    if ev.shm is not None:
-        total, used, before_s = ev.shm
+    if w.ev.shm is not None:
+        total, used, before_s = w.ev.shm
         when = "" if before_s is None else f", {before_s:.1f} s before the death"
         size = f" ({used / 2**20:.1f} MiB used of {total / 2**20:.1f} MiB{when})"
     if shm:
-        facts["shm_exhausted"] = True
+        w.facts["shm_exhausted"] = True
         return (
             Kind.BUS_ERROR,
             confidence,
-            f"{who} failed with a bus error in a DataLoader worker: /dev/shm (shared memory) ran out{size}.",
+            f"{w.who} failed with a bus error in a DataLoader worker: /dev/shm (shared memory) ran out"
+            f"{size}.",
         )
-    full = cite("shm_full")
+    full = w.cite("shm_full")
     if full:
-        facts["shm_exhausted"] = True
+        w.facts["shm_exhausted"] = True
         return (
             Kind.PYTHON_EXCEPTION,
             confidence,
-            f"{who} could not get shared memory for a DataLoader batch: /dev/shm ran out{size} "
+            f"{w.who} could not get shared memory for a DataLoader batch: /dev/shm ran out{size} "
             "(No space left on device).",
         )
+    return None
+
+
+def _catalogued(w: _Words) -> _Said | None:
+    """The catalog's words: a mechanism, else how it ended, else its exception, else a
+    report of what happened elsewhere."""
+    confidence = w.confidence
     said = [
         f
-        for f in mine
-        if f.kind == "said" and fits(Kind(f.get("said_kind") or "unknown"), victim.signal, victim.status)
+        for f in w.mine
+        if f.kind == "said" and fits(Kind(f.get("said_kind") or "unknown"), w.victim.signal, w.victim.status)
     ]
     mechanism = strongest(said, "mechanism")
     if mechanism is not None:
         if (
             mechanism.get("said_kind") == Kind.COLLECTIVE_TIMEOUT.value
-            and ev.from_logs
-            and ev.flight is None
-            and not (len(ev.ranks) == 1 and ev.world_size == 1)
-            and not _never_arrived(victim, ev, mechanism.get("seq"))
+            and w.ev.from_logs
+            and w.ev.flight is None
+            and not (len(w.ev.ranks) == 1 and w.ev.world_size == 1)
+            and not _never_arrived(w.victim, w.ev, mechanism.get("seq"))
         ):
             # as for the watchdog's lines read field by field: the logs hold only ranks that
             # waited, and what kept the missing one away is not in them
             confidence = Confidence.POSSIBLE
-        return _from_catalog(who, mechanism, confidence, items)
-    exc_found = [f for f in mine if f.kind == "exception"]
+        return _from_catalog(w.who, mechanism, confidence, w.items)
+    exc_found = [f for f in w.mine if f.kind == "exception"]
     symptom = strongest(said, "symptom")
-    if symptom is not None and (not exc_found or victim.signal is not None or victim.status is None):
+    if symptom is not None and (not exc_found or w.victim.signal is not None or w.victim.status is None):
         # how it ended (an abort, a fault banner), where no exception or a signal says so
-        return _from_catalog(who, symptom, confidence, items)
-    if exc_found and victim.status not in (None, 0):
+        return _from_catalog(w.who, symptom, confidence, w.items)
+    if exc_found and w.victim.status not in (None, 0):
         f = exc_found[-1]
-        items.append(_cited(f))
-        return Kind.PYTHON_EXCEPTION, confidence, f"{who} raised {f.line}"
+        w.items.append(_cited(f))
+        return Kind.PYTHON_EXCEPTION, confidence, f"{w.who} raised {f.line}"
     report = strongest(said, "report")
     if report is not None:  # its own words tell only what happened elsewhere
-        return _from_catalog(who, report, Confidence.POSSIBLE, items)
+        return _from_catalog(w.who, report, Confidence.POSSIBLE, w.items)
     return None
+
+
+_OWN_WORDS = (_timed_out, _watchdog_stuck, _out_of_gpu_memory, _shared_memory, _catalogued)
 
 
 def _never_arrived(victim: RankState, ev: Evidence, seq: str | None) -> list[RankState]:
