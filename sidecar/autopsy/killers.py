@@ -6,15 +6,15 @@ userspace OOM daemon, the agent, itself signalled from outside, or another proce
 agent signalled from outside when the sender is not traced; a userspace OOM daemon's
 record; a SIGKILL with the OOM counters moving (an OOM at ``likely``) or not (a signal
 from outside, never an OOM); the rank's own words and the GPU (``said``); the kernel's own
-line for the pid; then its signal or exit status, with the job's logs. One function,
-because the order is the rule: the first that holds decides (rules 2-4 of ``rules``). The
-records each rule weighs are found by ``witnesses``.
+line for the pid; then its signal or exit status, with the job's logs. The steps stand in
+``_KILLERS`` in that order, because the order is the rule: the first that answers decides
+(rules 2-4 of ``rules``). The records each rule weighs are found by ``witnesses``.
 """
 
 from __future__ import annotations
 
 import signal as _signal
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sidecar.autopsy.evidence import (
@@ -23,6 +23,7 @@ from sidecar.autopsy.evidence import (
     EvidenceItem,
     KernelOom,
     RankState,
+    SignalSent,
     rank_label,
     rank_name,
     signal_name,
@@ -59,8 +60,39 @@ def victim_verdict(
     items: list[EvidenceItem],
     facts: dict[str, Any],
 ) -> tuple[Kind, Confidence, str]:
-    """(kind, confidence, summary); what the verdict found as data goes into ``facts``."""
-    who = rank_name(victim.label, victim.pid, ev.from_logs)
+    """(kind, confidence, summary); what the verdict found as data goes into ``facts``.
+    Each step of ``_KILLERS`` in order: the first that answers decides (the last always
+    does)."""
+    c = _Case(victim, oom, ev, items, facts, rank_name(victim.label, victim.pid, ev.from_logs))
+    for step in _KILLERS:
+        found = step(c)
+        if found is not None:
+            return found
+    raise AssertionError("the last step always answers")  # pragma: no cover
+
+
+_Found = tuple[Kind, Confidence, str]
+
+
+@dataclass(slots=True)
+class _Case:
+    """The first death being judged, and what the steps learn on the way: the traced
+    signal still unexplained (``sent``) and whether the kernel delivered it for the rank's
+    own fault (``fault``)."""
+
+    victim: RankState
+    oom: KernelOom | None
+    ev: Evidence
+    items: list[EvidenceItem]
+    facts: dict[str, Any]
+    who: str
+    sent: SignalSent | None = None
+    fault: bool = False
+
+
+def _kernel_oom_record(c: _Case) -> _Found | None:
+    """A kernel OOM record naming the pid: the machine's or a cgroup's, certain."""
+    victim, oom, items, who = c.victim, c.oom, c.items, c.who
     if oom is not None:
         for line in oom.lines:
             items.append(EvidenceItem("kmsg", oom.at_ns, line))
@@ -79,6 +111,13 @@ def victim_verdict(
             Confidence.CERTAIN,
             f"{who} was killed by the kernel because {which} reached its limit.",
         )
+    return None
+
+
+def _self_signalled(c: _Case) -> _Found | None:
+    """The traced signal, unless the rank raised it itself (a fault, abort()): then noted,
+    and left for its status."""
+    victim, ev, items, sent, fault = c.victim, c.ev, c.items, c.sent, c.fault
     sent = sender_of(victim, ev.signals)
     fault = False  # the kernel delivered it for the rank's own fault (si_code > 0)
     if sent is not None and sent.sender_pid in (victim.pid, *victim.ns_pids):
@@ -92,6 +131,14 @@ def victim_verdict(
             )
         )
         sent = None
+    c.sent, c.fault = sent, fault
+    return None
+
+
+def _traced_sender(c: _Case) -> _Found | None:
+    """The traced sender of its signal: an OOM daemon, the agent (itself signalled from
+    outside or not), another process."""
+    victim, ev, items, facts, who, sent = c.victim, c.ev, c.items, c.facts, c.who, c.sent
     if sent is not None and not (sent.code == 128 and victim.signal == _signal.SIGKILL):
         name = signal_name(sent.signal)
         sender = sent.sender or Sender(sent.sender_pid, sent.sender_comm, None, None, None, ())
@@ -157,6 +204,12 @@ def victim_verdict(
             f"{who} was killed from outside by {said}: pid {sent.sender_pid} ({sent.sender_comm}) "
             f"sent {name}" + (f" (started by {chain})." if chain else "."),
         )
+    return None
+
+
+def _agent_signalled(c: _Case) -> _Found | None:
+    """A teardown signal nobody traced, from an agent that was itself signalled from outside."""
+    victim, ev, items, who, sent = c.victim, c.ev, c.items, c.who, c.sent
     torn = victim.pid in ev.agent_teardown
     if sent is None and victim.signal is not None and (torn or victim.signal in _TEARDOWN_SIGNALS):
         # no rank died of its own first (the victim is the first death), the sender of its
@@ -176,6 +229,12 @@ def victim_verdict(
                 f"{ev.agent_name[0].upper()}{ev.agent_name[1:]} (pid {ev.agent_pid}) {how} and shut the "
                 f"workers down; {ended}.",
             )
+    return None
+
+
+def _userspace_daemon(c: _Case) -> _Found | None:
+    """A userspace OOM daemon's own record, by pid or by cgroup."""
+    victim, ev, items, who = c.victim, c.ev, c.items, c.who
     found = userspace_for(victim, ev)
     if found is not None:
         rec, how = found
@@ -194,6 +253,12 @@ def victim_verdict(
             f"{who} was killed with its cgroup {rec.cgroup} by the userspace OOM daemon {rec.daemon} "
             f"({rec.source} record); the record names the cgroup, not the pid.",
         )
+    return None
+
+
+def _sigkill(c: _Case) -> _Found | None:
+    """A SIGKILL: the OOM counters, the job's logs, a hang, else a signal from outside."""
+    victim, ev, items, facts, who = c.victim, c.ev, c.items, c.facts, c.who
     if victim.signal == _signal.SIGKILL:
         counted = _by_counters(ev, victim, who, items)
         if counted is not None:
@@ -234,6 +299,12 @@ def victim_verdict(
             sure,
             f"{who} was killed by a SIGKILL from outside: {why}. The sender is unknown.",
         )
+    return None
+
+
+def _own_words(c: _Case) -> _Found | None:
+    """Its own words and its GPU: a named cause before a GPU fault, a GPU fault before a bare exception."""
+    victim, ev, items, facts = c.victim, c.ev, c.items, c.facts
     told_facts: dict[str, Any] = {}
     told = from_output(victim, ev, items, told_facts)
     if told is not None and told[0] != Kind.PYTHON_EXCEPTION:
@@ -245,11 +316,23 @@ def victim_verdict(
     if told is not None:
         facts.update(told_facts)
         return told
+    return None
+
+
+def _kernel_line(c: _Case) -> _Found | None:
+    """The kernel's own line for the pid (a fault record)."""
+    victim, ev, items = c.victim, c.ev, c.items
     recorded = kernel_record(victim, ev)
     if recorded is not None:
         kind, confidence, summary, item = recorded
         items.append(item)
         return kind, confidence, summary
+    return None
+
+
+def _by_status(c: _Case) -> _Found | None:
+    """Its signal or exit status, with the job's logs: always an answer."""
+    victim, ev, items, who, fault = c.victim, c.ev, c.items, c.who, c.fault
     sig = victim.signal
     sure = Confidence.CERTAIN if fault else Confidence.LIKELY
     # the job's logs decide what would otherwise be only possible (an abort, a signal from
@@ -307,6 +390,19 @@ def victim_verdict(
             else "its output was not read (run it under `trainwatch run`, or send its output to a file)."
         ),
     )
+
+
+_KILLERS = (
+    _kernel_oom_record,
+    _self_signalled,
+    _traced_sender,
+    _agent_signalled,
+    _userspace_daemon,
+    _sigkill,
+    _own_words,
+    _kernel_line,
+    _by_status,
+)
 
 
 def _hung_until_killed(
