@@ -5,7 +5,7 @@ event, Kubernetes' OOMKilled or eviction, Ray's memory monitor, a time limit) ex
 SIGKILL at ``likely``; a torchrun agent that says it was signalled is ``external_signal``;
 a record ties to the death only when both have a wall-clock time and they are close; a
 message of the emitter catalog from a launcher's, a shell's, a scheduler's or the kernel's
-lines decides what is still weak (``_catalog_says``: likely at most unless it names the pid,
+lines decides what is still weak (``catalog_says``: likely at most unless it names the pid,
 possible for a report of what happened elsewhere). When
 the logs cannot decide, the rules say what to collect next time. The types the offline path
 fills from the logs' text (``LogRank``, ``LogRecords``, ``KernelRecords``) are ``logrecords``'.
@@ -14,13 +14,23 @@ fills from the logs' text (``LogRank``, ``LogRecords``, ``KernelRecords``) are `
 from __future__ import annotations
 
 import signal as _signal
-from pathlib import PurePosixPath
+from dataclasses import dataclass
 
-from sidecar.autopsy.evidence import EvidenceItem, KernelOom, Verdict, rank_name, signal_name
+from sidecar.autopsy.evidence import EvidenceItem, Verdict, rank_name, signal_name
 from sidecar.autopsy.logrecords import KernelRecords, LogRecords
-from sidecar.autopsy.ranking import told_of
-from sidecar.catalog import Hit
-from sidecar.model import Confidence, Fate, Kind
+from sidecar.autopsy.logwitnesses import (
+    MEMORY_RECORDS,
+    SOURCES,
+    catalog_says,
+    death_time,
+    far,
+    near,
+    relayed_death,
+    untied_oom,
+    verdict_with,
+)
+from sidecar.model import Confidence, Kind
+from sidecar.parse.jobs import JobRecord
 from sidecar.parse.torchrun import DeathSignal
 from sidecar.units import gib
 
@@ -61,7 +71,8 @@ def _who(v: Verdict) -> str:
 def logs_rules(
     v: Verdict, g: LogRecords, k: KernelRecords, kernel_given: bool, collect: list[str]
 ) -> Verdict:
-    """What logs can and cannot say, on top of the autopsy's verdict."""
+    """What logs can and cannot say, on top of the autopsy's verdict: each rule of
+    ``_LOG_RULES`` in order, the first that answers decides; else the verdict stands."""
     who = _who(v)
     items = list(v.evidence)
     sigkill = v.victim.signal == _signal.SIGKILL or (v.victim.exit_code is None and v.kind == Kind.UNKNOWN)
@@ -75,6 +86,50 @@ def logs_rules(
         and v.confidence == Confidence.POSSIBLE
         and (v.kind == Kind.ABORT or unsaid)
     )
+    c = _LogCase(
+        v,
+        g,
+        k,
+        kernel_given,
+        collect,
+        who,
+        items,
+        sigkill,
+        weak,
+        {j.what: j for j in g.jobs},
+        death_time(v, g),
+    )
+    for rule in _LOG_RULES:
+        found = rule(c)
+        if found is not None:
+            return found
+    if v.confidence == Confidence.POSSIBLE:
+        collect += [COLLECT_KERNEL, COLLECT_RANK_LOGS]
+    return v
+
+
+@dataclass(slots=True)
+class _LogCase:
+    """The verdict the logs are asked about, and what every rule weighs: whether it is weak
+    (an unexplained signal, an exit status alone) and a SIGKILL, the job's records by what
+    they say, and the death's wall-clock time where a line gave it."""
+
+    v: Verdict
+    g: LogRecords
+    k: KernelRecords
+    kernel_given: bool
+    collect: list[str]
+    who: str
+    items: list[EvidenceItem]
+    sigkill: bool
+    weak: bool
+    jobs: dict[str, JobRecord]
+    death: float | None
+
+
+def _agent_signalled(c: _LogCase) -> Verdict | None:
+    """torchrun's agent itself got the signal and shut every rank down with it."""
+    v, g, items, weak = c.v, c.g, c.items, c.weak
     signalled = next((rec for rec in g.agent if isinstance(rec, DeathSignal)), None)
     if signalled is not None and weak:
         name = signal_name(signalled.signal) or "a signal"
@@ -82,7 +137,7 @@ def logs_rules(
         hint = " (the terminal or SSH session it ran in closed)" if signalled.signal == _signal.SIGHUP else ""
         # no sender told: SIGHUP, SIGINT are a terminal's, a person's (likely); a SIGTERM may
         # as well be an OOM daemon's or an eviction's (possible)
-        return _with(
+        return verdict_with(
             v,
             Kind.EXTERNAL_SIGNAL,
             Confidence.POSSIBLE if signalled.signal == _signal.SIGTERM else Confidence.LIKELY,
@@ -91,7 +146,13 @@ def logs_rules(
             items,
             all_torn_down=True,
         )
-    jobs = {j.what: j for j in g.jobs}
+    return None
+
+
+def _scheduler_record(c: _LogCase) -> Verdict | None:
+    """A scheduler's record of what ended the job: a memory kill, its policy, an eviction, a
+    time limit, a preemption, a cancel."""
+    v, who, items, sigkill, weak, jobs = c.v, c.who, c.items, c.sigkill, c.weak, c.jobs
     if weak and (sigkill or v.victim.exit_code is None):
         for what, kind, text in (
             (
@@ -139,51 +200,68 @@ def logs_rules(
             if job is None:
                 continue
             items.append(EvidenceItem(job.source, None, job.line))
-            src = _SOURCES.get(job.source, job.source)
+            src = SOURCES.get(job.source, job.source)
             unit = {"slurm": "step", "kubernetes": "container", "docker": "container"}.get(
                 job.source, "cgroup"
             )
             scope = f" in {job.scope}" if job.scope else ""
-            return _with(
+            return verdict_with(
                 v, kind, Confidence.LIKELY, text.format(src=src, scope=scope, who=who, unit=unit), items
             )
-    relay = _relayed_death(v, g)
-    memory = next((jobs[w] for w in _MEMORY_RECORDS if w in jobs), None)
+    return None
+
+
+def _relayed_memory_kill(c: _LogCase) -> Verdict | None:
+    """An exception that only relays another process's abrupt death, beside the job's memory kill."""
+    v, g, who, items, jobs = c.v, c.g, c.who, c.items, c.jobs
+    relay = relayed_death(v, g)
+    memory = next((jobs[w] for w in MEMORY_RECORDS if w in jobs), None)
     if relay is not None and memory is not None:
         # the exception only relays that a worker, an actor or a child died abruptly: the
         # job's memory killer, which kills without a word to the process, is why
         items += [EvidenceItem("output", None, relay), EvidenceItem(memory.source, None, memory.line)]
         scope = f" in {memory.scope}" if memory.scope else ""
-        return _with(
+        return verdict_with(
             v,
-            _MEMORY_RECORDS[memory.what],
+            MEMORY_RECORDS[memory.what],
             Confidence.LIKELY,
             f"{who} ended on an exception that only relays another process's abrupt death "
-            f"({relay.strip()[:160]}), and {_SOURCES.get(memory.source, memory.source)} reports "
+            f"({relay.strip()[:160]}), and {SOURCES.get(memory.source, memory.source)} reports "
             f"a memory kill{scope}: that process was most likely killed for memory (the record "
             "names no pid).",
             items,
         )
-    death = _death_time(v, g)
-    untied = _untied_oom(v, g, k) if weak and sigkill else None
-    if untied is not None and not _far(k.oom_at.get(untied[0].pid), death):
+    return None
+
+
+def _untied_oom_record(c: _LogCase) -> Verdict | None:
+    """A kernel OOM record near the death that does not name the rank's pid."""
+    v, g, k, who, items, sigkill, weak, death = c.v, c.g, c.k, c.who, c.items, c.sigkill, c.weak, c.death
+    untied = untied_oom(v, g, k) if weak and sigkill else None
+    if untied is not None and not far(k.oom_at.get(untied[0].pid), death):
         oom, why = untied
         items += [EvidenceItem("kmsg", None, line) for line in oom.lines]
         memcg = oom.scope == "memcg" or oom.oom_memcg is not None
-        return _with(
+        return verdict_with(
             v,
             Kind.CGROUP_OOM if memcg else Kind.KERNEL_OOM,
-            Confidence.LIKELY if _near(k.oom_at.get(oom.pid), death) else Confidence.POSSIBLE,
+            Confidence.LIKELY if near(k.oom_at.get(oom.pid), death) else Confidence.POSSIBLE,
             f"{who} was SIGKILLed and the kernel's OOM killer killed pid {oom.pid} ({oom.comm})"
             + (f" for the limit of memory cgroup {oom.oom_memcg}" if oom.oom_memcg else "")
             + why,
             items,
         )
-    near_kills = [u for u, at in zip(g.userspace, g.userspace_at, strict=True) if _near(at, death)]
+    return None
+
+
+def _userspace_near(c: _LogCase) -> Verdict | None:
+    """A userspace OOM daemon's kill near the death."""
+    v, g, who, items, sigkill, weak, death = c.v, c.g, c.who, c.items, c.sigkill, c.weak, c.death
+    near_kills = [u for u, at in zip(g.userspace, g.userspace_at, strict=True) if near(at, death)]
     if weak and near_kills and (sigkill or v.victim.exit_code is None):
         u = near_kills[0]
         items.append(EvidenceItem(u.daemon, None, u.detail))
-        return _with(
+        return verdict_with(
             v,
             Kind.USERSPACE_OOM,
             Confidence.LIKELY,
@@ -194,6 +272,12 @@ def logs_rules(
             + ", the logs do not tie it to the rank).",
             items,
         )
+    return None
+
+
+def _partial_oom_record(c: _LogCase) -> Verdict | None:
+    """A kernel OOM record cut off before it names its victim."""
+    v, k, items, sigkill, weak = c.v, c.k, c.items, c.sigkill, c.weak
     if weak and k.partial and (sigkill or v.victim.exit_code is None):
         constraint, line = k.partial[0]
         items.append(EvidenceItem("kmsg", None, line.text))
@@ -216,7 +300,7 @@ def logs_rules(
             if biggest
             else ""
         )
-        return _with(
+        return verdict_with(
             v,
             Kind.CGROUP_OOM if memcg else Kind.KERNEL_OOM,
             Confidence.LIKELY,
@@ -225,19 +309,31 @@ def logs_rules(
             f"the victim{tail}.",
             items,
         )
-    told = _catalog_says(v, g, k, death) if weak else None
+    return None
+
+
+def _catalog_told(c: _LogCase) -> Verdict | None:
+    """A catalog message in the job's lines that tells what ended the rank."""
+    v, g, k, who, items, weak, death = c.v, c.g, c.k, c.who, c.items, c.weak, c.death
+    told = catalog_says(v, g, k, death) if weak else None
     if told is not None:
         hit, confidence = told
         m = hit.message
         items.append(EvidenceItem(m.emitter, None, hit.line))
         items.append(EvidenceItem("catalog", None, f"{m.id}: {m.mechanism}"))
-        return _with(v, m.kind or Kind.UNKNOWN, confidence, m.told(who, hit.fields), items)
+        return verdict_with(v, m.kind or Kind.UNKNOWN, confidence, m.told(who, hit.fields), items)
+    return None
+
+
+def _shm_unmeasured(c: _LogCase) -> Verdict | None:
+    """A DataLoader worker's bus error blamed on /dev/shm, which only the daemon can measure."""
+    v, collect, who, items = c.v, c.collect, c.who, c.items
     if v.kind == Kind.BUS_ERROR and v.facts.shm_exhausted:
         # the DataLoader's message guesses /dev/shm; only the daemon can measure it
         collect.append(
             "The size and use of /dev/shm where the job ran: `df -h /dev/shm` (in Docker, --shm-size)."
         )
-        return _with(
+        return verdict_with(
             v,
             Kind.BUS_ERROR,
             Confidence.POSSIBLE,
@@ -247,13 +343,19 @@ def logs_rules(
             "volume does the same).",
             items,
         )
+    return None
+
+
+def _sigkill_unexplained(c: _LogCase) -> Verdict | None:
+    """A SIGKILL no record explains: unknown without the kernel log, from outside with it."""
+    v, g, kernel_given, collect, who, items = c.v, c.g, c.kernel_given, c.collect, c.who, c.items
     if v.kind == Kind.EXTERNAL_SIGNAL and v.victim.signal == _signal.SIGKILL:
         low = [j for j in g.jobs if j.what == "memory_usage" and j.value is not None and j.value < 60]
         if not kernel_given:
             collect += [COLLECT_KERNEL, COLLECT_CGROUP]
             if low:
                 items.append(EvidenceItem(low[-1].source, None, low[-1].line))
-            return _with(
+            return verdict_with(
                 v,
                 Kind.UNKNOWN,
                 Confidence.POSSIBLE,
@@ -274,7 +376,7 @@ def logs_rules(
             )
         )
         collect.append(COLLECT_CGROUP)
-        return _with(
+        return verdict_with(
             v,
             Kind.EXTERNAL_SIGNAL,
             Confidence.POSSIBLE,
@@ -283,6 +385,12 @@ def logs_rules(
             "a container runtime enforcing its limit, a userspace OOM daemon).",
             items,
         )
+    return None
+
+
+def _unknown(c: _LogCase) -> Verdict | None:
+    """Neither how nor why: what the logs do hold, and what would decide."""
+    v, g, collect, who, items, jobs = c.v, c.g, c.collect, c.who, c.items, c.jobs
     if v.kind == Kind.UNKNOWN:
         collect += [COLLECT_KERNEL, COLLECT_RANK_LOGS]
         context = []
@@ -304,7 +412,7 @@ def logs_rules(
         if low:
             items.append(EvidenceItem(low[-1].source, None, low[-1].line))
             context.append(f"the last host-memory reading was {low[-1].value:g}% used")
-        return _with(
+        return verdict_with(
             v,
             Kind.UNKNOWN,
             Confidence.POSSIBLE,
@@ -313,116 +421,18 @@ def logs_rules(
             + ". The kernel log and the ranks' own output decide.",
             items,
         )
-    if v.confidence == Confidence.POSSIBLE:
-        collect += [COLLECT_KERNEL, COLLECT_RANK_LOGS]
-    return v
+    return None
 
 
-# a scheduler's or a memory daemon's record of a memory kill in the job, and its killer
-_MEMORY_RECORDS = {
-    "oom_cgroup": Kind.CGROUP_OOM,
-    "memory_policy": Kind.USERSPACE_OOM,
-    "eviction": Kind.USERSPACE_OOM,
-    "memory_monitor": Kind.USERSPACE_OOM,
-}
-_SOURCES = {"slurm": "Slurm", "kubernetes": "Kubernetes", "docker": "Docker"}  # a record's source, named
-
-
-def _relayed_death(v: Verdict, g: LogRecords) -> str | None:
-    """The line that relays another process's abrupt death (a Ray actor or worker, a
-    DataLoader worker: the catalog's ``relays_death``), in the victim's output, output that
-    names no rank, or a launcher's lines, where the victim ended on an exception: the
-    exception is that report, not a cause of its own."""
-    if v.kind != Kind.PYTHON_EXCEPTION:
-        return None
-    label = v.victim.label
-    for lab, f in g.findings:
-        if lab not in (None, label):
-            continue
-        if f.kind == "said" and f.get("relays_death") == "1":
-            return f.line
-        # torch's own words for a DataLoader worker's death: by SIGKILL ("Killed", strsignal's
-        # word) or with no status at all ("exited unexpectedly")
-        if f.kind == "dataloader_killed" and f.get("signal") in (None, "Killed"):
-            return f.line
-    return g.relayed[0] if g.relayed else None
-
-
-def _untied_oom(v: Verdict, g: LogRecords, k: KernelRecords) -> tuple[KernelOom, str] | None:
-    """The kernel's OOM kill a SIGKILLed victim's logs give no pid to tie to it, and why it
-    is the victim's all the same: the only one, where the launcher gave no pid (DeepSpeed,
-    accelerate); or the only one of the command's name, where the shell's pid is its number
-    in a container's pid namespace and the kernel's is the host's."""
-    if not v.victim.pid:
-        if len(k.ooms) == 1:
-            return k.ooms[0], "; the launcher's log gives no pid to tie that kill to the rank."
-        return None
-    namesake = _namesake(v, g, k)
-    if namesake is None:
-        return None
-    return namesake, (
-        f": the only OOM kill of a process of that name; pid {v.victim.pid} is its number in another "
-        "pid namespace (a container's), the kernel's is the host's."
-    )
-
-
-def _namesake(v: Verdict, g: LogRecords, k: KernelRecords) -> KernelOom | None:
-    """The one kernel OOM kill whose process has the name of the command the logs say the
-    victim's pid ran (a shell's ``943 Killed  /usr/bin/python3 train.py``), when no OOM
-    kill names that pid: the kernel's comm is the first 15 characters of the name the
-    program was run by. None when several kills have that name, or none does."""
-    pid = str(v.victim.pid)
-    commands = {
-        hit.get("command") or ""
-        for hit, _ in (*g.exits, *g.said)
-        if hit.get("pid") == pid and hit.get("command")
-    }
-    names = {PurePosixPath(c.split()[0]).name[:15] for c in commands if c.split()}
-    if len(names) != 1 or any(o.pid == v.victim.pid for o in k.ooms):
-        return None
-    same = [o for o in k.ooms if o.comm == next(iter(names))]
-    return same[0] if len(same) == 1 else None
-
-
-def _catalog_says(
-    v: Verdict, g: LogRecords, k: KernelRecords, death: float | None
-) -> tuple[Hit, Confidence] | None:
-    """The message of a launcher, the kernel, a shell or a scheduler that decides how the
-    victim died (``said.told_of``), among those not far in time from the death. A kernel
-    record that names no process (an OOM report's call trace) belongs to one of the kills
-    the log names, and none of them is this rank's."""
-    near = [
-        hit
-        for hit, at in g.said
-        if not _far(at, death) and not (hit.message.channel == "kernel" and hit.get("pid") is None and k.ooms)
-    ]
-    return told_of(near, v.victim.pid, v.victim.signal, v.victim.status)
-
-
-def _death_time(v: Verdict, g: LogRecords) -> float | None:
-    """The victim's death on the wall clock, where a line gave it."""
-    return g.death_at.get(v.victim.label)
-
-
-def _near(at: float | None, death: float | None, window: float = 120.0) -> bool:
-    """A record ties to the death only when both have a wall-clock time and they are close:
-    a kernel log or a journal can hold a day of other kills."""
-    return at is not None and death is not None and abs(at - death) <= window
-
-
-def _far(at: float | None, death: float | None, window: float = 120.0) -> bool:
-    return at is not None and death is not None and abs(at - death) > window
-
-
-def _with(
-    v: Verdict,
-    kind: Kind,
-    confidence: Confidence,
-    summary: str,
-    items: list[EvidenceItem],
-    all_torn_down: bool = False,
-) -> Verdict:
-    fates = dict(v.fates)
-    if all_torn_down:
-        fates = {label: Fate.TERMINATED_BY_AGENT for label in fates}
-    return Verdict(v.victim, kind, confidence, summary, tuple(items), fates, v.oom)
+_LOG_RULES = (
+    _agent_signalled,
+    _scheduler_record,
+    _relayed_memory_kill,
+    _untied_oom_record,
+    _userspace_near,
+    _partial_oom_record,
+    _catalog_told,
+    _shm_unmeasured,
+    _sigkill_unexplained,
+    _unknown,
+)
