@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from sidecar import guard, saferead
+from sidecar import guard, lognames, saferead
 from sidecar.deaths.engine import DeathWatch
 from sidecar.deaths.journal import Journal, read_boot_id
 from sidecar.deaths.saved import State
@@ -36,7 +36,7 @@ from sidecar.watch.signals import SignalWatcher
 
 __all__ = ["CGROUP_LINGER_SECONDS", "Daemon", "Sampler", "under_pressure"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(lognames.DAEMON)
 
 # Near a memory limit the last sample before an OOM kill should be close to the kill:
 # the sampler runs every PRESSURE_INTERVAL_SECONDS (settings.py) while a rank's cgroup is at

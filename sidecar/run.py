@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from sidecar import lognames
 from sidecar.errors import ConfigError
 from sidecar.model import ProcKey
 from sidecar.settings import Settings
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 
 __all__ = ["OutputKeeper", "run_command"]
 
-log = logging.getLogger("trainwatch")
+log = logging.getLogger(lognames.FRONT)
 
 KEEP_BYTES = 8 << 20  # the output kept as evidence: the last 8 MiB
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)

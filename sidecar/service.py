@@ -18,14 +18,14 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from sidecar import __version__
+from sidecar import __version__, lognames
 from sidecar.errors import ConfigError
 from sidecar.redact import RedactingFilter
 from sidecar.settings import Settings
 
 __all__ = ["Service", "configure_logging", "serve"]
 
-log = logging.getLogger("trainwatch")
+log = logging.getLogger(lognames.FRONT)
 
 
 def configure_logging(level: str) -> None:

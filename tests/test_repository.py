@@ -244,6 +244,7 @@ GROUND = {
     "postmortem": {"model", "autopsy", "redact", "units"},
     "trend": set(),
     "units": set(),
+    "lognames": set(),
     "model": set(),
     "errors": set(),
     "redact": set(),

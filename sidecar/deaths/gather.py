@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from sidecar import saferead
+from sidecar import lognames, saferead
 from sidecar.catalog import catalog
 from sidecar.deaths.incidents import Incident, Plan, Reads
 from sidecar.deaths.oomd import kill_lines, marked_kills, oom_daemons
@@ -35,7 +35,7 @@ from sidecar.probes.senders import describe_sender
 
 __all__ = ["OUTPUT_PARSE_BYTES", "Gatherer"]
 
-log = logging.getLogger("sidecar.deaths")  # the death watch's log, as before the split
+log = logging.getLogger(lognames.DEATHS)
 
 OUTPUT_PARSE_BYTES = 2 << 20  # of each output stream, the tail that is parsed at a death
 ERROR_FILE_BYTES = 1 << 20

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from sidecar import lognames
 from sidecar.autopsy import signal_name
 from sidecar.deaths.gather import Gatherer
 from sidecar.deaths.incidents import Generation, Incident, Known
@@ -23,7 +24,7 @@ from sidecar.parse.kernel import KmsgRecord
 
 __all__ = ["Feeds"]
 
-log = logging.getLogger("sidecar.deaths")
+log = logging.getLogger(lognames.DEATHS)
 
 INCIDENT_QUIET_S = 60.0  # an incident closes this long after its last death (or at agent exit)
 KNOWN_GRACE_S = 120.0  # ranks gone from the snapshot are remembered this long

@@ -26,11 +26,12 @@ import logging
 import os
 import threading
 
+from sidecar import lognames
 from sidecar.deaths.saved import State, decode, encode
 
 __all__ = ["SAVE_EVERY_S", "STATE_NAME", "Journal", "read_boot_id"]
 
-log = logging.getLogger("sidecar.journal")  # the log keeps its names across the move
+log = logging.getLogger(lognames.JOURNAL)
 
 STATE_NAME = "trainwatch.state"  # in the postmortem directory (the store reads only *.json)
 SECOND_SLOT = ".b"  # trainwatch.state.b: the slot written in turn with it

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 
+from sidecar import lognames
 from sidecar.deaths.gather import Gatherer
 from sidecar.deaths.journal import SAVE_EVERY_S, Journal
 from sidecar.deaths.reconstruct import incidents_of, killed_at, revive, state_of, watched
@@ -18,7 +19,7 @@ from sidecar.sampling.timeline import Timeline
 
 __all__ = ["Memory"]
 
-log = logging.getLogger("sidecar.deaths")
+log = logging.getLogger(lognames.DEATHS)
 
 
 class Memory:

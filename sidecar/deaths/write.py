@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from sidecar import lognames
 from sidecar.autopsy import Evidence, Verdict, autopsy
 from sidecar.deaths.gather import Gatherer, warm
 from sidecar.deaths.incidents import (
@@ -33,7 +34,7 @@ from sidecar.sampling.timeline import Timeline
 
 __all__ = ["TIMELINE_WINDOW_S", "Autopsies"]
 
-log = logging.getLogger("sidecar.deaths")
+log = logging.getLogger(lognames.DEATHS)
 
 TIMELINE_WINDOW_S = 300.0
 RETRY_WRITE_NS = 5 * 10**9  # while a postmortem is in memory only, how often to write it again

@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from sidecar import lognames
 from sidecar.errors import AccessDenied, NoSuchProcess, ParseError, ProbeError
 from sidecar.model import ProcKey, RankEnv
 from sidecar.probes.proc import TICKS_PER_SECOND, ProcReader, entrypoint_of
@@ -52,8 +53,7 @@ from sidecar.sampling.children import ByChildren, lightning_rank
 from sidecar.sampling.jobs import TrackedJob, attach_rank, launcher_of_argv
 
 __all__ = ["Discovery"]
-
-log = logging.getLogger("sidecar.discovery")  # the log keeps its names across the move
+log = logging.getLogger(lognames.DISCOVERY)
 
 # How often /proc is listed when the connector tells what changes: a launcher known only by
 # its command line (DeepSpeed's) is found by a listing, so a rank that dies in its first

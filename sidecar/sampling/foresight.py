@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from sidecar import lognames
 from sidecar.model import CgroupSample, MemoryLimit, ProcKey, RankSample, Snapshot, Warned, evolve
 from sidecar.trend import median, theil_sen
 from sidecar.units import gib_or_mib
@@ -46,7 +47,7 @@ __all__ = [
     "growth_rate",
 ]
 
-log = logging.getLogger("sidecar.foresight")  # the log keeps its names across the move
+log = logging.getLogger(lognames.FORESIGHT)
 
 WINDOWS_SECONDS = (45.0, 15.0, 5.0)  # longest first: the longest consistent one is used
 SPACING_SECONDS = 0.25  # a series keeps at most one point this often (the sampler runs at 10 Hz near a limit)

@@ -9,12 +9,13 @@ import logging
 import os
 from collections.abc import Iterable
 
+from sidecar import lognames
 from sidecar.model import GpuDeviceSample, ProcKey
 from sidecar.sampling.ranks import RankRead
 
 __all__ = ["GpuAttribution"]
 
-log = logging.getLogger("sidecar.daemon")  # the sampler's problems, as before the split
+log = logging.getLogger(lognames.DAEMON)
 
 
 class GpuAttribution:

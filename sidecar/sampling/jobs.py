@@ -48,6 +48,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from sidecar import lognames
 from sidecar.errors import ProbeError
 from sidecar.model import ProcKey, RankEnv
 from sidecar.probes.proc import parse_rank_env
@@ -71,7 +72,7 @@ __all__ = [
     "rank_gone",
 ]
 
-log = logging.getLogger("sidecar.discovery")
+log = logging.getLogger(lognames.DISCOVERY)
 
 AGENT_COMM = "pt_elastic"
 TORCHRUN = "torchrun"

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sidecar import saferead
+from sidecar import lognames, saferead
 from sidecar.errors import ProbeError
 from sidecar.model import HostSample, ProbeStatus, ProcKey, Snapshot
 from sidecar.model.events import ExitEvent
@@ -43,7 +43,7 @@ from sidecar.settings import Settings
 
 __all__ = ["CGROUP_LINGER_SECONDS", "PROBES", "RoundPlan", "Sampler"]
 
-log = logging.getLogger("sidecar.daemon")  # the sampler's problems, as before the split
+log = logging.getLogger(lognames.DAEMON)
 
 
 DETAIL_SECONDS = 1.0

@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Any
 
+from sidecar import lognames
 from sidecar.model import JobSample, RankSample
 from sidecar.parse.flight import MAX_DUMP_BYTES, FlightDump, parse_dump, summarise
 from sidecar.probes.host import ptrace_scope
@@ -31,7 +32,7 @@ __all__ = [
     "snapshot_doc",
 ]
 
-log = logging.getLogger("sidecar.stalls")
+log = logging.getLogger(lognames.STALLS)
 
 PY_SPY_TIMEOUT_S = 20.0
 STACK_CAP = 20000

@@ -56,6 +56,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sidecar import lognames
 from sidecar.model import JobSample, RankProgress, RankSample, Snapshot, evolve
 from sidecar.parse.flight import summarise
 from sidecar.sampling.stacks import (
@@ -69,7 +70,7 @@ from sidecar.sampling.stacks import (
 
 __all__ = ["GPU_BUSY_PERCENT", "IDLE_CORE_FRACTION", "StallTracker"]
 
-log = logging.getLogger("sidecar.stalls")  # the log keeps its names across the move
+log = logging.getLogger(lognames.STALLS)
 
 IDLE_CORE_FRACTION = 0.05
 GPU_BUSY_PERCENT = 5.0

@@ -39,11 +39,12 @@ import logging
 import time
 from collections.abc import Callable
 
+from sidecar import lognames
 from sidecar.model import JobSample, Snapshot, Stranding, evolve
 
 __all__ = ["STRANDED_AFTER_S", "StrandTracker"]
 
-log = logging.getLogger("sidecar.stranded")
+log = logging.getLogger(lognames.STRANDED)
 
 STRANDED_AFTER_S = 10.0
 _KEPT_JOBS = 256  # the launcher ids of jobs gone, kept to tie a death to another agent's ranks
