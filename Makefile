@@ -60,7 +60,7 @@ bench-gpu:
 # (from the code's own tables), the dashboard. The tests check each is current.
 docs: setup
 	.venv/bin/python benchmarks/render.py
-	.venv/bin/python -m sidecar.manual --options > docs/options.md
+	.venv/bin/python -m sidecar.front.manual --options > docs/options.md
 	.venv/bin/python -m sidecar.metrics.table > docs/metrics.md
 	.venv/bin/python -m sidecar.dashboard > dashboards/trainwatch.json
 

@@ -50,7 +50,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import results
-from sidecar.demo import join_cgroup, memory_cgroup, memory_hierarchy
+from sidecar.front.demo import join_cgroup, memory_cgroup, memory_hierarchy
 from sidecar.trend import theil_sen
 from tests.e2e import DaemonProc, TorchrunJob, wait_for
 

@@ -1,5 +1,5 @@
 """``python -m sidecar`` is the same as the ``trainwatch`` console script."""
 
-from sidecar.cli import main
+from sidecar.front.cli import main
 
 raise SystemExit(main())

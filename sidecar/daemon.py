@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from sidecar import guard, lognames, saferead
+from sidecar import lognames, protection, saferead
 from sidecar.deaths.engine import DeathWatch
 from sidecar.deaths.journal import Journal, read_boot_id
 from sidecar.deaths.saved import State
@@ -25,10 +25,10 @@ from sidecar.probes.proc import TICKS_PER_SECOND
 from sidecar.probes.zombies import ask_zombie_status
 from sidecar.sampling.foresight import Foresight
 from sidecar.sampling.sampler import CGROUP_LINGER_SECONDS, RoundPlan, Sampler
-from sidecar.sampling.stalls import StallTracker
-from sidecar.sampling.stranded import StrandTracker
 from sidecar.sampling.timeline import Timeline
 from sidecar.settings import PRESSURE_INTERVAL_SECONDS, Settings
+from sidecar.stalls.stranded import StrandTracker
+from sidecar.stalls.tracker import StallTracker
 from sidecar.watch.exits import ProcConnector
 from sidecar.watch.kmsg import KmsgWatcher
 from sidecar.watch.pidfds import PidfdWatcher
@@ -122,7 +122,7 @@ class Daemon:
         self._thread: threading.Thread | None = None
         self._last_done: float | None = None
         self._idle = False  # no job watched and the connector tells when one starts
-        self.protection: list[guard.Grant] = []  # what the kernel granted the daemon at start
+        self.protection: list[protection.Grant] = []  # what the kernel granted the daemon at start
 
     @property
     def snapshot(self) -> Snapshot | None:
@@ -134,9 +134,9 @@ class Daemon:
             return
         s = self.settings
         if s.oom_score_adj is not None:
-            self.protection.append(guard.set_oom_score_adj(s.oom_score_adj, f"{s.proc_root}/self"))
+            self.protection.append(protection.set_oom_score_adj(s.oom_score_adj, f"{s.proc_root}/self"))
         if s.self_protection:
-            self.protection.append(guard.lock_memory())
+            self.protection.append(protection.lock_memory())
         saferead.prestart()  # the death path's reader threads exist before any death
         if self.watch_deaths and not ask_zombie_status(s.proc_root):
             log.info(
@@ -157,7 +157,7 @@ class Daemon:
             )
         self.deaths.start()
         if s.self_protection:  # every thread that exists now, and so the ones they start
-            self.protection.append(guard.raise_priority())  # its own tasks: the real /proc, always
+            self.protection.append(protection.raise_priority())  # its own tasks: the real /proc, always
         for g in self.protection:
             if g.granted:
                 log.info("self-protection: %s: %s", g.kind, g.detail)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.demo import memory_cgroup, memory_hierarchy
+from sidecar.front.demo import memory_cgroup, memory_hierarchy
 from tests import slurm
 
 GIB = 1 << 30

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from sidecar.cli import parse_args
 from sidecar.errors import ConfigError
+from sidecar.front.cli import parse_args
 from sidecar.settings import Settings, default_postmortem_dir
 
 
@@ -180,7 +180,7 @@ def test_doctor_names_every_source():
 def test_doctor_names_what_disable_turned_off():
     """A source the options turn off is 'off', neither ok nor missing: doctor --strict does not
     fail for it, and its machine check is not run as if it were needed."""
-    from sidecar.doctor import checks, missing, render
+    from sidecar.front.doctor import checks, missing, render
 
     results = checks(Settings(disabled=frozenset({"kmsg", "smaps"})), connector=False)
     kernel_log = [c for c in results if c.name == "kernel log"]
@@ -192,7 +192,7 @@ def test_doctor_names_what_disable_turned_off():
 
 
 def test_doctor_says_what_is_lost_and_the_fix():
-    from sidecar.doctor import Check, render, summary_line
+    from sidecar.front.doctor import Check, render, summary_line
 
     text = render(
         [
@@ -300,8 +300,8 @@ def test_run_takes_a_free_port_when_the_default_is_taken_at_its_bind(monkeypatch
     """Two `trainwatch run` starting at once both find the default port free; the second's
     bind then fails. It must watch on a free port, not leave its job unwatched (seen on the
     parallel CI: no postmortem). A port that was asked for is an error, as before."""
-    import sidecar.run as run
-    import sidecar.service as service
+    import sidecar.front.run as run
+    import sidecar.front.service as service
 
     tried: list[int] = []
 

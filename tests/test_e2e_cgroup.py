@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.demo import join_cgroup, memory_cgroup, memory_hierarchy
+from sidecar.front.demo import join_cgroup, memory_cgroup, memory_hierarchy
 from tests.e2e import DaemonProc, TorchrunJob, value, wait_for
 from tests.skips import requires
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.demo import join_cgroup, memory_cgroup, memory_hierarchy
+from sidecar.front.demo import join_cgroup, memory_cgroup, memory_hierarchy
 from tests.browser import screenshot
 from tests.e2e import DaemonProc, TorchrunJob, job_postmortem, less_host_memory
 from tests.skips import left_out, met, requires

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.demo import join_cgroup, memory_cgroup
+from sidecar.front.demo import join_cgroup, memory_cgroup
 from tests import slurm
 from tests.e2e import REPO, TASK_JOB, DeepSpeedJob, TorchrunJob, free_port
 from tests.skips import requires

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.demo import join_cgroup, memory_cgroup
+from sidecar.front.demo import join_cgroup, memory_cgroup
 from tests.e2e import REPO, DaemonProc, TorchrunJob, job_postmortem, survivor_fate_right, wait_for
 from tests.skips import met, requires, skip
 

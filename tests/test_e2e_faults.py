@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.demo import join_cgroup, memory_cgroup
+from sidecar.front.demo import join_cgroup, memory_cgroup
 from tests.e2e import DaemonProc, TorchrunJob, job_postmortem, nvml_stand_in, value, wait_for
 from tests.skips import requires
 

@@ -14,7 +14,7 @@ from datetime import datetime
 
 import pytest
 
-from sidecar.demo import join_cgroup, memory_cgroup
+from sidecar.front.demo import join_cgroup, memory_cgroup
 from tests.e2e import DaemonProc, TorchrunJob, job_postmortem, wait_for
 from tests.skips import requires
 

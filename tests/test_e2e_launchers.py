@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.demo import join_cgroup, memory_cgroup
+from sidecar.front.demo import join_cgroup, memory_cgroup
 from tests.e2e import (
     DEEPSPEED,
     REPO,

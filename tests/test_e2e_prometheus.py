@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.dashboard import VARIABLES, all_queries
-from sidecar.demo import join_cgroup, memory_cgroup
+from sidecar.front.demo import join_cgroup, memory_cgroup
 from tests.e2e import REPO, DaemonProc, TorchrunJob, job_postmortem, wait_for
 from tests.prom import PrometheusServer
 from tests.skips import left_out, requires

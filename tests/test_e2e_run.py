@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.demo import join_cgroup, memory_cgroup
+from sidecar.front.demo import join_cgroup, memory_cgroup
 from tests.e2e import REPO, TORCHRUN, WORKLOAD, DaemonProc, wait_for
 from tests.skips import left_out, met, requires
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.demo import join_cgroup, memory_hierarchy
+from sidecar.front.demo import join_cgroup, memory_hierarchy
 from tests.e2e import DaemonProc, TorchrunJob, job_postmortem
 from tests.skips import requires
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from sidecar.demo import join_cgroup, memory_cgroup
+from sidecar.front.demo import join_cgroup, memory_cgroup
 from sidecar.story.gather import gather
 from sidecar.story.prom import Prometheus
 from tests import slurm

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from sidecar import cli
 from sidecar.errors import ConfigError
-from sidecar.manual import render_options
-from sidecar.options import OPTIONS
-from sidecar.verbs import VERBS, parser_for
+from sidecar.front import cli
+from sidecar.front.manual import render_options
+from sidecar.front.options import OPTIONS
+from sidecar.front.verbs import VERBS, parser_for
 from tests.e2e import REPO, free_port
 
 VERB_NAMES = [v.name for v in VERBS if v.name]
@@ -102,7 +102,7 @@ def test_help_shows_each_options_default_and_variable():
 
 def test_every_variable_of_the_table_reaches_the_settings():
     """The variable of each option gives the same Settings as its flag."""
-    from sidecar.options import settings_from
+    from sidecar.front.options import settings_from
 
     samples = {
         "--pid": "7",
@@ -132,7 +132,7 @@ def test_every_variable_of_the_table_reaches_the_settings():
 
 def test_docs_options_is_generated_from_the_table():
     page = (REPO / "docs" / "options.md").read_text()
-    stale = "docs/options.md is stale: python -m sidecar.manual --options > docs/options.md"
+    stale = "docs/options.md is stale: python -m sidecar.front.manual --options > docs/options.md"
     assert page == render_options(), stale
     for o in OPTIONS:
         assert o.var in page
@@ -149,7 +149,7 @@ def test_docs_metrics_is_generated_from_the_table():
 
 
 def test_the_man_page_and_completions_come_from_the_parsers(tmp_path):
-    from sidecar.manual import completion, man_page, write
+    from sidecar.front.manual import completion, man_page, write
 
     written = {p.name for p in write(tmp_path)}
     assert written == {"trainwatch.1", "trainwatch.bash", "_trainwatch"}
@@ -169,7 +169,7 @@ def test_the_man_page_and_completions_come_from_the_parsers(tmp_path):
 
 def test_bash_completes_verbs_and_a_verbs_values(tmp_path):
     """The generated script, sourced in a real bash, completes as a user would see."""
-    from sidecar.manual import completion
+    from sidecar.front.manual import completion
 
     script = tmp_path / "c.bash"
     script.write_text(completion("bash"))
@@ -269,7 +269,7 @@ def test_the_catalog_files_are_the_folders_and_a_lost_one_is_an_error(tmp_path, 
 
 def test_run_takes_its_settings_from_the_one_table():
     """`run` is parsed by the CLI: its options are the table's, --pid is refused by name."""
-    from sidecar.options import settings_from
+    from sidecar.front.options import settings_from
 
     ns = parser_for("run").parse_args(["--port", "0", "--interval", "0.5"])
     s = settings_from(ns, {"TRAINWATCH_HISTORY": "30"}, "run")

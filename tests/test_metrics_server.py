@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.daemon import Daemon
-from sidecar.server import create_app
+from sidecar.web.server import create_app
 from tests.conftest import RANK0
 from tests.skips import requires
 from tests.test_discovery import _sampler
@@ -172,8 +172,8 @@ def test_fast_renderer_matches_prometheus_client(daemon, openmetrics):
     from prometheus_client.core import GaugeMetricFamily
     from prometheus_client.openmetrics.exposition import generate_latest as om_latest
 
-    from sidecar.exposition import render
     from sidecar.metrics.collector import TrainwatchCollector, make_registry
+    from sidecar.metrics.exposition import render
 
     collector = TrainwatchCollector(lambda: daemon.snapshot)
     tricky = GaugeMetricFamily(
@@ -198,8 +198,8 @@ def test_the_direct_exposition_is_the_rendering_of_the_families(daemon, openmetr
     """/metrics writes its text as the families are filled (no prometheus_client objects):
     byte for byte what rendering the collected families gives, on a snapshot with jobs,
     ranks, GPUs, cgroups, and counters with and without labels."""
-    from sidecar.exposition import render
     from sidecar.metrics.collector import TrainwatchCollector
+    from sidecar.metrics.exposition import render
 
     daemon.deaths.deaths_total[("8d6de2d1", "kernel_oom")] = 2
     collector = TrainwatchCollector(
@@ -217,8 +217,8 @@ def test_the_direct_exposition_is_the_rendering_of_the_families(daemon, openmetr
 def test_the_cgroup_charge_events_and_pressure_families():
     """A v2 cgroup's charge split, working set, memory.events and memory.pressure, as the
     collector exports them (the probe that reads them: tests/test_probes_cgroup.py)."""
-    from sidecar.exposition import render
     from sidecar.metrics.collector import TrainwatchCollector
+    from sidecar.metrics.exposition import render
     from sidecar.model import CgroupSample, MemoryCharge, Snapshot
 
     cg = CgroupSample(

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from sidecar.demo import memory_cgroup
 from sidecar.errors import NoSuchProcess, ParseError
+from sidecar.front.demo import memory_cgroup
 from sidecar.probes.cgroup import (
     CgroupReader,
     parse_flat_keyed,

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from sidecar.demo import join_cgroup, memory_cgroup
 from sidecar.errors import NoSuchProcess, ProbeError, read_bytes
+from sidecar.front.demo import join_cgroup, memory_cgroup
 from sidecar.probes.cgroup import CgroupReader
 from sidecar.probes.held import HeldFiles
 from sidecar.probes.host import HostReader, parse_vmstat_oom_kill

@@ -248,6 +248,7 @@ GROUND = {
     "model": set(),
     "errors": set(),
     "redact": set(),
+    "protection": set(),
 }
 
 
@@ -277,16 +278,35 @@ def test_each_floor_uses_only_the_floors_below_it():
             wrong.append(f"{name} -> {dep}: sampling never imports the death flow or its verdicts")
         if room == "deaths" and there == "sampling" and dep != "sidecar.sampling.timeline":
             wrong.append(f"{name} -> {dep}: the death flow reads only the history sampling keeps")
-        if there in {"daemon", "server", "service", "cli", "run"} and room not in {
-            "daemon",
-            "server",
-            "service",
-            "cli",
-            "run",
-            "__main__",
-        }:
-            wrong.append(f"{name} -> {dep}: nothing below the daemon imports it, the server or the CLI")
+        if room == "sampling" and there == "stalls":
+            wrong.append(f"{name} -> {dep}: sampling reads; the stalls wing asks the ranks (py-spy, FIFOs)")
+        if room == "web" and there == "front":
+            wrong.append(f"{name} -> {dep}: the web serves what it is handed; the front starts it")
+        if there in {"daemon", "web", "front"} and room not in {"daemon", "web", "front", "__main__"}:
+            wrong.append(f"{name} -> {dep}: nothing below the daemon imports it, the web or the front")
     assert not wrong, wrong
+
+
+def test_only_the_stalls_wing_and_the_front_start_a_process():
+    """The sampling flow and the death flow read: no module of theirs, nor of the ground floor,
+    imports ``subprocess`` or calls a fork or an exec. py-spy (the stalls wing), ``trainwatch
+    run`` and the demo (the front) start processes; so do two checks at the daemon's start, a
+    child that exits at once each: whether this kernel keeps a zombie's exit status, and
+    whether the process connector's filter lets a failing exit through."""
+    starters = []
+    for path in sorted((REPO / "sidecar").rglob("*.py")):
+        room = _room(".".join(path.relative_to(REPO).with_suffix("").parts))
+        text = path.read_text()
+        tree = ast.parse(text)
+        spawns = "subprocess" in {
+            a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+        }
+        spawns |= bool(re.search(r"\bos\.(fork|exec\w*|spawn\w*|posix_spawn\w*|system|popen)\(", text))
+        if spawns:
+            starters.append((room, path.relative_to(REPO).as_posix()))
+    assert starters, "the walk finds the modules that start processes"
+    others = {path for room, path in starters if room not in {"stalls", "front"}}
+    assert others <= {"sidecar/probes/zombies.py", "sidecar/watch/exits.py"}, others
 
 
 def test_the_package_has_no_import_cycle():

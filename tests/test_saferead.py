@@ -200,8 +200,8 @@ def test_no_path_a_job_names_is_opened_without_the_helper():
     for room in (
         "sidecar/deaths/gather.py",
         "sidecar/probes/outputs.py",
-        "sidecar/sampling/stalls.py",
-        "sidecar/sampling/stacks.py",
+        "sidecar/stalls/tracker.py",
+        "sidecar/stalls/stacks.py",
     ):
         text = (repo / room).read_text()
         assert "open(" not in text.replace("saferead.", "").replace("JobRoot(", ""), room

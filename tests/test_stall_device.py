@@ -16,7 +16,7 @@ import pytest
 
 from sidecar.model import JobSample, ProcKey, RankSample, Snapshot
 from sidecar.postmortem.text import render_text
-from sidecar.sampling.stalls import StallTracker
+from sidecar.stalls.tracker import StallTracker
 from tests.paths import DEVICE_H200
 
 RUN = json.loads((DEVICE_H200 / "gpu-stall.json").read_text())

@@ -14,8 +14,8 @@ import sys
 import textwrap
 
 from sidecar.model import JobSample, ProcKey, RankSample, Snapshot
-from sidecar.sampling.stacks import in_collective
-from sidecar.sampling.stalls import StallTracker
+from sidecar.stalls.stacks import in_collective
+from sidecar.stalls.tracker import StallTracker
 from tests.e2e import wait_for
 
 

@@ -476,7 +476,7 @@ def test_prometheus_answers_are_parsed_strictly() -> None:
 
 
 def test_story_route_answers_503_when_prometheus_cannot_be_asked_and_reuses_answers() -> None:
-    from sidecar.server import StoryRoute
+    from sidecar.web.server import StoryRoute
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -24,8 +24,8 @@ import json
 import pytest
 
 from sidecar.model import JobSample, ProcKey, RankSample, Snapshot
-from sidecar.sampling.stalls import StallTracker
-from sidecar.sampling.stranded import StrandTracker
+from sidecar.stalls.stranded import StrandTracker
+from sidecar.stalls.tracker import StallTracker
 from tests.paths import DEVICE_H100, DEVICE_H200
 
 STRANDED = json.loads((DEVICE_H100 / "gpu-stranded.json").read_text())

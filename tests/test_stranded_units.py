@@ -8,8 +8,8 @@ from __future__ import annotations
 import dataclasses
 
 from sidecar.model import JobSample, ProcKey, RankSample, Snapshot
-from sidecar.sampling.stalls import StallTracker
-from sidecar.sampling.stranded import STRANDED_AFTER_S, StrandTracker
+from sidecar.stalls.stranded import STRANDED_AFTER_S, StrandTracker
+from sidecar.stalls.tracker import StallTracker
 
 
 class Clock:

@@ -13,12 +13,12 @@ import bcrypt  # the web extra, a test dependency
 import pytest
 
 from sidecar.errors import ConfigError
-from sidecar.webconfig import load
-from sidecar.webguard import Reloader, WebGuard
+from sidecar.web.config import load
+from sidecar.web.guard import Reloader, WebGuard
 
 
 def BasicAuth(app, users):  # the guard as these tests knew it: users alone
-    from sidecar.webconfig import WebConfig
+    from sidecar.web.config import WebConfig
 
     return WebGuard(app, Reloader(WebConfig("-", users=users)))
 
@@ -165,7 +165,7 @@ def test_a_password_guess_never_blocks_the_event_loop(monkeypatch):
 
 
 def test_the_flag_and_its_variable():
-    from sidecar.options import parse_args
+    from sidecar.front.options import parse_args
 
     assert parse_args(["--attach-torchrun", "--web-config", "w.yml"], {}).web_config.endswith("/w.yml")
     assert (

@@ -34,8 +34,8 @@ import pytest
 import uvicorn
 
 from sidecar.errors import ConfigError
-from sidecar.webconfig import load
-from sidecar.webguard import Reloader, WebGuard, WebStats
+from sidecar.web.config import load
+from sidecar.web.guard import Reloader, WebGuard, WebStats
 
 TOOLKIT = Path(__file__).parent / "fixtures" / "exporter-toolkit"
 

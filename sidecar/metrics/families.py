@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from sidecar.exposition import escape_help, escape_value, number
+from sidecar.metrics.exposition import escape_help, escape_value, number
 from sidecar.metrics.table import METRICS
 
 __all__ = ["Families", "Lines", "with_clock"]

@@ -353,7 +353,7 @@ class RankSample:
 
 @dataclass(frozen=True, slots=True)
 class RankProgress:
-    """Whether a rank makes progress (``sidecar/sampling/stalls.py``). ``stalled_seconds`` counts from
+    """Whether a rank makes progress (``sidecar/stalls/tracker.py``). ``stalled_seconds`` counts from
     the last window in which it did; ``reason`` says why it is judged stalled (None while it
     progresses). ``cpu_busy``/``gpu_busy``: its activity over the judging window (gpu_busy
     None without GPU utilisation). ``gpu_spinning_seconds``: how long its GPU has held a
@@ -370,7 +370,7 @@ class RankProgress:
 @dataclass(frozen=True, slots=True)
 class Stranding:
     """Ranks of a job left alive and making no progress after another rank of it died
-    (``sidecar/sampling/stranded.py``). ``since``: wall-clock seconds, the earliest of the
+    (``sidecar/stalls/stranded.py``). ``since``: wall-clock seconds, the earliest of the
     stranded ranks'; ``dead_ranks``/``ranks``: labels; ``pids``: the stranded ranks';
     ``gpu_memory_bytes``: what NVML attributes to their trees, held for nothing."""
 
@@ -396,7 +396,7 @@ class JobSample:
     started_at: float
     ranks: tuple[RankSample, ...]
     agent_alive: bool = True
-    # sidecar/sampling/stalls.py: how long its longest-stalled rank has made no progress, and the
+    # sidecar/stalls/tracker.py: how long its longest-stalled rank has made no progress, and the
     # ranks the stalled ones are judged to wait for (labels)
     stalled_seconds: float = 0.0
     suspected_missing: tuple[str, ...] = ()
@@ -404,7 +404,7 @@ class JobSample:
     # monotonic time of the detailed round that read it; None where it could not be read
     shm: tuple[int, int, float] | None = None
     launcher: str = "torchrun"
-    stranded: Stranding | None = None  # sidecar/sampling/stranded.py
+    stranded: Stranding | None = None  # sidecar/stalls/stranded.py
 
 
 @dataclass(frozen=True, slots=True)

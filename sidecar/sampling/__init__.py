@@ -5,5 +5,5 @@
 - judge: ``foresight`` (time left before each memory limit) and ``stalls`` (who holds a
   collective up) put their judgements on the snapshot.
 - publish: ``timeline`` keeps each job's history for the postmortem's curves; the snapshot
-  itself is published by ``sidecar.metrics`` and ``sidecar.server``.
+  itself is published by ``sidecar.metrics`` and ``sidecar.web.server``.
 """

@@ -15,15 +15,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sidecar.errors import ConfigError
-from sidecar.options import DAEMON, DOCTOR, POSTMORTEM, RUN, STORY, parse_args, settings_from
-from sidecar.verbs import VERBS, listing, parser_for
+from sidecar.front.options import DAEMON, DOCTOR, POSTMORTEM, RUN, STORY, parse_args, settings_from
+from sidecar.front.verbs import VERBS, listing, parser_for
 
 __all__ = ["main", "parse_args"]
 
 
 def daemon_command(ns: argparse.Namespace, env: Mapping[str, str]) -> int:
     """``trainwatch --attach-torchrun [options]``: run the daemon until SIGINT/SIGTERM."""
-    from sidecar.service import configure_logging, serve
+    from sidecar.front.service import configure_logging, serve
 
     settings = settings_from(ns, env, DAEMON)
     configure_logging(settings.log_level)
@@ -32,7 +32,7 @@ def daemon_command(ns: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 def run_verb(ns: argparse.Namespace, env: Mapping[str, str]) -> int:
     """``trainwatch run [options] -- COMMAND...``: the settings parsed here, then run."""
-    from sidecar.run import run_command
+    from sidecar.front.run import run_command
 
     explicit_port = ns.port is not None or bool(env.get("TRAINWATCH_PORT"))
     if ns.log_level is None and not env.get("TRAINWATCH_LOG_LEVEL"):
@@ -161,7 +161,7 @@ def story_command(ns: argparse.Namespace, env: Mapping[str, str]) -> int:
 def doctor_command(ns: argparse.Namespace, env: Mapping[str, str]) -> int:
     """``trainwatch doctor [options] [--strict]``: the checks for the daemon these options
     describe; with --strict, exit status 1 when one it relies on fails."""
-    from sidecar.doctor import checks, missing, render
+    from sidecar.front.doctor import checks, missing, render
 
     results = checks(settings_from(ns, env, DOCTOR))
     sys.stdout.write(render(results))
@@ -169,13 +169,13 @@ def doctor_command(ns: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 
 def demo_command(ns: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from sidecar.demo import run_demo
+    from sidecar.front.demo import run_demo
 
     return run_demo()
 
 
 def completion_command(ns: argparse.Namespace, env: Mapping[str, str]) -> int:
-    from sidecar.manual import completion
+    from sidecar.front.manual import completion
 
     sys.stdout.write(completion(ns.shell))
     return 0

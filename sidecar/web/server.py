@@ -19,8 +19,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 
 from sidecar import __version__
 from sidecar.daemon import Daemon
-from sidecar.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
 from sidecar.metrics.collector import TrainwatchCollector
+from sidecar.metrics.exposition import CONTENT_TYPE_OPENMETRICS, CONTENT_TYPE_TEXT
 from sidecar.metrics.families import with_clock
 from sidecar.model import CgroupSample, Snapshot
 from sidecar.postmortem import render_text
@@ -29,7 +29,7 @@ from sidecar.redact import redact_doc
 from sidecar.story.fetch import PeerConfig
 from sidecar.story.render import render_html as render_story_html
 from sidecar.story.render import render_text as render_story_text
-from sidecar.webguard import WebStats
+from sidecar.web.guard import WebStats
 
 __all__ = ["create_app", "ranks_view"]
 

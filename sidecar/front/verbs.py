@@ -14,7 +14,7 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sidecar.options import DOCTOR, RUN, StrictParser, add_options, build_parser
+from sidecar.front.options import DOCTOR, RUN, StrictParser, add_options, build_parser
 
 __all__ = ["VERBS", "Verb", "listing", "parser_for"]
 
@@ -194,31 +194,43 @@ VERBS: tuple[Verb, ...] = (
         "",
         "the daemon: watch every training job on this machine, serve /metrics and /postmortem",
         _daemon,
-        "sidecar.cli:daemon_command",
+        "sidecar.front.cli:daemon_command",
     ),
-    Verb("run", "start a job and watch it: trainwatch run -- torchrun ...", _run, "sidecar.cli:run_verb"),
-    Verb("diagnose", "name the killer from logs after the fact", _diagnose, "sidecar.cli:diagnose_command"),
+    Verb(
+        "run", "start a job and watch it: trainwatch run -- torchrun ...", _run, "sidecar.front.cli:run_verb"
+    ),
+    Verb(
+        "diagnose",
+        "name the killer from logs after the fact",
+        _diagnose,
+        "sidecar.front.cli:diagnose_command",
+    ),
     Verb(
         "postmortem",
         "print a postmortem (newest, by id, file or URL)",
         _postmortem,
-        "sidecar.cli:postmortem_command",
+        "sidecar.front.cli:postmortem_command",
     ),
-    Verb("story", "one job's death across nodes, through Prometheus", _story, "sidecar.cli:story_command"),
+    Verb(
+        "story", "one job's death across nodes, through Prometheus", _story, "sidecar.front.cli:story_command"
+    ),
     Verb(
         "doctor",
         "which evidence sources this machine offers, and how to get the rest",
         _doctor,
-        "sidecar.cli:doctor_command",
+        "sidecar.front.cli:doctor_command",
     ),
     Verb(
         "demo",
         "a real torchrun job dies at a memory limit; read its postmortem",
         _demo,
-        "sidecar.cli:demo_command",
+        "sidecar.front.cli:demo_command",
     ),
     Verb(
-        "completion", "print the bash or zsh completion script", _completion, "sidecar.cli:completion_command"
+        "completion",
+        "print the bash or zsh completion script",
+        _completion,
+        "sidecar.front.cli:completion_command",
     ),
 )
 

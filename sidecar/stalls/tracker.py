@@ -59,7 +59,7 @@ from typing import Any
 from sidecar import lognames
 from sidecar.model import JobSample, RankProgress, RankSample, Snapshot, evolve
 from sidecar.parse.flight import summarise
-from sidecar.sampling.stacks import (
+from sidecar.stalls.stacks import (
     collect_dumps,
     py_spy_status,
     rank_stacks,

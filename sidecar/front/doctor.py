@@ -307,7 +307,7 @@ def _installation(settings: Settings) -> list[Check]:
     )
     if settings.web_config is not None:
         from sidecar.errors import ConfigError
-        from sidecar.webconfig import load as load_web
+        from sidecar.web.config import load as load_web
 
         try:
             load_web(settings.web_config)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.errors import ConfigError
-from sidecar.webconfig import WebConfig, load
+from sidecar.web.config import WebConfig, load
 
 __all__ = ["Reloader", "ReloadingSSLObject", "WebGuard", "WebStats"]
 

@@ -2,10 +2,10 @@
 parsers (``verbs.VERBS``) and the option table, so they cannot drift from what the command
 accepts.
 
-``python -m sidecar.manual DIR`` writes ``trainwatch.1``, ``trainwatch.bash`` and
+``python -m sidecar.front.manual DIR`` writes ``trainwatch.1``, ``trainwatch.bash`` and
 ``_trainwatch`` (zsh) into DIR: the wheel's build runs it (``setup.py``) and carries them in
 ``sidecar/share/``; ``trainwatch completion bash|zsh`` prints the completions;
-``python -m sidecar.manual --options`` prints docs/options.md. Only argparse and the option
+``python -m sidecar.front.manual --options`` prints docs/options.md. Only argparse and the option
 table are imported: the build environment has nothing else.
 """
 
@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 from sidecar import __version__
-from sidecar.options import DAEMON, DOCTOR, OPTIONS, POSTMORTEM, RUN, STORY
+from sidecar.front.options import DAEMON, DOCTOR, OPTIONS, POSTMORTEM, RUN, STORY
+from sidecar.front.verbs import VERBS, Verb
 from sidecar.settings import EVIDENCE_SOURCES
-from sidecar.verbs import VERBS, Verb
 
 __all__ = ["completion", "man_page", "render_options", "write"]
 
@@ -153,8 +153,8 @@ def render_options() -> str:
     lines = [
         "# Options",
         "",
-        "<!-- Generated from sidecar/options.py (OPTIONS) by",
-        "     `python -m sidecar.manual --options > docs/options.md`; tests/test_front_door.py checks",
+        "<!-- Generated from sidecar/front/options.py (OPTIONS) by",
+        "     `python -m sidecar.front.manual --options > docs/options.md`; tests/test_front_door.py checks",
         "     it is current. Do not edit by hand. -->",
         "",
         "The daemon's options (`trainwatch --attach-torchrun [options]`). Each has an environment",

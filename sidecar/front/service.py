@@ -142,8 +142,8 @@ class Service:
         import uvicorn
 
         from sidecar.daemon import Daemon
-        from sidecar.doctor import checks, summary_line
-        from sidecar.server import create_app
+        from sidecar.front.doctor import checks, summary_line
+        from sidecar.web.server import create_app
 
         settings = self.settings
         for pid in settings.pids:
@@ -152,8 +152,8 @@ class Service:
         web = None
         web_stats = None
         if settings.web_config is not None:
-            from sidecar import webconfig
-            from sidecar.webguard import Reloader, WebStats
+            from sidecar.web import config as webconfig
+            from sidecar.web.guard import Reloader, WebStats
 
             web_stats = WebStats()
             reloader = Reloader(webconfig.load(settings.web_config), web_stats)
@@ -171,7 +171,7 @@ class Service:
         self.daemon = Daemon(settings, job_output=self.job_output)
         app: Any = create_app(self.daemon, peers=peers, web_stats=web_stats)
         if web is not None:
-            from sidecar.webguard import WebGuard
+            from sidecar.web.guard import WebGuard
 
             app = WebGuard(app, reloader)  # rate limit, headers, basic auth; the file read again on change
         app = fresh_date = _FreshDate(app)

@@ -161,7 +161,7 @@ def _demo(tmp: Path, child: Path | None) -> int:
             "--nproc-per-node=2",
             "--max-restarts=0",
             "-m",
-            "sidecar.demo_worker",
+            "sidecar.front.demo_worker",
         ]
         if child is not None:
             cmd = [*join_cgroup(child), *cmd, "grow"]

@@ -47,7 +47,7 @@ from sidecar.model import ProcKey
 from sidecar.settings import Settings
 
 if TYPE_CHECKING:
-    from sidecar.service import Service
+    from sidecar.front.service import Service
 
 __all__ = ["OutputKeeper", "run_command"]
 
@@ -139,7 +139,7 @@ def run_command(
     """Start ``command`` and watch it with ``settings`` (parsed by the CLI from the options
     before ``--``; its help is ``verbs.RUN_HELP``). ``explicit_port``: the port was asked
     for (an option or TRAINWATCH_PORT), so a taken one is an error rather than replaced."""
-    from sidecar.service import configure_logging
+    from sidecar.front.service import configure_logging
 
     env = dict(os.environ if environ is None else environ)
     command = list(command)
@@ -343,7 +343,7 @@ def _start_watching(
     """run's own daemon, started: the agents below this process, on the default port unless
     another trainwatch holds it (then a free one; not when the port was asked for). None when
     it cannot start: whatever breaks in trainwatch, the job it starts runs on."""
-    from sidecar.service import Service
+    from sidecar.front.service import Service
 
     mine = dataclasses.replace(settings, pids=(os.getpid(),))
     for attempt in (mine, dataclasses.replace(mine, port=0)):
