@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable
 
 from sidecar import lognames, protection, saferead
-from sidecar.deaths.engine import DeathWatch
+from sidecar.deaths.engine import DeathWatch, Sources
+from sidecar.deaths.gather import Gatherer
 from sidecar.deaths.journal import Journal, read_boot_id
 from sidecar.deaths.saved import State
 from sidecar.model import Snapshot
@@ -86,25 +87,29 @@ class Daemon:
             settings.stall_after_seconds, py_spy=settings.py_spy, proc_root=settings.proc_root
         )
         self.foresight = Foresight()
-        host = HostReader(settings.proc_root)
+        cgroups = self.sampler.cgroups
+        gather = Gatherer(  # the one door to a dead job's files and the counters
+            proc_root=settings.proc_root,
+            read_outputs="outputs" not in settings.disabled,
+            job_output=job_output,
+            read_host_oom_kills=HostReader(settings.proc_root).oom_kills,
+            read_cgroup_oom_kills=cgroups.oom_kills,
+            read_cgroup_limit_hits=cgroups.limit_hits,
+            read_oomd_marks=cgroups.oomd_marks,
+        )
         self.deaths = DeathWatch(
             self.store,
             self.timeline,
-            read_host_oom_kills=host.oom_kills,
-            read_cgroup_oom_kills=self.sampler.cgroups.oom_kills,
-            read_cgroup_limit_hits=self.sampler.cgroups.limit_hits,
-            read_oomd_marks=self.sampler.cgroups.oomd_marks,
-            read_outputs="outputs" not in settings.disabled,
-            proc_root=settings.proc_root,
-            job_output=job_output,
+            gather,
             stall_of=self.stalls.stall,
             warnings_of=self.foresight.warnings,
             journal=Journal(settings.postmortem_dir),
             boot_id=read_boot_id(settings.proc_root),
         )
         self.stranded = StrandTracker(
-            lambda: self.deaths.death_times, self.deaths.on_stranded, window=self.stalls.window
+            lambda: self.deaths.ledger.times, self.deaths.on_stranded, window=self.stalls.window
         )
+        self.sources = Sources()  # how deaths are heard here: known once the watchers start
         self.watch_deaths = watch_deaths
         self.connector: ProcConnector | None = None
         self.kmsg: KmsgWatcher | None = None
@@ -147,7 +152,7 @@ class Daemon:
         journal = self.deaths.journal
         saved = journal.load(self.deaths.boot_id) if journal is not None and self.watch_deaths else None
         if self.watch_deaths:
-            self._start_watchers(saved)
+            self.sources = self._start_watchers(saved)
         if saved is not None and saved.ranks:
             n = self.deaths.restore(saved)
             log.info(
@@ -155,7 +160,7 @@ class Daemon:
                 len(saved.ranks),
                 n,
             )
-        self.deaths.start()
+        self.deaths.start(self.sources)
         if s.self_protection:  # every thread that exists now, and so the ones they start
             self.protection.append(protection.raise_priority())  # its own tasks: the real /proc, always
         for g in self.protection:
@@ -168,8 +173,10 @@ class Daemon:
         self._thread = threading.Thread(target=self._run, name="trainwatch-sampler", daemon=True)
         self._thread.start()
 
-    def _start_watchers(self, saved: State | None = None) -> None:
+    def _start_watchers(self, saved: State | None = None) -> Sources:
+        """Start each event source this node allows; say which work."""
         off = self.settings.disabled
+        first_hand, catch_up = False, None
         for source in sorted(off):
             log.info("%s: turned off by --disable", source)
         if "connector" not in off:
@@ -183,7 +190,7 @@ class Daemon:
             try:
                 connector.start()
                 self.connector = connector
-                self.deaths.exits_first_hand = True
+                first_hand = True
                 if connector.discovering:
                     discovery = self.sampler.discovery
                     discovery.feed, discovery.watch = connector.drain, connector.watch
@@ -233,7 +240,7 @@ class Daemon:
                         kmsg.history,
                     )
                 self.kmsg = kmsg
-                self.deaths.reading_kernel_log(kmsg.catch_up)
+                catch_up = kmsg.catch_up
                 log.info("kernel log: reading /dev/kmsg for OOM records")
             except OSError as exc:
                 log.warning(
@@ -254,6 +261,7 @@ class Daemon:
                     "to name it",
                     exc.strerror or exc,
                 )
+        return Sources(exits_first_hand=first_hand, kernel_catch_up=catch_up)
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stop.set()

@@ -9,6 +9,7 @@ import signal
 import pytest
 
 from sidecar.autopsy import Evidence, KernelOom, RankState, UserspaceKill, agent_name, autopsy
+from sidecar.deaths.gather import Gatherer
 from tests.paths import CAPTURES
 from tests.test_parse_oomd import EARLYOOM_18, SYSTEMD_OOMD  # the daemons' real lines
 
@@ -282,7 +283,7 @@ def test_the_watch_hands_kernel_log_losses_to_the_autopsy(tmp_path):
     from sidecar.postmortem import PostmortemStore
     from sidecar.sampling.timeline import Timeline
 
-    watch = DeathWatch(PostmortemStore(str(tmp_path)), Timeline(60, 1), hostname="h")
+    watch = DeathWatch(PostmortemStore(str(tmp_path)), Timeline(60, 1), Gatherer(), hostname="h")
     watch.on_kmsg_loss(12, 5_000_000)  # 12 records lost, 5 s after boot on the printk clock
     inc = Incident(Generation("j", 1, None, 2, 0, None), {})
     ev = watch.autopsies._evidence(inc, Reads.nothing())  # the join the autopsy round makes

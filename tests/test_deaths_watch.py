@@ -7,6 +7,9 @@ import time
 from datetime import datetime
 from unittest.mock import ANY
 
+import pytest
+
+from sidecar.deaths.gather import Gatherer
 from sidecar.model.events import ExitEvent
 from sidecar.parse.kernel import (
     parse_kmsg_record,
@@ -23,7 +26,7 @@ def _vanished_while_events_were_lost(tmp_path):
     from tests.test_daemon_loop import _job, _snapshot
 
     store = PostmortemStore(str(tmp_path))
-    watch = DeathWatch(store, Timeline(60, 1), hostname="h")
+    watch = DeathWatch(store, Timeline(60, 1), Gatherer(), hostname="h")
     watch.start()
     watch.observe(_snapshot(1, (_job("a", 100),)))
     assert PostmortemStore(str(tmp_path)).newest() is None  # nothing on disk before the resync
@@ -67,7 +70,7 @@ def test_each_worker_generation_gets_its_own_postmortem(tmp_path):
     from tests.test_daemon_loop import _job, _snapshot
 
     store = PostmortemStore(str(tmp_path))
-    watch = DeathWatch(store, Timeline(60, 1), hostname="h")
+    watch = DeathWatch(store, Timeline(60, 1), Gatherer(), hostname="h")
     watch.start()
     gen0 = _job("a", 100)
     gen1 = replace(gen0, restart_count=1, ranks=(replace(gen0.ranks[0], key=ProcKey(11, 2), restart=1),))
@@ -95,7 +98,7 @@ def test_the_summary_and_the_kill_line_are_one_oom(tmp_path):
     from sidecar.deaths.engine import DeathWatch
     from sidecar.sampling.timeline import Timeline
 
-    watch = DeathWatch(PostmortemStore(str(tmp_path)), Timeline(60, 1), hostname="h")
+    watch = DeathWatch(PostmortemStore(str(tmp_path)), Timeline(60, 1), Gatherer(), hostname="h")
     for raw in (
         b"6,567,663845864,-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0,"
         b"oom_memcg=/probe_oom,task_memcg=/probe_oom,task=python3,pid=8366,uid=0",
@@ -122,7 +125,7 @@ def test_resync_leaves_ranks_whose_exit_was_told_alone(tmp_path, caplog):
     from tests.test_daemon_loop import _job, _snapshot
 
     store = PostmortemStore(str(tmp_path))
-    watch = DeathWatch(store, Timeline(60, 1), hostname="h")
+    watch = DeathWatch(store, Timeline(60, 1), Gatherer(), hostname="h")
     watch.start()
     try:
         watch.observe(_snapshot(1, (_job("a", 100),)))
@@ -146,7 +149,7 @@ def test_resync_after_a_round_that_already_saw_the_rank_gone(tmp_path, caplog):
     from tests.test_daemon_loop import _job, _snapshot
 
     store = PostmortemStore(str(tmp_path))
-    watch = DeathWatch(store, Timeline(60, 1), hostname="h")
+    watch = DeathWatch(store, Timeline(60, 1), Gatherer(), hostname="h")
     watch.start()
     try:
         watch.observe(_snapshot(1, (_job("a", 100),)))
@@ -174,7 +177,7 @@ def test_a_gpu_nvml_reports_lost_is_a_gpu_error(tmp_path):
 
     def run(used_gpu: int) -> dict:
         store = PostmortemStore(str(tmp_path / str(used_gpu)))
-        watch = DeathWatch(store, Timeline(60, 1), hostname="h", read_outputs=False)
+        watch = DeathWatch(store, Timeline(60, 1), Gatherer(read_outputs=False), hostname="h")
         job = _job("a", 100)
         on_gpu = replace(job, ranks=(replace(job.ranks[0], gpu_memory_bytes={used_gpu: 1 << 30}),))
         healthy = tuple(
@@ -207,16 +210,24 @@ def test_a_gpu_nvml_reports_lost_is_a_gpu_error(tmp_path):
     assert doc["killer"]["kind"] == "abort", doc["killer"]
 
 
-def test_death_times_keep_the_newest_and_a_key_once():
-    from sidecar.deaths.incidents import remember
+def test_the_ledger_counts_each_death_and_keeps_the_newest_times():
+    """A count makes a new ledger (the scrape reads the old one meanwhile): the job's total
+    for the killer up by one, the death's time the newest, a key counted again moved to the
+    end, the oldest times dropped past the cap."""
+    from sidecar.model.ledger import DeathLedger
 
-    times: dict = {}
+    ledger = DeathLedger()
     for i in range(5):
-        times = remember(times, ("j", str(i), 0), ("cgroup_oom", float(i)), cap=3)
-    assert list(times) == [("j", "2", 0), ("j", "3", 0), ("j", "4", 0)]
-    again = remember(times, ("j", "2", 0), ("agent_teardown", 9.0), cap=3)
-    assert list(again) == [("j", "3", 0), ("j", "4", 0), ("j", "2", 0)]
-    assert again[("j", "2", 0)] == ("agent_teardown", 9.0) and times[("j", "2", 0)] == ("cgroup_oom", 2.0)
+        ledger = ledger.counted(("j", str(i), 0), "cgroup_oom", float(i), keep=3)
+    assert list(ledger.times) == [("j", "2", 0), ("j", "3", 0), ("j", "4", 0)]
+    assert dict(ledger.totals) == {("j", "cgroup_oom"): 5}
+    again = ledger.counted(("j", "2", 0), "agent_teardown", 9.0, keep=3)
+    assert list(again.times) == [("j", "3", 0), ("j", "4", 0), ("j", "2", 0)]
+    assert again.times[("j", "2", 0)] == ("agent_teardown", 9.0)
+    assert ledger.times[("j", "2", 0)] == ("cgroup_oom", 2.0)  # the old ledger is untouched
+    assert dict(again.totals) == {("j", "cgroup_oom"): 5, ("j", "agent_teardown"): 1}
+    with pytest.raises(TypeError):
+        again.times[("j", "9", 0)] = ("x", 0.0)  # type: ignore[index]
 
 
 def test_the_postmortem_curve_spans_its_window_after_the_sampler_sped_up(tmp_path):
@@ -234,7 +245,7 @@ def test_the_postmortem_curve_spans_its_window_after_the_sampler_sped_up(tmp_pat
     snaps = [_snapshot(i, (_job("a", 100 + i),), at=start + off) for i, off in enumerate(offsets)]
     for s in snaps:
         timeline.record(s)
-    watch = DeathWatch(store, timeline, hostname="h")
+    watch = DeathWatch(store, timeline, Gatherer(), hostname="h")
     watch.start()
     try:
         watch.observe(snaps[-1])
@@ -266,7 +277,7 @@ def test_only_signals_that_end_a_process_have_their_sender_described(tmp_path, m
 
     described: list[int] = []
     monkeypatch.setattr(Gatherer, "sender", lambda self, pid, comm: described.append(pid))
-    watch = DeathWatch(PostmortemStore(str(tmp_path)), Timeline(60, 1), hostname="h")
+    watch = DeathWatch(PostmortemStore(str(tmp_path)), Timeline(60, 1), Gatherer(), hostname="h")
     watch.observe(_snapshot(1, (_job("a", 100),)))  # rank pid 10
     for i in range(100):
         watch.on_signal(
@@ -294,8 +305,12 @@ def test_an_event_keeps_its_wall_time_when_the_document_is_rebuilt(tmp_path):
     watch = DeathWatch(
         PostmortemStore(str(tmp_path)),
         Timeline(300, 1),
+        Gatherer(
+            proc_root=str(tmp_path),
+            clock_ns=lambda: mono[0],
+            wall=lambda: 1_700_000_000.0 + mono[0] / 1e9 + jitter[0],
+        ),
         hostname="h",
-        proc_root=str(tmp_path),
         clock_ns=lambda: mono[0],
         wall=lambda: 1_700_000_000.0 + mono[0] / 1e9 + jitter[0],
     )
@@ -321,8 +336,8 @@ def test_an_agent_s_outputs_outlive_its_last_round_for_a_while(tmp_path):
     watch = DeathWatch(
         PostmortemStore(str(tmp_path)),
         Timeline(60, 1),
+        Gatherer(proc_root=str(tmp_path / "no-proc"), clock_ns=lambda: clock[0]),
         hostname="h",
-        proc_root=str(tmp_path / "no-proc"),
         clock_ns=lambda: clock[0],
     )
     watch.observe(_snapshot(1, (_job("a", 100),)))
@@ -430,7 +445,7 @@ def test_a_survivor_found_stranded_gets_that_fate_in_the_death_s_postmortem(tmp_
     from tests.test_daemon_loop import _job, _snapshot
 
     store = PostmortemStore(str(tmp_path))
-    watch = DeathWatch(store, Timeline(60, 1), hostname="h")
+    watch = DeathWatch(store, Timeline(60, 1), Gatherer(), hostname="h")
     job = _job("a", 100)
     survivor = replace(job.ranks[0], rank=1, rank_label="1", local_rank=1, key=ProcKey(11, 1))
     job = replace(job, world_size=2, ranks=(job.ranks[0], survivor))
@@ -467,7 +482,11 @@ def test_oom_counters_before_a_death_come_from_a_round_before_the_kill(tmp_path)
 
     clock = [0]
     watch = DeathWatch(
-        PostmortemStore(str(tmp_path)), Timeline(60, 1), hostname="h", clock_ns=lambda: clock[0]
+        PostmortemStore(str(tmp_path)),
+        Timeline(60, 1),
+        Gatherer(clock_ns=lambda: clock[0]),
+        hostname="h",
+        clock_ns=lambda: clock[0],
     )
     host = HostSample(100, 50, 0, None, None, None, None, None, None)
     cg = CgroupSample("/job", 1, 80, 100, None, 0, None, "/job", 100)

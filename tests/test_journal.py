@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from sidecar.deaths.engine import DeathWatch
+from sidecar.deaths.gather import Gatherer
 from sidecar.deaths.journal import STATE_NAME, Journal
 from sidecar.deaths.reconstruct import revive
 from sidecar.deaths.saved import SavedIncident, State
@@ -30,8 +31,8 @@ def _watch(tmp_path, boot="boot-1", proc="no-proc") -> tuple[DeathWatch, Postmor
     watch = DeathWatch(
         store,
         Timeline(300, 1),
+        Gatherer(proc_root=str(tmp_path / proc)),
         hostname="h",
-        proc_root=str(tmp_path / proc),
         journal=Journal(str(tmp_path)),
         boot_id=boot,
     )
@@ -213,8 +214,8 @@ def test_a_new_rank_is_journaled_in_its_round_and_the_rest_once_a_second(tmp_pat
     watch = DeathWatch(
         PostmortemStore(str(tmp_path)),
         Timeline(300, 0.1),
+        Gatherer(proc_root=str(tmp_path / "no-proc"), clock_ns=lambda: clock[0]),
         hostname="h",
-        proc_root=str(tmp_path / "no-proc"),
         journal=Journal(str(tmp_path)),
         boot_id="boot-1",
         clock_ns=lambda: clock[0],

@@ -200,11 +200,13 @@ def test_the_direct_exposition_is_the_rendering_of_the_families(daemon, openmetr
     ranks, GPUs, cgroups, and counters with and without labels."""
     from sidecar.metrics.collector import TrainwatchCollector
     from sidecar.metrics.exposition import render
+    from sidecar.model.ledger import DeathLedger
 
-    daemon.deaths.deaths_total[("8d6de2d1", "kernel_oom")] = 2
+    ledger = DeathLedger().counted(("8d6de2d1", "0", 0), "kernel_oom", 1.0e9)
+    ledger = ledger.counted(("8d6de2d1", "1", 0), "kernel_oom", 1.1e9)
     collector = TrainwatchCollector(
         lambda: daemon.snapshot,
-        deaths=lambda: dict(daemon.deaths.deaths_total),
+        deaths=lambda: ledger,
         postmortems=lambda: 3,
         protection=lambda: [("mlock", True)],
         lost=lambda: {"kmsg": 1},
@@ -266,7 +268,8 @@ def test_scrapes_between_rounds_reuse_the_body_and_a_new_round_or_death_renews_i
         om = client.get("/metrics", headers={"Accept": "application/openmetrics-text"}).text
         assert om.endswith("# EOF\n") and len(calls) == 2  # another format is another body
         assert "trainwatch_time_seconds" in om.split("# EOF")[0]
-        daemon.deaths.deaths_total[("8d6de2d1", "kernel_oom")] = 1  # a death between rounds
+        watch = daemon.deaths.autopsies  # a death between rounds: the worker swaps its ledger
+        watch.ledger = watch.ledger.counted(("8d6de2d1", "0", 0), "kernel_oom", time.time())
         m = samples(client.get("/metrics").text)
         assert m[("trainwatch_rank_deaths_total", (("job", "8d6de2d1"), ("killer", "kernel_oom")))] == 1
         assert len(calls) == 3

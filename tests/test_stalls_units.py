@@ -144,12 +144,12 @@ def test_the_snapshot_comes_once_per_stall_and_ends_with_it():
     job = _run(t, clock, 12, {0: (0.0, None), 1: (0.0, None)})
     assert job.stalled_seconds >= 4
     snap = wait_for(lambda: t.stall("j"), 10, "the snapshot", 0.05)
-    assert snap["suspected_missing"] == [] and snap["flight_recorder"] is None
-    assert [r["reason"] for r in snap["ranks"]] == ["idle", "idle"]
-    assert all(r["stack"] is None and r["stack_error"] == "turned off (--no-py-spy)" for r in snap["ranks"])
+    assert snap.suspected_missing == () and snap.flight_recorder is None
+    assert [r.reason for r in snap.ranks] == ["idle", "idle"]
+    assert all(r.stack is None and r.stack_error == "turned off (--no-py-spy)" for r in snap.ranks)
     _run(t, clock, 6, {0: (1.0, None), 1: (1.0, None)})
     ended = t.stall("j")  # progress again; kept a while (a rank's exit at a timeout uses CPU)
-    assert ended is not None and 1_700_000_012.0 < ended["ended_at"] <= 1_700_000_000.0 + clock.now
+    assert ended is not None and 1_700_000_012.0 < ended.ended_at <= 1_700_000_000.0 + clock.now
     _run(t, clock, 31, {0: (1.0, None), 1: (1.0, None)})
     assert t.stall("j") is None  # a later death was not preceded by it
 
@@ -261,10 +261,10 @@ def test_the_snapshot_asks_the_flight_recorder_through_the_jobs_fifo(tmp_path):
             job = t.update(_snap(*ranks)).jobs[0]
         assert job.stalled_seconds >= 4 and job.suspected_missing == ("1",)
         snap = wait_for(lambda: t.stall("j"), 30, "the snapshot with both dumps", 0.1)
-        fr = snap["flight_recorder"]
+        fr = snap.flight_recorder
         assert f"dump requested from rank 0 through '{pipe}0.pipe', rank 1 through '{pipe}1.pipe'" in fr, fr
         assert "rank 1, default_pg: last enqueued #6, last completed #6 (never entered #7)" in fr, fr
-        assert snap["suspected_missing"] == ["1"] and snap["suspected_by"] == "flight_recorder"
+        assert snap.suspected_missing == ("1",) and snap.suspected_by == "flight_recorder"
         with open(f"{dump}0", "rb") as f:
             assert pickle.load(f)["pg_status"]["0"]["last_enqueued_collective"] == 7
     finally:
@@ -355,3 +355,31 @@ def test_busy_gpus_whose_collectives_stop_completing_are_stalled(tmp_path):
         for p in procs:
             p.kill()
             p.communicate()
+
+
+def test_the_stall_snapshot_shows_its_times_as_each_reader_dates_them():
+    """/ranks shows a stall's times in seconds, the postmortem in ISO 8601: one snapshot,
+    its fields in the document's order, an end added without touching the first."""
+    from sidecar.model.stall import StalledRank, StallSnapshot
+    from sidecar.postmortem import iso
+
+    rank = StalledRank(1, "1", 42, 61.0, "idle", False, False, None, None, None, "no py-spy", None)
+    snap = StallSnapshot(1_700_000_000.0, 61.0, (rank,), ("1",), "activity", None)
+    done = snap.ended(1_700_000_030.0)
+    assert snap.ended_at is None and done.ended_at == 1_700_000_030.0
+    shown = done.view()
+    assert list(shown) == [
+        "detected_at", "stalled_seconds", "ranks", "suspected_missing", "suspected_by", "flight_recorder",
+        "ended_at",
+    ]  # fmt: skip
+    assert shown["detected_at"] == 1_700_000_000.0 and shown["suspected_missing"] == ["1"]
+    assert shown["ranks"] == [
+        {
+            "rank": 1, "label": "1", "pid": 42, "stalled_seconds": 61.0, "reason": "idle", "cpu_busy": False,
+            "gpu_busy": False, "gpu_sm_percent": None, "gpu_memory_percent": None, "stack": None,
+            "stack_error": "no py-spy", "in_collective": None,
+        }
+    ]  # fmt: skip
+    dated = done.view(iso)
+    assert dated["detected_at"] == iso(1_700_000_000.0) and dated["ended_at"] == iso(1_700_000_030.0)
+    assert snap.view(iso)["ended_at"] is None

@@ -20,7 +20,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from sidecar.deaths.gather import Gatherer
 from sidecar.deaths.hear import Feeds
@@ -28,113 +27,115 @@ from sidecar.deaths.journal import Journal
 from sidecar.deaths.remember import Memory
 from sidecar.deaths.saved import State
 from sidecar.deaths.state import Watched
-from sidecar.deaths.write import TIMELINE_WINDOW_S, Autopsies
-from sidecar.model import Warned
-from sidecar.model.events import SignalEvent
+from sidecar.deaths.write import TIMELINE_WINDOW_S, Autopsies, Sources
+from sidecar.model import Snapshot, Warned
+from sidecar.model.events import ExitEvent, SignalEvent
+from sidecar.model.ledger import DeathLedger
+from sidecar.model.stall import StallSnapshot
 from sidecar.parse.kernel import KmsgRecord
 from sidecar.postmortem import PostmortemStore
 from sidecar.sampling.timeline import Timeline
 
-__all__ = ["TIMELINE_WINDOW_S", "DeathWatch"]
+__all__ = ["TIMELINE_WINDOW_S", "DeathWatch", "Sources"]
 
 
 class DeathWatch:
-    """The feeds (``observe``, ``on_exit``, ``on_unknown``, ``resync``, ``on_signal``,
-    ``on_kmsg``, ``on_kmsg_loss``, ``on_stranded``), the worker (``start``, ``stop``) and the journal
-    (``restore``) of one node's deaths, sharing one state."""
+    """One node's deaths: the feeds the sampler and the watchers call, the worker that writes
+    postmortems (``start``, ``stop``) and the journal (``restore``), sharing one state.
+
+    ``gather`` is the one door to files after a death (the daemon builds it with the
+    counters' readers); ``stall_of`` and ``warnings_of`` say what the stall tracker and
+    foresight knew of a job; ``journal`` and ``boot_id`` keep the watch across a restart.
+    ``state`` (what the rooms share, under its lock) and ``autopsies`` (the worker) are there
+    for a test to look inside; the daemon uses the methods."""
 
     def __init__(
         self,
         store: PostmortemStore,
         timeline: Timeline,
+        gather: Gatherer,
         *,
-        read_host_oom_kills: Callable[[], int | None] = lambda: None,
-        read_cgroup_oom_kills: Callable[[str, int], int | None] = lambda path, version: None,
-        read_cgroup_limit_hits: Callable[[str, int, str | None], int | None] = lambda path, version, by: None,
-        read_oomd_marks: Callable[[str, int], dict[str, int]] = lambda path, version: {},
-        read_outputs: bool = True,
-        job_output: Callable[[int], str] | None = None,
-        stall_of: Callable[[str], dict[str, Any] | None] | None = None,
+        stall_of: Callable[[str], StallSnapshot | None] | None = None,
         warnings_of: Callable[[str], tuple[Warned, ...]] = lambda job: (),
         hostname: str | None = None,
-        proc_root: str = "/proc",
         journal: Journal | None = None,
         boot_id: str | None = None,
         clock_ns: Callable[[], int] = time.monotonic_ns,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
-        self.timeline = timeline
-        self.gather = Gatherer(
-            proc_root=proc_root,
-            read_outputs=read_outputs,
-            job_output=job_output,
-            read_host_oom_kills=read_host_oom_kills,
-            read_cgroup_oom_kills=read_cgroup_oom_kills,
-            read_cgroup_limit_hits=read_cgroup_limit_hits,
-            read_oomd_marks=read_oomd_marks,
-            clock_ns=clock_ns,
-            wall=wall,
-        )
+        self.gather = gather
         self.state = Watched(clock_ns)
-        self.memory = Memory(self.state, self.gather, timeline, journal, boot_id, clock_ns, wall)
-        self.feeds = Feeds(self.state, self.gather, self.memory.save, clock_ns)
+        self._memory = Memory(self.state, gather, timeline, journal, boot_id, clock_ns, wall)
+        self._feeds = Feeds(self.state, gather, self._memory.save, clock_ns)
         self.autopsies = Autopsies(
             self.state,
-            self.gather,
+            gather,
             store,
             timeline,
             hostname=hostname or socket.gethostname(),
             stall_of=stall_of,
             warnings_of=warnings_of,
-            save_journal=self.memory.save,
+            save_journal=self._memory.save,
             clock_ns=clock_ns,
             wall=wall,
         )
-        # the feeds, as the daemon's watchers call them
-        self.observe = self.feeds.observe
-        self.on_exit = self.feeds.on_exit
-        self.on_unknown = self.feeds.on_unknown
-        self.resync = self.feeds.resync
-        self.on_signal: Callable[[SignalEvent], None] = self.feeds.on_signal
-        self.on_kmsg: Callable[[KmsgRecord], None] = self.feeds.on_kmsg
-        self.on_kmsg_loss = self.feeds.on_kmsg_loss
-        self.on_stranded = self.feeds.on_stranded
-        self.restore: Callable[[State], int] = self.memory.restore
-        self.start = self.autopsies.start
-        self.stop = self.autopsies.stop
 
-    # -- what the daemon sets and the scrape reads --------------------------------------
+    # -- the feeds: what the sampler and the watchers tell, on their own threads ----------
+
+    def observe(self, snap: Snapshot) -> None:
+        """The sampler's round: which processes are ranks now, and their last figures."""
+        self._feeds.observe(snap)
+
+    def on_exit(self, event: ExitEvent) -> None:
+        """A process exited (the connector, a pidfd or a zombie told its status)."""
+        self._feeds.on_exit(event)
+
+    def on_unknown(self, pid: int, monotonic_ns: int) -> None:
+        """A process is gone and nothing told its status."""
+        self._feeds.on_unknown(pid, monotonic_ns)
+
+    def resync(self, proc_root: str = "/proc") -> None:
+        """Exit events were lost (the connector's buffer overran): find the ranks gone."""
+        self._feeds.resync(proc_root)
+
+    def on_signal(self, event: SignalEvent) -> None:
+        """The tracepoint saw an ending signal generated for a process."""
+        self._feeds.on_signal(event)
+
+    def on_kmsg(self, record: KmsgRecord) -> None:
+        """A kernel log record (OOM reports, faults, Xid)."""
+        self._feeds.on_kmsg(record)
+
+    def on_kmsg_loss(self, count: int, timestamp_us: int) -> None:
+        """The kernel's ring overwrote records before they were read."""
+        self._feeds.on_kmsg_loss(count, timestamp_us)
+
+    def on_stranded(self, job: str, restart: int, pids: dict[int, float]) -> None:
+        """The strand tracker found survivors of a death going nowhere."""
+        self._feeds.on_stranded(job, restart, pids)
+
+    # -- the worker and the journal ------------------------------------------------------
+
+    def start(self, sources: Sources | None = None) -> None:
+        """Start the worker, told once how deaths are heard on this node (by default, by
+        nothing first-hand: a zombie's status, the agent's log, the counters)."""
+        self.autopsies.start(sources if sources is not None else Sources())
+
+    def stop(self) -> None:
+        """Finish the postmortems in flight, then stop the worker."""
+        self.autopsies.stop()
+
+    def restore(self, state: State) -> int:
+        """What an earlier run watched (its journal): the jobs with deaths while it was down."""
+        return self._memory.restore(state)
+
+    # -- what the daemon and the scrape read ---------------------------------------------
 
     @property
-    def kernel_log_readable(self) -> bool:
-        return self.autopsies.kernel_log_readable
-
-    @kernel_log_readable.setter
-    def kernel_log_readable(self, value: bool) -> None:
-        self.autopsies.kernel_log_readable = value
-
-    def reading_kernel_log(self, catch_up: Callable[[], None]) -> None:
-        """The kernel log is read (its OOM records reach ``on_kmsg``); ``catch_up`` hands on
-        the records written until now, called before each autopsy round."""
-        self.autopsies.kernel_log_readable = True
-        self.autopsies.kernel_catch_up = catch_up
-
-    @property
-    def exits_first_hand(self) -> bool:
-        return self.autopsies.exits_first_hand
-
-    @exits_first_hand.setter
-    def exits_first_hand(self, value: bool) -> None:
-        self.autopsies.exits_first_hand = value
-
-    @property
-    def deaths_total(self) -> dict[tuple[str, str], int]:
-        return self.autopsies.deaths_total
-
-    @property
-    def death_times(self) -> dict[tuple[str, str, int], tuple[str, float]]:
-        return self.autopsies.death_times
+    def ledger(self) -> DeathLedger:
+        """The deaths counted so far: immutable, swapped whole by the worker."""
+        return self.autopsies.ledger
 
     @property
     def thread(self) -> threading.Thread | None:
@@ -143,8 +144,8 @@ class DeathWatch:
 
     @property
     def journal(self) -> Journal | None:
-        return self.memory.journal
+        return self._memory.journal
 
     @property
     def boot_id(self) -> str:
-        return self.memory.boot_id
+        return self._memory.boot_id

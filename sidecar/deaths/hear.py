@@ -38,7 +38,9 @@ AGENT_GRACE_NS = 30 * 10**9  # an agent's output files are kept this long after 
 
 
 class Feeds:
-    """The death watch's ears. ``save_journal(now_ns)``: the journal's save, after a round."""
+    """The death watch's ears: each feed (a round, an exit, a signal, a kernel record, a
+    stranding) only records, under the lock, and schedules an incident when a rank died;
+    nothing is read here. ``save_journal(now_ns)``: the journal's save, after a round."""
 
     def __init__(
         self,

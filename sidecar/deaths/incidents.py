@@ -8,11 +8,11 @@ document's parts. No I/O: ``gather.py`` reads, ``hear.py`` and ``write.py`` deci
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from sidecar.autopsy import Evidence, RankState, UserspaceKill, Verdict, agent_name
 from sidecar.deaths.records import Records
 from sidecar.model import Fate, Kind, RankSample, Snapshot
+from sidecar.model.stall import StallSnapshot
 from sidecar.parse.flight import FlightVerdict
 from sidecar.parse.ranks import Finding
 from sidecar.probes.outputs import OutputFile
@@ -27,7 +27,6 @@ __all__ = [
     "join_evidence",
     "killers_of",
     "plan_of",
-    "remember",
 ]
 
 
@@ -46,6 +45,9 @@ class Generation:
 
 @dataclass(slots=True)
 class Known:
+    """A process known to be a rank: its generation of its job, its last sample and the
+    figures the autopsy needs of it once it is gone (its cgroup's limit, its GPUs)."""
+
     gen: Generation
     sample: RankSample
     cgroup_limited_by: str | None
@@ -71,7 +73,7 @@ class Incident:
     # the job's /dev/shm, read while a process of it lived: (size, used, seconds before the
     # first death it was read, None when read at the autopsy)
     shm: tuple[int, int, float | None] | None = None
-    stall: dict[str, Any] | None = None  # the snapshot taken when the job stalled (stalls.py)
+    stall: StallSnapshot | None = None  # the snapshot taken when the job stalled (stalls/tracker.py)
     # judged after a restart of the daemon: (when the state was last saved, when it came back), wall
     reconstructed: tuple[float, float] | None = None
     untimed: set[int] = field(default_factory=set)  # deaths whose time nothing tells (after a restart)
@@ -229,21 +231,6 @@ def join_evidence(
         job_said=reads.job_said,
         lost_gpus=tuple((ns, index, name) for index, (ns, name) in sorted(records.lost_gpus.items())),
     )
-
-
-def remember(
-    times: dict[tuple[str, str, int], tuple[str, float]],
-    key: tuple[str, str, int],
-    value: tuple[str, float],
-    cap: int,
-) -> dict[tuple[str, str, int], tuple[str, float]]:
-    """``times`` with ``key`` set to ``value`` as the newest entry, the oldest dropped past
-    ``cap``. A new dict: the caller swaps it in."""
-    out = {k: v for k, v in times.items() if k != key}
-    out[key] = value
-    for old in list(out)[: max(0, len(out) - cap)]:
-        del out[old]
-    return out
 
 
 def clean_end(inc: Incident, ev: Evidence, verdict: Verdict, readable_log: bool) -> bool | None:

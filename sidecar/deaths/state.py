@@ -27,6 +27,11 @@ UNKNOWN_EXIT_WAIT_S = 3.0
 
 @dataclass(eq=False)
 class Watched:
+    """What the death watch's rooms share, under one lock (``cv``, which the worker also
+    waits on): the processes known as ranks, the last snapshots, the incidents open, and
+    what the feeds recorded. The live state; what the journal keeps of it is
+    ``saved.SavedState``."""
+
     clock_ns: Callable[[], int]
     cv: threading.Condition = field(default_factory=threading.Condition)
     known: dict[int, Known] = field(default_factory=dict)

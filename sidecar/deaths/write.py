@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sidecar import lognames
@@ -24,29 +25,44 @@ from sidecar.deaths.incidents import (
     join_evidence,
     killers_of,
     plan_of,
-    remember,
 )
 from sidecar.deaths.parts import live_parts
 from sidecar.deaths.state import UNKNOWN_EXIT_WAIT_S, Watched
 from sidecar.model import Warned
+from sidecar.model.ledger import DeathLedger
+from sidecar.model.stall import StallSnapshot
 from sidecar.postmortem import PostmortemStore, build, iso, make_id
 from sidecar.sampling.timeline import Timeline
 
-__all__ = ["TIMELINE_WINDOW_S", "Autopsies"]
+__all__ = ["TIMELINE_WINDOW_S", "Autopsies", "Sources"]
 
 log = logging.getLogger(lognames.DEATHS)
 
 TIMELINE_WINDOW_S = 300.0
 RETRY_WRITE_NS = 5 * 10**9  # while a postmortem is in memory only, how often to write it again
 SLOW_READS_MS = 200.0  # an autopsy round whose reads take longer says so in the log
-DEATH_TIMES = 64  # deaths whose time is exported (trainwatch_rank_death_timestamp_seconds)
 WALL_STEP_S = 0.05  # the wall clock moved this far against the monotonic one: it was stepped
+
+
+@dataclass(frozen=True, slots=True)
+class Sources:
+    """What the daemon learned at start about how deaths are heard, said once: exits come
+    first-hand from the kernel (the process connector), and the kernel log is read
+    (``kernel_catch_up`` hands on its records written until now; None: /dev/kmsg is not
+    readable). Given to the worker when it starts, before any autopsy."""
+
+    exits_first_hand: bool = False
+    kernel_catch_up: Callable[[], None] | None = None
+
+    @property
+    def kernel_log_readable(self) -> bool:
+        return self.kernel_catch_up is not None
 
 
 class Autopsies:
     """The worker: autopsies as incidents fall due, their postmortems, and the deaths counted
-    (``deaths_total``, ``death_times``, read by the scrape). ``save_journal(now_ns)``: the
-    journal's save, after a write."""
+    (``ledger``, swapped whole: the scrape reads it without the lock). ``save_journal(now_ns)``:
+    the journal's save, after a write."""
 
     def __init__(
         self,
@@ -56,7 +72,7 @@ class Autopsies:
         timeline: Timeline,
         *,
         hostname: str,
-        stall_of: Callable[[str], dict[str, Any] | None] | None,
+        stall_of: Callable[[str], StallSnapshot | None] | None,
         warnings_of: Callable[[str], tuple[Warned, ...]],
         save_journal: Callable[[int], None],
         clock_ns: Callable[[], int],
@@ -72,14 +88,8 @@ class Autopsies:
         self.save_journal = save_journal
         self.clock_ns = clock_ns
         self.wall = wall
-        self.kernel_log_readable = False
-        # the kernel log's catch_up (KmsgWatcher.catch_up): its records up to now, before a round
-        self.kernel_catch_up: Callable[[], None] = lambda: None
-        self.exits_first_hand = False
-        self.deaths_total: dict[tuple[str, str], int] = {}
-        # (job, rank, restart) -> (killer, wall time of death): the newest DEATH_TIMES deaths,
-        # for dashboards' annotations and a job's first death across nodes
-        self.death_times: dict[tuple[str, str, int], tuple[str, float]] = {}
+        self.sources = Sources()
+        self.ledger = DeathLedger()
         self._wall_offset: float | None = None  # wall minus monotonic seconds (wall_of)
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -89,7 +99,8 @@ class Autopsies:
         """The thread this runs on, once started (for its priority)."""
         return self._thread
 
-    def start(self) -> None:
+    def start(self, sources: Sources) -> None:
+        self.sources = sources
         self._thread = threading.Thread(target=self._run, name="trainwatch-deaths", daemon=True)
         self._thread.start()
 
@@ -138,7 +149,8 @@ class Autopsies:
             # The kernel's OOM report precedes its SIGKILL: read the log up to now first, so a
             # round never judges a kill whose record the reader's thread has yet to hand on.
             try:
-                self.kernel_catch_up()
+                if self.sources.kernel_catch_up is not None:
+                    self.sources.kernel_catch_up()
             except Exception:
                 log.exception("kernel log: catching up failed")
             reads = []
@@ -182,12 +194,11 @@ class Autopsies:
         return plan_of(inc, self.state.agent_outputs, self.state.rank_files, self.state.oomd_baseline)
 
     def _stall(self, inc: Incident) -> dict[str, Any] | None:
-        if self.stall_of is None or inc.stall is not None:
-            return inc.stall  # kept: the tracker forgets a job once it is gone
-        snap = self.stall_of(inc.gen.job)
-        if snap:
-            inc.stall = {**snap, "detected_at": iso(snap["detected_at"]), "ended_at": iso(snap["ended_at"])}
-        return inc.stall
+        """The job's stall snapshot as the postmortem shows it, kept on the incident: the
+        tracker forgets a job once it is gone."""
+        if self.stall_of is not None and inc.stall is None:
+            inc.stall = self.stall_of(inc.gen.job)
+        return inc.stall.view(iso) if inc.stall is not None else None
 
     def _evidence(self, inc: Incident, reads: Reads) -> Evidence:
         """Under the lock: the round's reads joined with what the feeds recorded."""
@@ -198,8 +209,8 @@ class Autopsies:
             self.state.records,
             latest=latest,
             rank_gpus=self.state.rank_gpus,
-            kernel_log_readable=self.kernel_log_readable,
-            exits_first_hand=self.exits_first_hand,
+            kernel_log_readable=self.sources.kernel_log_readable,
+            exits_first_hand=self.sources.exits_first_hand,
         )
 
     # -- the document --------------------------------------------------------------
@@ -256,11 +267,8 @@ class Autopsies:
                 if r.pid in inc.counted:
                     continue
                 inc.counted[r.pid] = killer
-                self.deaths_total[(inc.gen.job, killer)] = self.deaths_total.get((inc.gen.job, killer), 0) + 1
                 when = self.wall_of(r.died_ns) or died_at
-                key = (inc.gen.job, r.label, inc.gen.restart)
-                # a new dict, swapped whole: the scrape reads it without the lock
-                self.death_times = remember(self.death_times, key, (killer, when), DEATH_TIMES)
+                self.ledger = self.ledger.counted((inc.gen.job, r.label, inc.gen.restart), killer, when)
         if first:
             log.warning(
                 "job %s: postmortem %s: %s (%s)", inc.gen.job, inc.doc_id, verdict.summary, verdict.confidence

@@ -5,7 +5,7 @@ nothing stale is left behind."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -13,20 +13,20 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from sidecar import __version__
 from sidecar.metrics.families import Families, Lines
 from sidecar.model import Snapshot
+from sidecar.model.ledger import DeathLedger
 
 __all__ = ["TrainwatchCollector", "make_registry"]
 
 
 class TrainwatchCollector(Collector):
-    """Turns the latest snapshot (and the death counters) into metric families."""
+    """Turns the latest snapshot (and the death ledger) into metric families."""
 
     def __init__(
         self,
         snapshot: Callable[[], Snapshot | None],
-        deaths: Callable[[], dict[tuple[str, str], int]] = dict,
+        deaths: Callable[[], DeathLedger] = DeathLedger,
         postmortems: Callable[[], int] = lambda: 0,
-        death_times: Callable[[], dict[tuple[str, str, int], tuple[str, float]]] = dict,
-        protection: Callable[[], list[tuple[str, bool]]] = list,
+        protection: Callable[[], Iterable[tuple[str, bool]]] = tuple,
         lost: Callable[[], dict[str, int]] = dict,
         web: Callable[[], tuple[int, int, int, bool] | None] = lambda: None,
     ) -> None:
@@ -35,7 +35,6 @@ class TrainwatchCollector(Collector):
         self._lost = lost
         self._snapshot = snapshot
         self._deaths = deaths
-        self._death_times = death_times
         self._postmortems = postmortems
 
     def describe(self) -> Iterator[Metric]:
@@ -66,9 +65,10 @@ class TrainwatchCollector(Collector):
             f.add("trainwatch_web_config_last_reload_successful", 1 if reload_ok else 0)
         for source, count in sorted(self._lost().items()):
             f.add("trainwatch_lost_events_total", count, source)
-        for (job, killer), count in sorted(self._deaths().items()):
+        ledger = self._deaths()
+        for (job, killer), count in sorted(ledger.totals.items()):
             f.add("trainwatch_rank_deaths_total", count, job, killer)
-        for (job, rank, restart), (killer, at) in sorted(self._death_times().items()):
+        for (job, rank, restart), (killer, at) in sorted(ledger.times.items()):
             f.add("trainwatch_rank_death_timestamp_seconds", at, job, rank, str(restart), killer)
         snap = self._snapshot()
         if snap is not None:

@@ -1,4 +1,5 @@
 """What schedulers, containers, launchers and shells say when a training process ends. Pure.
+(These are lines of a log; the jobs the daemon finds and tracks live are ``sampling/jobs.py``.)
 
 Each line in, a ``JobRecord`` or None out. Formats, as they appear in real logs:
 

@@ -1,7 +1,8 @@
 """What discovery tracks: a job (its launching process, the "agent"; run id, world size,
 restarts) and its ranks; how a launcher's command line is known; the job's short key; and a
 rank attached to its job (its label, where its number came from, and what its environment
-tells of the job). Discovery itself (``discovery.py``) finds the processes.
+tells of the job). Discovery itself (``discovery.py``) finds the processes. (What a scheduler
+or launcher *says* of a job in its log is ``parse/jobs.py``.)
 
 The launchers known by their own process (each, the mechanism that makes it one):
 

@@ -14,10 +14,10 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Any
 
 from sidecar import lognames
 from sidecar.model import JobSample, RankSample
+from sidecar.model.stall import StalledRank, StallSnapshot
 from sidecar.parse.flight import MAX_DUMP_BYTES, FlightDump, parse_dump, summarise
 from sidecar.probes.host import ptrace_scope
 from sidecar.saferead import JobRoot, Refused, poke_job_fifo, read_job_file
@@ -29,7 +29,7 @@ __all__ = [
     "rank_stacks",
     "read_flight",
     "request_flight",
-    "snapshot_doc",
+    "snapshot_of",
 ]
 
 log = logging.getLogger(lognames.STALLS)
@@ -79,27 +79,27 @@ def _stack(py_spy: str, pid: int) -> tuple[str | None, str | None]:
     return done.stdout[-STACK_CAP:], None
 
 
-def rank_stacks(job: JobSample, py_spy: str | None, no_stacks: str | None) -> list[dict[str, Any]]:
+def rank_stacks(job: JobSample, py_spy: str | None, no_stacks: str | None) -> list[StalledRank]:
     """Each rank's stack (or why none) and activity, as the snapshot's ``ranks``."""
     ranks = []
     for r in job.ranks:
         stack, error = _stack(py_spy, r.key.pid) if py_spy else (None, no_stacks)
         p = r.progress
         ranks.append(
-            {
-                "rank": r.rank,
-                "label": r.rank_label,
-                "pid": r.key.pid,
-                "stalled_seconds": p.stalled_seconds if p else None,
-                "reason": p.reason if p else None,
-                "cpu_busy": p.cpu_busy if p else None,
-                "gpu_busy": p.gpu_busy if p else None,
-                "gpu_sm_percent": r.gpu_sm_percent,
-                "gpu_memory_percent": r.gpu_memory_percent,
-                "stack": stack,
-                "stack_error": error,
-                "in_collective": in_collective(stack) if stack else None,
-            }
+            StalledRank(
+                rank=r.rank,
+                label=r.rank_label,
+                pid=r.key.pid,
+                stalled_seconds=p.stalled_seconds if p else None,
+                reason=p.reason if p else None,
+                cpu_busy=p.cpu_busy if p else None,
+                gpu_busy=p.gpu_busy if p else None,
+                gpu_sm_percent=r.gpu_sm_percent,
+                gpu_memory_percent=r.gpu_memory_percent,
+                stack=stack,
+                stack_error=error,
+                in_collective=in_collective(stack) if stack else None,
+            )
         )
         if stack:
             log.warning(
@@ -112,33 +112,32 @@ def rank_stacks(job: JobSample, py_spy: str | None, no_stacks: str | None) -> li
     return ranks
 
 
-def snapshot_doc(
+def snapshot_of(
     job: JobSample,
     at: float,
-    ranks: list[dict[str, Any]],
+    ranks: list[StalledRank],
     flight_note: str | None,
     flight_lines: list[str],
     flight_laggards: tuple[int, ...],
-) -> dict[str, Any]:
+) -> StallSnapshot:
     """The stall's snapshot: who is suspected, and by what (activity, stacks, the flight
     recorder, the strongest last)."""
-    suspects = list(job.suspected_missing)
+    suspects = [str(s) for s in job.suspected_missing]
     how = "activity" if suspects else None
-    inside = {str(x["label"]) for x in ranks if x["in_collective"]}
-    outside = {str(x["label"]) for x in ranks if x["in_collective"] is False}
+    inside = {r.label for r in ranks if r.in_collective}
+    outside = {r.label for r in ranks if r.in_collective is False}
     if inside and outside:
         suspects, how = sorted(outside), "stacks"  # the others wait in a collective for them
     if flight_laggards:
         suspects, how = [str(r) for r in flight_laggards], "flight_recorder"
-    return {
-        "detected_at": at,
-        "stalled_seconds": job.stalled_seconds,
-        "ranks": ranks,
-        "suspected_missing": suspects,
-        "suspected_by": how,
-        "flight_recorder": "; ".join([flight_note, *flight_lines]) if flight_note else None,
-        "ended_at": None,
-    }
+    return StallSnapshot(
+        detected_at=at,
+        stalled_seconds=job.stalled_seconds,
+        ranks=tuple(ranks),
+        suspected_missing=tuple(suspects),
+        suspected_by=how,
+        flight_recorder="; ".join([flight_note, *flight_lines]) if flight_note else None,
+    )
 
 
 def request_flight(

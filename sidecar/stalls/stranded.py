@@ -10,7 +10,7 @@ store's wait, a barrier) then holds its GPUs until a timeout 10 to 30 minutes la
 A live rank is **stranded** when
 
 * another rank of its job died abnormally: a death the death watch counted
-  (``DeathWatch.death_times``) in its job and worker generation, or in another job here with
+  (``DeathLedger.times``) in its job and worker generation, or in another job here with
   the same launcher id (another agent of a multi-node job, run on this node); and
 * the stall tracker (``stalls.py``) judges it making no progress (idle: no CPU and no GPU;
   its GPU busy while a peer's is silent; in a collective that completed nothing between
@@ -37,10 +37,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from sidecar import lognames
 from sidecar.model import JobSample, Snapshot, Stranding, evolve
+from sidecar.model.ledger import DeathKey
 
 __all__ = ["STRANDED_AFTER_S", "StrandTracker"]
 
@@ -50,7 +51,7 @@ STRANDED_AFTER_S = 10.0
 _KEPT_JOBS = 256  # the launcher ids of jobs gone, kept to tie a death to another agent's ranks
 
 # (job, rank label, restart) -> (killer, wall time): the deaths the death watch counted
-DeathTimes = dict[tuple[str, str, int], tuple[str, float]]
+DeathTimes = Mapping[DeathKey, tuple[str, float]]
 
 
 class StrandTracker:
@@ -70,7 +71,7 @@ class StrandTracker:
         self.wall = wall
         self._run_ids: dict[str, str] = {}  # job key -> its launcher id, for jobs seen
         self._told: dict[str, set[int]] = {}  # job key -> the pids told stranded
-        # the deaths by (job, restart), built again only when the death watch swaps its dict
+        # the deaths by (job, restart), built again only when the death watch swaps its ledger
         self._indexed: DeathTimes | None = None
         self._by_job: dict[tuple[str, int], list[tuple[str, float]]] = {}
 

@@ -54,10 +54,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from sidecar import lognames
 from sidecar.model import JobSample, RankProgress, RankSample, Snapshot, evolve
+from sidecar.model.stall import StallSnapshot
 from sidecar.parse.flight import summarise
 from sidecar.stalls.stacks import (
     collect_dumps,
@@ -65,7 +65,7 @@ from sidecar.stalls.stacks import (
     rank_stacks,
     read_flight,
     request_flight,
-    snapshot_doc,
+    snapshot_of,
 )
 
 __all__ = ["GPU_BUSY_PERCENT", "IDLE_CORE_FRACTION", "StallTracker"]
@@ -102,7 +102,7 @@ class _Job:
     ranks: dict[int, _Rank] = field(default_factory=dict)  # pid ->
     reported: bool = False
     episode: int = 0  # counts the stalls reported, so a late snapshot lands only in its own
-    snapshot: dict[str, Any] | None = None  # the stall's, while it lasts
+    snapshot: StallSnapshot | None = None  # the stall's, while it lasts
     # the flight recorder asked while every rank's GPU is busy (probe_flight): each
     # (rank, process group) -> (last enqueued, last completed) at the last probe, and since
     # when (monotonic) no collective has completed on any rank while some are pending
@@ -249,7 +249,7 @@ class StallTracker:
                 log.info("job %s: making progress again", job.key)
                 with self._lock:
                     if state.snapshot is not None:
-                        state.snapshot = {**state.snapshot, "ended_at": self.wall()}
+                        state.snapshot = state.snapshot.ended(self.wall())
             state.reported = False
         elif not state.reported:
             state.reported = True
@@ -340,14 +340,14 @@ class StallTracker:
             daemon=True,
         ).start()
 
-    def stall(self, job: str) -> dict[str, Any] | None:
+    def stall(self, job: str) -> StallSnapshot | None:
         """The snapshot of the job's stall (the postmortem's ``stall``): while it lasts, and
         for ``ENDED_KEPT_S`` after it ended (a rank's own exit at a timeout uses CPU: the
         stall seems to end as the job dies); None otherwise."""
         with self._lock:
             state = self._jobs.get(job)
             snap = state.snapshot if state else None
-        ended = snap.get("ended_at") if snap else None
+        ended = snap.ended_at if snap else None
         if ended is not None and self.wall() - ended > ENDED_KEPT_S:
             return None
         return snap
@@ -365,11 +365,11 @@ class StallTracker:
             flight_lines, flight_laggards = read_flight(pending, requested, self._seen(job.key))
         finally:
             fr_lock.release()
-        doc = snapshot_doc(job, at, ranks, flight_note, flight_lines, flight_laggards)
+        taken = snapshot_of(job, at, ranks, flight_note, flight_lines, flight_laggards)
         with self._lock:
             state = self._jobs.get(job.key)
             if state is not None and state.episode == episode and state.reported:
-                state.snapshot = doc
+                state.snapshot = taken
 
     def _fr_lock(self, key: str) -> threading.Lock:
         with self._lock:

@@ -64,6 +64,9 @@ class NodeSeen:
 
 @dataclass(slots=True)
 class Seen:
+    """What one story asked of Prometheus and the nodes, and what it found: the job, the
+    window, when, and each node's answer."""
+
     job: str
     window_seconds: float
     asked_at: float
