@@ -18,7 +18,7 @@ from sidecar import lognames, protection, saferead
 from sidecar.deaths.engine import DeathWatch, Sources
 from sidecar.deaths.gather import Gatherer
 from sidecar.deaths.journal import Journal, read_boot_id
-from sidecar.deaths.saved import State
+from sidecar.deaths.saved import SavedState
 from sidecar.model import Snapshot
 from sidecar.postmortem import PostmortemStore
 from sidecar.probes.host import HostReader
@@ -173,7 +173,7 @@ class Daemon:
         self._thread = threading.Thread(target=self._run, name="trainwatch-sampler", daemon=True)
         self._thread.start()
 
-    def _start_watchers(self, saved: State | None = None) -> Sources:
+    def _start_watchers(self, saved: SavedState | None = None) -> Sources:
         """Start each event source this node allows; say which work."""
         off = self.settings.disabled
         first_hand, catch_up = False, None
@@ -292,7 +292,7 @@ class Daemon:
         if self._last_done is None:
             return False, "no sample yet"
         age = time.monotonic() - self._last_done
-        if age > self.settings.stall_seconds + (IDLE_INTERVAL_SECONDS if self._idle else 0.0):
+        if age > self.settings.sampler_stall_seconds + (IDLE_INTERVAL_SECONDS if self._idle else 0.0):
             return False, f"sampler stalled: last sample {age:.1f}s ago"
         return True, "ok"
 

@@ -71,6 +71,6 @@ class Settings:
     connector_buffer_bytes: int = 8 << 20  # the process connector socket's receive buffer
 
     @property
-    def stall_seconds(self) -> float:
+    def sampler_stall_seconds(self) -> float:
         """How long without a finished sample before /healthz says the sampler stalled."""
         return max(5.0 * self.interval_seconds, 5.0)

@@ -196,7 +196,7 @@ def _json_values() -> st.SearchStrategy[Any]:
 def _a_state() -> Any:
     """A real journal state: one job's rank, its cgroup and an incident."""
     from sidecar.deaths.incidents import Generation, Known
-    from sidecar.deaths.saved import SavedIncident, State
+    from sidecar.deaths.saved import SavedIncident, SavedState
     from sidecar.model import CgroupLevel, CgroupSample, MemoryCharge, ProcKey, RankSample, TimelinePoint
 
     gen = Generation("j", 9, "run", 2, 0, "t.py")
@@ -204,7 +204,7 @@ def _a_state() -> Any:
                       (0, "/tmp/nccl_trace_rank_"), "/tmp/e.json", 1000)  # fmt: skip
     cg = CgroupSample("/job", 1, 900, 1000, 950, 0, None, (CgroupLevel("/", None),), "/job", 1000,
                       MemoryCharge(600, 100, 150, 10, 800, 100), {"max": 1})  # fmt: skip
-    return State("boot", 1.0, 5, (Known(gen, rank, "/job", 4),), {9: 1}, {}, {10: ()}, (cg,), None,
+    return SavedState("boot", 1.0, 5, (Known(gen, rank, "/job", 4),), {9: 1}, {}, {10: ()}, (cg,), None,
                  (SavedIncident(gen, None, None, {10: (9, 3, "connector")}),),
                  {"j": (TimelinePoint(1.0, 5, 6, {"1": 100}, {"1": 200}, {}),)})  # fmt: skip
 

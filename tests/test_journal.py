@@ -15,7 +15,7 @@ from sidecar.deaths.engine import DeathWatch
 from sidecar.deaths.gather import Gatherer
 from sidecar.deaths.journal import STATE_NAME, Journal
 from sidecar.deaths.reconstruct import revive
-from sidecar.deaths.saved import SavedIncident, State
+from sidecar.deaths.saved import SavedIncident, SavedState
 from sidecar.model import CgroupLevel, CgroupSample, MemoryCharge, ProcKey
 from sidecar.parse.kernel import parse_kmsg_record
 from sidecar.postmortem import PostmortemStore
@@ -140,7 +140,7 @@ def test_deaths_a_saved_incident_holds_are_not_judged_again():
     gen = Generation("a", 9, None, 2, 0, "t.py")
     ranks = (Known(gen, rank0, None, 100), Known(gen, rank1, None, 100))
     saved = SavedIncident(gen, "20261203T000000Z-h-9-r0", 1.0, {10: (9, 50, "connector")})
-    state = State("b", 1.0, 100, ranks, {9: 1}, {}, {}, (), None, (saved,), {})
+    state = SavedState("b", 1.0, 100, ranks, {9: 1}, {}, {}, (), None, (saved,), {})
     (r,) = revive(state, alive=lambda key: False, killed_at=lambda key: None, now_ns=500)
     assert r.doc_id == saved.doc_id and r.new_dead == (11,) and r.untimed == frozenset({11})
     assert r.deaths == {10: (9, 50, "connector"), 11: (None, 500, "reconstructed")}
@@ -158,8 +158,8 @@ def test_the_journal_is_written_by_a_path_no_one_else_owns(tmp_path):
     for path in j.paths:
         os.symlink(target, path)
     files = (OutputFile(9, 1, "/x/train.log", 2, 3, 4),)
-    j.save(State("b", 1.0, 1, (), {9: 1}, {9: files}, {10: ()}, (), None, (), {}))
-    j.save(State("b", 2.0, 2, (), {9: 1}, {9: files}, {10: ()}, (), None, (), {}))
+    j.save(SavedState("b", 1.0, 1, (), {9: 1}, {9: files}, {10: ()}, (), None, (), {}))
+    j.save(SavedState("b", 2.0, 2, (), {9: 1}, {9: files}, {10: ()}, (), None, (), {}))
     assert target.read_text() == "keep"
     assert all(not os.path.islink(p) and stat.S_IMODE(os.stat(p).st_mode) == 0o600 for p in j.paths)
     state = j.load("b")
@@ -181,8 +181,8 @@ def test_a_save_cut_short_spoils_only_its_own_slot(tmp_path, caplog):
     a slot removed under the daemon is made again at its next turn."""
     j = Journal(str(tmp_path))
 
-    def state(n: int, agents: int = 1) -> State:
-        return State("b", float(n), n, (), {pid: n for pid in range(agents)}, {}, {}, (), None, (), {})
+    def state(n: int, agents: int = 1) -> SavedState:
+        return SavedState("b", float(n), n, (), {pid: n for pid in range(agents)}, {}, {}, (), None, (), {})
 
     j.save(state(1))
     j.save(state(2, agents=50))
@@ -251,7 +251,7 @@ def test_a_journal_saved_before_jobs_named_their_launcher_reads_back_as_torchrun
     job = _job("a", 100)
     rank0 = replace(job.ranks[0], rank_source="order")
     gen = Generation("a", 9, None, 2, 0, "t.py", "deepspeed")
-    state = State("b", 1.0, 100, (Known(gen, rank0, None, 100),), {9: 1}, {}, {}, (), None, (), {})
+    state = SavedState("b", 1.0, 100, (Known(gen, rank0, None, 100),), {9: 1}, {}, {}, (), None, (), {})
     doc = json.loads(json.dumps(encode(state)))
     back = decode(doc)
     assert back.ranks[0].gen == gen and back.ranks[0].sample.rank_source == "order"

@@ -331,3 +331,30 @@ def test_a_zombie_s_status_is_trusted_only_where_the_kernel_gives_it(tmp_path, m
     assert zombie_status(zombie) == 9
     monkeypatch.setattr(proc_mod, "_zombie_status_told", False)
     assert zombie_status(zombie) is None
+
+
+def test_alive_says_what_an_unreadable_stat_means_only_when_asked():
+    """One meaning of "alive" for the sampler and the death flow: gone is dead, a reused pid
+    is dead, a zombie is dead; an unreadable stat is no death, and each caller states what
+    it answers then (the death flow: alive), or gets the error."""
+    from sidecar.model import ProcKey
+    from sidecar.probes.proc import ProcStat, still_alive
+
+    def stat(state: str, start: int):
+        return lambda pid: ProcStat(pid, "python", state, 1, 0.0, 1, start, 0, 0)
+
+    def fails(exc: Exception):
+        def read(pid: int) -> ProcStat:
+            raise exc
+
+        return read
+
+    key = ProcKey(10, 100)
+    assert still_alive(stat("S", 100), key, if_unreadable=None)
+    assert not still_alive(stat("S", 101), key, if_unreadable=True)  # the pid names another process
+    assert not still_alive(stat("Z", 100), key, if_unreadable=True)
+    assert not still_alive(fails(NoSuchProcess("gone")), key, if_unreadable=True)
+    assert still_alive(fails(AccessDenied("hidepid")), key, if_unreadable=True)
+    assert not still_alive(fails(AccessDenied("hidepid")), key, if_unreadable=False)
+    with pytest.raises(AccessDenied):
+        still_alive(fails(AccessDenied("hidepid")), key, if_unreadable=None)

@@ -10,7 +10,7 @@ well inside the 1 s budget), writes the postmortem, and rewrites it as the other
 fates become known and when the agent exits. The sampler is never blocked: all of this
 happens on the worker thread. No room reads a file itself: ``gather.Gatherer`` does,
 outside the lock, and ``records.Records`` keeps what the kernel log, the tracepoint and
-NVML reported. ``remember.Memory`` keeps the watch's state across a restart. What they
+NVML reported. ``remember.JournalKeeper`` keeps the watch's state across a restart. What they
 share is ``state.Watched``, under one lock.
 """
 
@@ -24,8 +24,8 @@ from collections.abc import Callable
 from sidecar.deaths.gather import Gatherer
 from sidecar.deaths.hear import Feeds
 from sidecar.deaths.journal import Journal
-from sidecar.deaths.remember import Memory
-from sidecar.deaths.saved import State
+from sidecar.deaths.remember import JournalKeeper
+from sidecar.deaths.saved import SavedState
 from sidecar.deaths.state import Watched
 from sidecar.deaths.write import TIMELINE_WINDOW_S, Autopsies, Sources
 from sidecar.model import Snapshot, Warned
@@ -66,8 +66,8 @@ class DeathWatch:
         self.store = store
         self.gather = gather
         self.state = Watched(clock_ns)
-        self._memory = Memory(self.state, gather, timeline, journal, boot_id, clock_ns, wall)
-        self._feeds = Feeds(self.state, gather, self._memory.save, clock_ns)
+        self._keeper = JournalKeeper(self.state, gather, timeline, journal, boot_id, clock_ns, wall)
+        self._feeds = Feeds(self.state, gather, self._keeper.save, clock_ns)
         self.autopsies = Autopsies(
             self.state,
             gather,
@@ -76,7 +76,7 @@ class DeathWatch:
             hostname=hostname or socket.gethostname(),
             stall_of=stall_of,
             warnings_of=warnings_of,
-            save_journal=self._memory.save,
+            save_journal=self._keeper.save,
             clock_ns=clock_ns,
             wall=wall,
         )
@@ -126,9 +126,9 @@ class DeathWatch:
         """Finish the postmortems in flight, then stop the worker."""
         self.autopsies.stop()
 
-    def restore(self, state: State) -> int:
+    def restore(self, state: SavedState) -> int:
         """What an earlier run watched (its journal): the jobs with deaths while it was down."""
-        return self._memory.restore(state)
+        return self._keeper.restore(state)
 
     # -- what the daemon and the scrape read ---------------------------------------------
 
@@ -144,8 +144,8 @@ class DeathWatch:
 
     @property
     def journal(self) -> Journal | None:
-        return self._memory.journal
+        return self._keeper.journal
 
     @property
     def boot_id(self) -> str:
-        return self._memory.boot_id
+        return self._keeper.boot_id

@@ -17,7 +17,6 @@ from sidecar import lognames, saferead
 from sidecar.catalog import catalog
 from sidecar.deaths.incidents import Incident, Plan, Reads
 from sidecar.deaths.oomd import kill_lines, marked_kills, oom_daemons
-from sidecar.errors import NoSuchProcess, ProbeError
 from sidecar.model import ProcKey, wait_status_from_returncode
 from sidecar.model.events import Sender
 from sidecar.parse.flight import MAX_DUMP_BYTES, FlightDump, FlightVerdict, parse_dump, summarise
@@ -30,7 +29,7 @@ from sidecar.parse.torchrun import (
     parse_error_file,
 )
 from sidecar.probes.outputs import OutputFile, read_output, regular_outputs, run_spool
-from sidecar.probes.proc import read_stat
+from sidecar.probes.proc import read_stat, still_alive
 from sidecar.probes.senders import describe_sender
 
 __all__ = ["OUTPUT_PARSE_BYTES", "Gatherer"]
@@ -130,13 +129,8 @@ class Gatherer:
         is gone reads as dead: one whose stat cannot be read (permission denied under a
         ``hidepid`` mount, an I/O error) cannot be told dead, and a death is never made up
         from an unreadable file (``resync`` and ``restore`` would judge it)."""
-        try:
-            st = read_stat(proc_root or self.proc_root, key.pid)
-        except NoSuchProcess:
-            return False
-        except ProbeError:
-            return True
-        return st.start_ticks == key.start_ticks and st.state not in ("Z", "X")
+        root = proc_root or self.proc_root
+        return still_alive(lambda pid: read_stat(root, pid), key, if_unreadable=True)
 
     def newcomers(
         self,

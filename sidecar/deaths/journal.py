@@ -27,7 +27,7 @@ import os
 import threading
 
 from sidecar import lognames
-from sidecar.deaths.saved import State, decode, encode
+from sidecar.deaths.saved import SavedState, decode, encode
 
 __all__ = ["SAVE_EVERY_S", "STATE_NAME", "Journal", "read_boot_id"]
 
@@ -91,7 +91,7 @@ class Journal:
         self._made[i], self._sizes[i] = (st.st_dev, st.st_ino), 0
         return fd
 
-    def save(self, state: State) -> None:
+    def save(self, state: SavedState) -> None:
         data = json.dumps(encode(state), separators=(",", ":")).encode()
         with self._lock:
             i = self._next
@@ -117,13 +117,13 @@ class Journal:
                 log.info("journal: %s written again", self.paths[i])
                 self._failed = None
 
-    def load(self, boot_id: str | None) -> State | None:
+    def load(self, boot_id: str | None) -> SavedState | None:
         """The newer saved state of this boot, else None (and why, in the log)."""
         states = [s for s in (self._load(path, boot_id) for path in self.paths) if s is not None]
         return max(states, key=lambda s: s.saved_ns) if states else None
 
     @staticmethod
-    def _load(path: str, boot_id: str | None) -> State | None:
+    def _load(path: str, boot_id: str | None) -> SavedState | None:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:

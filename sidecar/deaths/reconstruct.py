@@ -1,5 +1,5 @@
 """After a restart of the daemon: which deaths of the ranks an earlier run watched (its
-``journal.State``) happened while no daemon ran, and the incidents that judge them.
+``saved.SavedState``) happened while no daemon ran, and the incidents that judge them.
 Pure functions: ``deaths.DeathWatch.restore`` feeds them what it read and installs what
 they give. The other half, what the journal keeps, is ``state_of``.
 """
@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from sidecar.deaths.incidents import Generation, Incident, Known
-from sidecar.deaths.saved import SavedIncident, State
+from sidecar.deaths.saved import SavedIncident, SavedState
 from sidecar.model import ProcKey, Snapshot
 from sidecar.probes.outputs import OutputFile
 from sidecar.probes.proc import TICKS_PER_SECOND
@@ -33,7 +33,7 @@ class Revived:
 
 
 def revive(
-    state: State,
+    state: SavedState,
     alive: Callable[[ProcKey], bool],
     killed_at: Callable[[ProcKey], int | None],
     now_ns: int,
@@ -112,11 +112,11 @@ def state_of(
     incidents: Iterable[Incident],
     agent_files: dict[int, list[OutputFile]],
     rank_files: dict[int, list[OutputFile]],
-) -> State:
+) -> SavedState:
     """The death watch's state as the journal keeps it (without the curves)."""
     snap = latest[1] if latest is not None else None
     agents = {k.gen.agent_pid for k in ranks}
-    return State(
+    return SavedState(
         boot_id=boot_id,
         saved_wall=wall,
         saved_ns=now_ns,
@@ -131,7 +131,7 @@ def state_of(
     )
 
 
-def incidents_of(state: State, revived: list[Revived], now_ns: int, wall: float) -> list[Incident]:
+def incidents_of(state: SavedState, revived: list[Revived], now_ns: int, wall: float) -> list[Incident]:
     """The incidents to judge after a restart, one per revived generation, with the memory
     and counters as last saved (the "before" of the deaths)."""
     before = Snapshot(

@@ -12,17 +12,17 @@ from sidecar import lognames
 from sidecar.deaths.gather import Gatherer
 from sidecar.deaths.journal import SAVE_EVERY_S, Journal
 from sidecar.deaths.reconstruct import incidents_of, killed_at, revive, state_of, watched
-from sidecar.deaths.saved import State, thin
+from sidecar.deaths.saved import SavedState, thin
 from sidecar.deaths.state import Watched
 from sidecar.deaths.write import TIMELINE_WINDOW_S
 from sidecar.sampling.timeline import Timeline
 
-__all__ = ["Memory"]
+__all__ = ["JournalKeeper"]
 
 log = logging.getLogger(lognames.DEATHS)
 
 
-class Memory:
+class JournalKeeper:
     """Saves the watch's state (``save``) and takes it back at start (``restore``). Without a
     journal (or a boot id, without which a saved pid could name another process) it keeps
     nothing."""
@@ -72,7 +72,7 @@ class Memory:
         curves = {job: thin(self.timeline.window(job, since)) for job in {k.gen.job for k in state.ranks}}
         self.journal.save(replace(state, curves=curves))
 
-    def restore(self, state: State) -> int:
+    def restore(self, state: SavedState) -> int:
         """At start, with the kernel log's history already fed in (``on_kmsg``): judge the
         deaths of the saved ranks that happened while the daemon was down, from that
         history, the agent's log and the cgroups' counters. Returns how many jobs."""

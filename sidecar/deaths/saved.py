@@ -1,4 +1,4 @@
-"""What the journal keeps of the death watch (``State``: the ranks as last sampled, their
+"""What the journal keeps of the death watch (``SavedState``: the ranks as last sampled, their
 jobs' output files, the cgroups' counters, the incidents with their postmortem ids and the
 deaths recorded, a thinned memory curve per job), and its encoding as flat JSON records.
 The decoders check every field's type: a state file is read back by a daemon running as
@@ -23,7 +23,7 @@ from sidecar.model import (
 )
 from sidecar.probes.outputs import OutputFile
 
-__all__ = ["SavedIncident", "State", "decode", "encode", "thin"]
+__all__ = ["SavedIncident", "SavedState", "decode", "encode", "thin"]
 
 SCHEMA = "trainwatch.state/v1"
 CURVE_POINTS = 150  # per job: the memory curve kept across a restart, thinned to this many
@@ -38,7 +38,7 @@ class SavedIncident:
 
 
 @dataclass(frozen=True, slots=True)
-class State:
+class SavedState:
     boot_id: str
     saved_wall: float
     saved_ns: int  # CLOCK_MONOTONIC: the same clock for every process of one boot
@@ -145,7 +145,7 @@ def thin(points: list[TimelinePoint], most: int = CURVE_POINTS) -> tuple[Timelin
     return (*picked, points[-1])
 
 
-def encode(s: State) -> dict[str, Any]:
+def encode(s: SavedState) -> dict[str, Any]:
     return {
         "schema": SCHEMA,
         "boot_id": s.boot_id,
@@ -336,7 +336,7 @@ def _unpoint(v: Any) -> TimelinePoint:
     )
 
 
-def decode(d: Any) -> State:
+def decode(d: Any) -> SavedState:
     if not isinstance(d, dict) or d.get("schema") != SCHEMA:
         raise ValueError("not a trainwatch state")
     ranks = tuple(
@@ -349,7 +349,7 @@ def decode(d: Any) -> State:
         for pid, code, ns, source in (_list(x) for x in _list(i["deaths"])):
             deaths[_int(pid)] = (_oint(code), _int(ns), _ostr(source))
         incidents.append(SavedIncident(_ungen(i["gen"]), _ostr(i["doc_id"]), _onum(i["created_at"]), deaths))
-    return State(
+    return SavedState(
         boot_id=_str(d["boot_id"]),
         saved_wall=_num(d["saved_wall"]),
         saved_ns=_int(d["saved_ns"]),

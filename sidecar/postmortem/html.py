@@ -13,7 +13,7 @@ from typing import Any
 
 from sidecar.model import Fate
 from sidecar.postmortem.document import epoch_of
-from sidecar.units import gib_or_mib
+from sidecar.units import GIB, MIB, gib_or_mib
 
 __all__ = ["render_html"]
 
@@ -46,10 +46,9 @@ td,th{border-bottom:1px solid #eee;padding:4px 10px;text-align:left;vertical-ali
 pre{font-size:12px;background:#f6f6f6;padding:6px;overflow-x:auto}"""
 
 
-_MIB, _GIB = 2**20, 2**30
 # round steps for the memory axis: MiB below a GiB, then quarters, halves and wholes of GiB
-_BYTE_STEPS = [m * _MIB for m in (1, 2, 5, 10, 20, 25, 50, 100)] + [
-    int(g * _GIB) for g in (0.25, 0.5, 1, 2, 2.5, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000)
+_BYTE_STEPS = [m * MIB for m in (1, 2, 5, 10, 20, 25, 50, 100)] + [
+    int(g * GIB) for g in (0.25, 0.5, 1, 2, 2.5, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000)
 ]
 _SECOND_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600)
 
@@ -71,9 +70,9 @@ def tick_label(v: float) -> str:
     def num(x: float) -> str:
         return f"{x:.2f}".rstrip("0").rstrip(".")
 
-    if v >= _GIB:
-        return f"{num(v / _GIB)} GiB"
-    return f"{num(v / _MIB)} MiB" if v else "0"
+    if v >= GIB:
+        return f"{num(v / GIB)} GiB"
+    return f"{num(v / MIB)} MiB" if v else "0"
 
 
 def second_ticks(lo: float, hi: float, most: int = 5) -> list[float]:

@@ -30,6 +30,7 @@ __all__ = [
     "parse_stat",
     "parse_stat_brief",
     "parse_status",
+    "still_alive",
 ]
 
 TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
@@ -272,6 +273,23 @@ def entrypoint_of(argv: tuple[str, ...]) -> str | None:
     return None
 
 
+def still_alive(read: Callable[[int], ProcStat], key: ProcKey, *, if_unreadable: bool | None) -> bool:
+    """True while ``key`` still names a live process: its pid's stat, from ``read``, has the
+    key's start time and is no zombie. False once it is gone. A stat that cannot be read
+    (permission denied under a ``hidepid`` mount, an I/O error) tells neither: the caller
+    says what that means (``if_unreadable``; the death flow answers True, since a death is
+    never made up from an unreadable file), or with None the ``ProbeError`` is raised."""
+    try:
+        st = read(key.pid)
+    except NoSuchProcess:
+        return False
+    except ProbeError:
+        if if_unreadable is None:
+            raise
+        return if_unreadable
+    return st.start_ticks == key.start_ticks and st.state not in ("Z", "X")
+
+
 def read_stat(root: str, pid: int) -> ProcStat:
     """``/proc/PID/stat`` of one process, for the occasional reader (a death, a resync) that
     holds no ProcReader. Raises NoSuchProcess, AccessDenied, ParseError."""
@@ -464,9 +482,6 @@ class ProcReader:
         return read_bytes(f"{self.root}/{pid}/cgroup")
 
     def alive(self, key: ProcKey) -> bool:
-        """True while ``key`` still names a live (non-zombie) process."""
-        try:
-            st = self.stat(key.pid)
-        except NoSuchProcess:
-            return False
-        return st.start_ticks == key.start_ticks and st.state not in ("Z", "X")
+        """True while ``key`` still names a live (non-zombie) process; an unreadable stat
+        raises (``still_alive``)."""
+        return still_alive(self.stat, key, if_unreadable=None)
