@@ -192,8 +192,7 @@ class Daemon:
                 self.connector = connector
                 first_hand = True
                 if connector.discovering:
-                    discovery = self.sampler.discovery
-                    discovery.feed, discovery.watch = connector.drain, connector.watch
+                    self.sampler.discovery.listen(connector.drain, connector.watch)
                 log.info(
                     "exits: process connector subscribed (%s)",
                     "forks, renames and exits of watched processes, filtered in the kernel; /proc "
@@ -224,7 +223,9 @@ class Daemon:
                 "exits: neither the process connector nor pidfds: exit statuses come from zombies seen "
                 "in /proc or the agent's log, and are often unknown"
             )
-            self.sampler.discovery.on_gone = lambda key: self.deaths.on_unknown(key.pid, time.monotonic_ns())
+            self.sampler.discovery.report_gone(
+                lambda key: self.deaths.on_unknown(key.pid, time.monotonic_ns())
+            )
             self.sampler.on_zombie = self.deaths.on_exit
         if "kmsg" not in off:
             kmsg = KmsgWatcher(self.deaths.on_kmsg, on_loss=self.deaths.on_kmsg_loss)
@@ -348,7 +349,7 @@ class Daemon:
                 else:
                     log.info("memory pressure is over: back to sampling every %gs", base)
             discovery = self.sampler.discovery
-            self._idle = not discovery.jobs and discovery.feed is not None  # not even an agent
+            self._idle = not discovery.jobs and discovery.hears_changes  # not even an agent
             if self._idle:
                 interval = max(base, IDLE_INTERVAL_SECONDS)
             else:

@@ -267,8 +267,7 @@ def test_between_detailed_rounds_a_rank_is_read_through_its_statm_alone(tmp_path
     clock = Clock()
     settings = Settings(pids=(job.pid,), interval_seconds=0.1, postmortem_dir=str(tmp_path))
     sampler = Sampler(settings, clock=clock)
-    sampler.discovery.feed = lambda: ([], False)
-    sampler.discovery.watch = lambda pids: None
+    sampler.discovery.listen(lambda: ([], False), lambda pids: None)
     try:
 
         def found() -> Snapshot | None:

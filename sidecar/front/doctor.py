@@ -59,196 +59,218 @@ def _has_capability(proc_root: str, bit: int) -> bool:
     return False
 
 
+@dataclass(frozen=True, slots=True)
+class _Node:
+    """What every check of this node may need: the /proc it reads, and whether the daemon
+    is in the host's PID, user and cgroup namespaces (None: unknown)."""
+
+    root: str
+    in_pid: bool | None
+    in_user: bool | None
+    in_cg: bool | None
+
+
+def _pid_namespace(n: _Node) -> Check:
+    return Check(
+        "host PID namespace",
+        n.in_pid is not False,
+        "yes"
+        if n.in_pid
+        else ("unknown" if n.in_pid is None else "no: trainwatch is in a PID namespace of its own"),
+        "jobs outside this namespace, and GPU memory per rank (NVML reports host pids)",
+        "run in the host's PID namespace: docker --pid=host, Kubernetes hostPID: true",
+    )
+
+
+def _other_users(n: _Node) -> Check:
+    if os.geteuid() == 0 or _has_capability(n.root, 19):  # CAP_SYS_PTRACE
+        return Check(
+            "other users' /proc",
+            True,
+            "root" if os.geteuid() == 0 else "CAP_SYS_PTRACE: other users' environments are readable",
+        )
+    return Check(
+        "other users' /proc",
+        False,
+        "not root and no CAP_SYS_PTRACE",
+        "RANK/LOCAL_RANK of other users' ranks (labelled local0, local1... by start order)",
+        "run as root or as the job's user, or grant CAP_SYS_PTRACE",
+    )
+
+
+def _connector(n: _Node) -> Check:
+    from sidecar.watch.exits import ProcConnector
+
+    probe = ProcConnector(lambda event: None)
+    try:
+        probe.start(timeout=0.5)
+        return Check(
+            "process connector",
+            True,
+            "subscribed" + (" (non-zero exits only)" if probe.filtered else ""),
+        )
+    except OSError as exc:
+        return Check(
+            "process connector",
+            False,
+            exc.strerror or str(exc),
+            "first-hand exit codes and death times (then pidfds tell them, see below)",
+            "run as root in the host's PID, user and network namespaces (hostNetwork, hostPID, no "
+            "user-namespace remapping); CAP_NET_ADMIN before Linux 6.6",
+        )
+    finally:
+        probe.stop()
+
+
+def _pidfd(n: _Node) -> Check:
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+        return Check("pidfd", True, "pidfd_open works: exits are caught even without the connector")
+    except (OSError, AttributeError) as exc:
+        return Check(
+            "pidfd",
+            False,
+            getattr(exc, "strerror", None) or str(exc),
+            "the exit-capture fallback: without the connector, statuses come only from zombies seen "
+            "in /proc or the agent's log file",
+            "Linux 5.3+ and Python 3.9+; no seccomp profile that blocks pidfd_open",
+        )
+
+
+def _kernel_log(n: _Node) -> Check:
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+        os.close(fd)
+        return Check("kernel log", True, "/dev/kmsg readable")
+    except OSError as exc:
+        return Check(
+            "kernel log",
+            False,
+            f"/dev/kmsg: {exc.strerror}",
+            "kernel OOM records naming the victim: OOM verdicts drop from 'certain' to 'likely'",
+            "run as root or with CAP_SYSLOG (kernel.dmesg_restrict=1); expose /dev/kmsg to the container",
+        )
+
+
+def _signal_tracepoint(n: _Node) -> Check:
+    tracing = f"{find_tracefs()}/events/signal/signal_generate"
+    if os.path.isdir(tracing):
+        return Check(
+            "signal tracepoint",
+            os.access(tracing + "/enable", os.W_OK),
+            "signal:signal_generate available"
+            + ("" if os.access(tracing + "/enable", os.W_OK) else " but not writable"),
+            "the sender of a SIGKILL/SIGTERM (so an outside kill is named, not only suspected)",
+            "run as root",
+        )
+    return Check(
+        "signal tracepoint",
+        False,
+        f"tracefs not mounted at {' or '.join(TRACEFS_PLACES)}",
+        "the sender of a SIGKILL/SIGTERM (so an outside kill is named, not only suspected)",
+        "mount -t tracefs nodev /sys/kernel/tracing (as root)",
+    )
+
+
+def _memory_cgroups(n: _Node) -> Check:
+    reader = CgroupReader.for_host(n.root)
+    if not reader.available:
+        return Check(
+            "memory cgroups",
+            False,
+            "no memory cgroup hierarchy mounted",
+            "cgroup limits, usage and OOM counts",
+            "mount the cgroup hierarchy at /sys/fs/cgroup",
+        )
+    try:
+        ref = reader.resolve(read_bytes(f"{n.root}/self/cgroup"))
+    except ProbeError:
+        ref = None
+    kinds = (
+        ("v1 memory" if reader.v1_memory else "")
+        + (" + " if reader.v1_memory and reader.v2 else "")
+        + ("cgroup2" if reader.v2 else "")
+    )
+    readable = False
+    if ref is not None:
+        try:
+            reader.sample(ref)
+            readable = True
+        except ProbeError:
+            readable = False
+    detail = f"{kinds} mounted; own memory cgroup {ref.path if ref else 'not found'}" + (
+        ", readable" if readable else ""
+    )
+    if n.in_cg is False:
+        detail += "; in a cgroup namespace of its own (other pods' paths are hidden)"
+    return Check(
+        "memory cgroups",
+        readable,
+        detail,
+        "limits, usage, peaks and OOM counts of the ranks' cgroups",
+        "mount /sys/fs/cgroup read-only into the container; use the host cgroup namespace (--cgroupns=host)",
+    )
+
+
+def _nvml(n: _Node) -> Check:
+    gpu = GpuProbe()
+    result = gpu.sample()
+    gpu.close()
+    return Check(
+        "NVML",
+        result.success,
+        f"{len(result.devices)} GPU(s)" if result.success else (result.message or "unavailable"),
+        "GPU memory per device and per rank",
+        "install the NVIDIA driver and nvidia-ml-py; in a container, the NVIDIA container toolkit",
+    )
+
+
+def _memory_psi(n: _Node) -> Check:
+    try:
+        read_bytes(f"{n.root}/pressure/memory")
+        return Check("memory PSI", True, "/proc/pressure/memory readable")
+    except ProbeError as exc:
+        return Check(
+            "memory PSI",
+            False,
+            str(exc),
+            "memory pressure (stall time) metrics",
+            "a kernel with CONFIG_PSI=y booted with psi=1",
+        )
+
+
+def _user_namespace(n: _Node) -> Check:
+    return Check(
+        "user namespace",
+        n.in_user is not False,
+        "initial" if n.in_user else "remapped or unknown",
+        "" if n.in_user else "the process connector (it ignores requests from other user namespaces)",
+        "" if n.in_user else "run without user-namespace remapping",
+    )
+
+
+# The node's checks, in the order doctor prints them.
+_NODE_CHECKS = (
+    _pid_namespace,
+    _other_users,
+    _connector,
+    _pidfd,
+    _kernel_log,
+    _signal_tracepoint,
+    _memory_cgroups,
+    _nvml,
+    _memory_psi,
+    _user_namespace,
+)
+
+
 def checks(settings: Settings, *, connector: bool = True, installation: bool = True) -> list[Check]:
     """Every check, for the daemon ``settings`` describe. ``connector``: subscribe to the
     process connector to see whether it works (the running daemon knows already);
     ``installation``: the catalog, postmortem directory and web config too."""
     root = settings.proc_root
-    out: list[Check] = []
-    in_pid, in_user, in_cg = (_namespace(k, root) for k in ("pid", "user", "cgroup"))
-    out.append(
-        Check(
-            "host PID namespace",
-            in_pid is not False,
-            "yes"
-            if in_pid
-            else ("unknown" if in_pid is None else "no: trainwatch is in a PID namespace of its own"),
-            "jobs outside this namespace, and GPU memory per rank (NVML reports host pids)",
-            "run in the host's PID namespace: docker --pid=host, Kubernetes hostPID: true",
-        )
-    )
-    if os.geteuid() == 0 or _has_capability(root, 19):  # CAP_SYS_PTRACE
-        out.append(
-            Check(
-                "other users' /proc",
-                True,
-                "root" if os.geteuid() == 0 else "CAP_SYS_PTRACE: other users' environments are readable",
-            )
-        )
-    else:
-        out.append(
-            Check(
-                "other users' /proc",
-                False,
-                "not root and no CAP_SYS_PTRACE",
-                "RANK/LOCAL_RANK of other users' ranks (labelled local0, local1... by start order)",
-                "run as root or as the job's user, or grant CAP_SYS_PTRACE",
-            )
-        )
-    if connector:
-        from sidecar.watch.exits import ProcConnector
-
-        probe = ProcConnector(lambda event: None)
-        try:
-            probe.start(timeout=0.5)
-            out.append(
-                Check(
-                    "process connector",
-                    True,
-                    "subscribed" + (" (non-zero exits only)" if probe.filtered else ""),
-                )
-            )
-        except OSError as exc:
-            out.append(
-                Check(
-                    "process connector",
-                    False,
-                    exc.strerror or str(exc),
-                    "first-hand exit codes and death times (then pidfds tell them, see below)",
-                    "run as root in the host's PID, user and network namespaces (hostNetwork, hostPID, no "
-                    "user-namespace remapping); CAP_NET_ADMIN before Linux 6.6",
-                )
-            )
-        finally:
-            probe.stop()
-    try:
-        os.close(os.pidfd_open(os.getpid()))
-        out.append(Check("pidfd", True, "pidfd_open works: exits are caught even without the connector"))
-    except (OSError, AttributeError) as exc:
-        out.append(
-            Check(
-                "pidfd",
-                False,
-                getattr(exc, "strerror", None) or str(exc),
-                "the exit-capture fallback: without the connector, statuses come only from zombies seen "
-                "in /proc or the agent's log file",
-                "Linux 5.3+ and Python 3.9+; no seccomp profile that blocks pidfd_open",
-            )
-        )
-    try:
-        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
-        os.close(fd)
-        out.append(Check("kernel log", True, "/dev/kmsg readable"))
-    except OSError as exc:
-        out.append(
-            Check(
-                "kernel log",
-                False,
-                f"/dev/kmsg: {exc.strerror}",
-                "kernel OOM records naming the victim: OOM verdicts drop from 'certain' to 'likely'",
-                "run as root or with CAP_SYSLOG (kernel.dmesg_restrict=1); expose /dev/kmsg to the container",
-            )
-        )
-    tracefs = find_tracefs()
-    tracing = f"{tracefs}/events/signal/signal_generate"
-    if os.path.isdir(tracing):
-        out.append(
-            Check(
-                "signal tracepoint",
-                os.access(tracing + "/enable", os.W_OK),
-                "signal:signal_generate available"
-                + ("" if os.access(tracing + "/enable", os.W_OK) else " but not writable"),
-                "the sender of a SIGKILL/SIGTERM (so an outside kill is named, not only suspected)",
-                "run as root",
-            )
-        )
-    else:
-        out.append(
-            Check(
-                "signal tracepoint",
-                False,
-                f"tracefs not mounted at {' or '.join(TRACEFS_PLACES)}",
-                "the sender of a SIGKILL/SIGTERM (so an outside kill is named, not only suspected)",
-                "mount -t tracefs nodev /sys/kernel/tracing (as root)",
-            )
-        )
-    reader = CgroupReader.for_host(root)
-    if reader.available:
-        try:
-            ref = reader.resolve(read_bytes(f"{root}/self/cgroup"))
-        except ProbeError:
-            ref = None
-        kinds = (
-            ("v1 memory" if reader.v1_memory else "")
-            + (" + " if reader.v1_memory and reader.v2 else "")
-            + ("cgroup2" if reader.v2 else "")
-        )
-        readable = False
-        if ref is not None:
-            try:
-                reader.sample(ref)
-                readable = True
-            except ProbeError:
-                readable = False
-        detail = f"{kinds} mounted; own memory cgroup {ref.path if ref else 'not found'}" + (
-            ", readable" if readable else ""
-        )
-        if in_cg is False:
-            detail += "; in a cgroup namespace of its own (other pods' paths are hidden)"
-        out.append(
-            Check(
-                "memory cgroups",
-                readable,
-                detail,
-                "limits, usage, peaks and OOM counts of the ranks' cgroups",
-                "mount /sys/fs/cgroup read-only into the container; use the host cgroup namespace "
-                "(--cgroupns=host)",
-            )
-        )
-    else:
-        out.append(
-            Check(
-                "memory cgroups",
-                False,
-                "no memory cgroup hierarchy mounted",
-                "cgroup limits, usage and OOM counts",
-                "mount the cgroup hierarchy at /sys/fs/cgroup",
-            )
-        )
-    gpu = GpuProbe()
-    result = gpu.sample()
-    gpu.close()
-    out.append(
-        Check(
-            "NVML",
-            result.success,
-            f"{len(result.devices)} GPU(s)" if result.success else (result.message or "unavailable"),
-            "GPU memory per device and per rank",
-            "install the NVIDIA driver and nvidia-ml-py; in a container, the NVIDIA container toolkit",
-        )
-    )
-    try:
-        read_bytes(f"{root}/pressure/memory")
-        out.append(Check("memory PSI", True, "/proc/pressure/memory readable"))
-    except ProbeError as exc:
-        out.append(
-            Check(
-                "memory PSI",
-                False,
-                str(exc),
-                "memory pressure (stall time) metrics",
-                "a kernel with CONFIG_PSI=y booted with psi=1",
-            )
-        )
-    out.append(
-        Check(
-            "user namespace",
-            in_user is not False,
-            "initial" if in_user else "remapped or unknown",
-            "" if in_user else "the process connector (it ignores requests from other user namespaces)",
-            "" if in_user else "run without user-namespace remapping",
-        )
-    )
+    node = _Node(root, *(_namespace(k, root) for k in ("pid", "user", "cgroup")))
+    out = [check(node) for check in _NODE_CHECKS if connector or check is not _connector]
     out += _self_protection(settings)
     if installation:
         out += _installation(settings)

@@ -1,38 +1,20 @@
-"""Finding distributed jobs and their ranks in /proc, incrementally.
+"""Finding distributed jobs and their ranks in /proc, incrementally (the whole of it, with
+every launcher's mechanism: docs/architecture.md, "Finding jobs").
 
-Every tick lists /proc and reads ``stat`` of *new* pids only (parent, start time, comm).
-A new process is
+Every tick reads ``stat`` of *new* pids only (parent, start time, comm). A new process is an
+**agent** (the job's launching process) when its comm is ``pt_elastic`` or its argv is a known
+launch form (``jobs.launcher_of_argv``); a **rank** when its parent is an agent and its
+environment is a worker's of that launcher (``jobs.is_worker``; a child caught between fork
+and exec is retried); known by its **children** (``children.py``: spawn's and Lightning's);
+part of a rank's **tree** when it descends from one (a walk of parent links); or anything
+else, re-checked every tick while young and every few seconds after through its comm (a
+change means an exec: a shell that later ``exec``s torchrun is still found).
 
-* an **agent** (the job's launching process) when its comm is ``pt_elastic`` (the name
-  torchrun's ``run()`` gives its main thread, whatever launched it) or its argv is a known
-  launch form (``jobs.launcher_of_argv``): the ``torchrun`` script, ``python -m
-  torch.distributed.run`` or ``torch.distributed.launch``, DeepSpeed's per-node ``python
-  -m deepspeed.launcher.launch``;
-* a **rank** when its parent is an agent and its environment is a worker's of that
-  launcher (``jobs.is_worker``: RANK, LOCAL_RANK, TORCHELASTIC_RUN_ID, ...). A child
-  caught between fork and exec still has the agent's environment; it is retried on the
-  next ticks;
-* known by its **children** (``children.py``) when its launcher is the user's script: a
-  child of the spawn start method outside every job's tree waits to join a process group
-  (``torch.multiprocessing.spawn``'s rank, its parent the job's); a python child re-running
-  its parent's program with LOCAL_RANK >= 1 makes its parent a Lightning job, whose rank 0
-  the parent is;
-* part of a rank's **tree** (DataLoader workers, compile workers) when it descends from a
-  rank: membership is a walk of parent links, so late arrivals and grandchildren count;
-* anything else. Young processes are re-checked every tick and old ones every few
-  seconds (30 s where the connector tells renames), through their comm only (a change
-  means an exec), so a shell that later ``exec``s torchrun is still found.
-
-Where the process connector works (``feed``/``watch``, given by the daemon), /proc is
-listed only every ``RESCAN_SECONDS`` (and after the connector lost events), not every
-tick: between rescans the kernel tells what changed, filtered to what is watched (the
-connector's socket filter, ``watch/procfilter.py``): an agent naming itself
-``pt_elastic``, a fork of a watched process (a new rank, a new worker), the exit of a
-watched one. A launcher that never takes that name (torch.distributed.launch before
-torch 2) is found by the next rescan.
-
-A process is pid + start time: a recycled pid is a new process. The sampler tells
-discovery when it sees a watched process reparented or gone, so nothing is read twice.
+Where the process connector works (``listen``, called by the daemon), /proc is listed only
+every ``RESCAN_SECONDS`` (and after the connector lost events): between rescans the kernel
+tells what changed, filtered to what is watched (``watch/procfilter.py``). A process is pid +
+start time; the sampler tells discovery when a watched process is reparented or gone
+(``reparent``, ``forget``) and asks it what it saw (``seen``, ``tree_of``).
 """
 
 from __future__ import annotations
@@ -55,12 +37,9 @@ from sidecar.sampling.jobs import TrackedJob, attach_rank, launcher_of_argv
 __all__ = ["Discovery"]
 log = logging.getLogger(lognames.DISCOVERY)
 
-# How often /proc is listed when the connector tells what changes: a launcher known only by
-# its command line (DeepSpeed's) is found by a listing, so a rank that dies in its first
-# seconds is seen. A listing reads the stat of new pids only: a storm of short-lived
-# processes costs what is alive at the instant, not every exec (the connector's exec events,
-# which pass no filter, cost 7.4 % of a core at 1,400 processes a second against 0.17 %:
-# benchmarks/results/overhead-ab-exec.json).
+# How often /proc is listed when the connector tells what changes: DeepSpeed's launcher, known
+# only by its command line, is found by a listing. A listing reads new pids' stat only (exec
+# events instead: 7.4 % of a core at 1,400 processes/s against 0.17 %, overhead-ab-exec.json).
 RESCAN_SECONDS = 1.0
 PENDING_RANK_SECONDS = 30.0  # how long a child of an agent may take to exec before it is "other"
 YOUNG_SECONDS = 10.0  # processes this young are re-checked every tick
@@ -111,18 +90,14 @@ class Discovery:
         self.jobs: dict[int, TrackedJob] = {}  # agent pid -> job
         self.unreadable: dict[ProcKey, str] = {}
         self._watched: set[int] = set()
-        self.trees: dict[int, list[int]] = {}  # rank pid -> its tree, as of the last tick
+        self._trees: dict[int, list[int]] = {}  # rank pid -> its tree, as of the last tick
         self._pending: set[int] = set()  # agent children waiting for their exec
         self._young: set[int] = set()  # "other" processes re-checked every tick
         self._next_sweep = 0.0  # when every older "other" process is re-checked
         self._self_pid = os.getpid()
-        # Told when an agent or a rank is gone (the exit fallback of last resort, when
-        # neither the process connector nor pidfds report exits).
-        self.on_gone: Callable[[ProcKey], None] | None = None
-        # The connector's events and its filter (see the module's text); None: list /proc
-        # every tick.
-        self.feed: Callable[[], tuple[list[tuple[str, int, int]], bool]] | None = None
-        self.watch: Callable[[set[int]], None] | None = None
+        self._on_gone: Callable[[ProcKey], None] | None = None  # report_gone
+        self._feed: Callable[[], tuple[list[tuple[str, int, int]], bool]] | None = None  # listen
+        self._watch: Callable[[set[int]], None] | None = None
         self._next_rescan = 0.0
         self._rescan_soon = False
         self._told: set[int] = set()  # the set last given to watch()
@@ -133,14 +108,40 @@ class Discovery:
         self.rescans_total = 0
         self.by_children = ByChildren(self)  # spawn's and Lightning's jobs (children.py)
 
+    def listen(
+        self, feed: Callable[[], tuple[list[tuple[str, int, int]], bool]], watch: Callable[[set[int]], None]
+    ) -> None:
+        """The connector's events (``feed``: since the last call, and whether any were lost)
+        and its filter (``watch``: the pids to hear of). Without: /proc listed every tick."""
+        self._feed, self._watch = feed, watch
+
+    def report_gone(self, to: Callable[[ProcKey], None]) -> None:
+        """Tell ``to`` when an agent or a rank is gone: the exit fallback of last resort,
+        where neither the process connector nor pidfds report exits."""
+        self._on_gone = to
+
+    @property
+    def hears_changes(self) -> bool:
+        """The connector tells every fork and exit of a watched process."""
+        return self._feed is not None
+
+    def tree_of(self, rank: int) -> list[int]:
+        """The rank's tree (itself first), as of the last tick."""
+        return self._trees.get(rank) or self.tree(rank)
+
+    def seen(self, pid: int) -> tuple[ProcKey, int] | None:
+        """A process as discovery last saw it: (its key, its parent), or None."""
+        entry = self.entries.get(pid)
+        return None if entry is None else (entry.key, entry.ppid)
+
     # -- the tick ---------------------------------------------------------------------
 
     def tick(self) -> list[TrackedJob]:
         """Update the view (from the connector's events, and /proc when it is time to list
         it) and return the live jobs (agent start order)."""
         now = self.clock()
-        events, lost = self.feed() if self.feed is not None else ([], False)
-        if self.feed is None or lost or self._rescan_soon or now >= self._next_rescan:
+        events, lost = self._feed() if self._feed is not None else ([], False)
+        if self._feed is None or lost or self._rescan_soon or now >= self._next_rescan:
             self._rescan_soon = False
             self._next_rescan = now + RESCAN_SECONDS
             self._scan(now)
@@ -158,13 +159,13 @@ class Discovery:
                 self._try_rank(entry, now)
             if entry is None or entry.kind != "pending":
                 self._pending.discard(pid)
-        self.trees = {r: self.tree(r) for job in self.jobs.values() for r in job.ranks}
-        self._watched = {pid for tree in self.trees.values() for pid in tree}
-        if self.watch is not None:
+        self._trees = {r: self.tree(r) for job in self.jobs.values() for r in job.ranks}
+        self._watched = {pid for tree in self._trees.values() for pid in tree}
+        if self._watch is not None:
             told = self._watched | self._pending | {job.agent.pid for job in self.jobs.values()}
             if told != self._told:
                 self._told = told
-                self.watch(told)
+                self._watch(told)
         self._sorted = sorted(self.jobs.values(), key=lambda j: (j.agent.start_ticks, j.agent.pid))
         return self._sorted
 
@@ -197,7 +198,7 @@ class Discovery:
                 self._recheck(entry, young=True)
         self.by_children.check()
         if now >= self._next_sweep:
-            self._next_sweep = now + (RECHECK_SECONDS if self.feed is None else RECHECK_WITH_EVENTS_SECONDS)
+            self._next_sweep = now + (RECHECK_SECONDS if self._feed is None else RECHECK_WITH_EVENTS_SECONDS)
             for entry in list(entries.values()):
                 pid = entry.key.pid
                 if entry.kind == "other" and pid not in self._watched and pid not in self._young:
@@ -266,8 +267,8 @@ class Discovery:
         if entry is None:
             return
         self._dirty = True
-        if self.on_gone is not None and entry.kind in ("agent", "rank"):
-            self.on_gone(entry.key)
+        if self._on_gone is not None and entry.kind in ("agent", "rank"):
+            self._on_gone(entry.key)
         self._unlink(pid, entry.ppid)
         self.unreadable.pop(entry.key, None)
         self._pending.discard(pid)
@@ -381,11 +382,9 @@ class Discovery:
         """Whether the process is, or descends from, one of the pids watched (all without)."""
         return not self.only or jobs.descends_from(entry.key.pid, self.only, self._parent_of)
 
-    def _parent_of(self, pid: int) -> int:
+    def _parent_of(self, pid: int) -> int:  # one not listed since the last scan: its stat
         entry = self.entries.get(pid)
-        if entry is not None:
-            return entry.ppid
-        return self.reader.stat(pid).ppid  # not listed since the last scan (found by an event)
+        return entry.ppid if entry is not None else self.reader.stat(pid).ppid
 
     def make_agent(self, entry: _Entry, launcher: str, nested: bool = False) -> None:
         # An agent inside another agent's tree (a pre-exec worker still named pt_elastic)
@@ -416,7 +415,7 @@ class Discovery:
             entry.key.pid,
             " ".join(redact_argv(argv))[:300] or entry.comm,
         )
-        if self.feed is not None:  # a child forked before the connector's filter knew the agent
+        if self._feed is not None:  # a child forked before the connector's filter knew the agent
             self._rescan_soon = True
         if launcher == jobs.SPAWN:
             return  # its ranks are its spawned children that join a group (children.py)

@@ -75,7 +75,7 @@ class RankReader:
         the limit the rank lives under held at the last round (for when PSS is due)."""
         proc, discovery = self.proc, self.discovery
         key = tracked.key
-        light = not detail and self.on_zombie is None and discovery.feed is not None and proc.keeps
+        light = not detail and self.on_zombie is None and discovery.hears_changes and proc.keeps
         st = self._stats.get(key) if light else None
         status = self._statuses.get(key) if st is not None else None
         if st is not None and status is not None:
@@ -118,8 +118,8 @@ class RankReader:
                 return None  # no address space any more: killed and exiting, not a live rank
             # VmRSS; between detailed rounds stat's, from the same counters
             rss = status.rss_bytes if fresh else st.rss_bytes
-        tree = discovery.trees.get(pid) or discovery.tree(pid)
-        if discovery.feed is not None and proc.keeps:
+        tree = discovery.tree_of(pid)
+        if discovery.hears_changes and proc.keeps:
             tree_rss, members = self._tree_kept(tree, rss)
         else:
             tree_rss, members = self._tree_by_stat(tree, rss)
@@ -153,17 +153,16 @@ class RankReader:
         discovery of every exit and fork in the tree, and a held descriptor cannot read
         another process: statm's RSS is all a round needs."""
         proc, discovery = self.proc, self.discovery
-        entries = discovery.entries
 
         def same(child: int) -> bool:  # before a child's descriptor is first opened
-            entry = entries.get(child)
+            seen = discovery.seen(child)
             try:
-                return entry is not None and proc.stat(child).start_ticks == entry.key.start_ticks
+                return seen is not None and proc.stat(child).start_ticks == seen[0].start_ticks
             except NoSuchProcess:
                 return False  # (another ProbeError skips the child this round)
 
         tree_rss, members = rss, 1
-        children = [child for child in tree[1:] if child in entries]
+        children = [child for child in tree[1:] if discovery.seen(child) is not None]
         if children:
             rss_sum, alive, gone = proc.rss_kept_sum(children, same)
             tree_rss += rss_sum
@@ -177,13 +176,13 @@ class RankReader:
         discovery saw (start time) and where (parent): without the connector, nothing
         else tells."""
         discovery = self.discovery
-        entries = discovery.entries
         stat_brief = self.proc.stat_brief_kept
         tree_rss, members = rss, 1
         for child in tree[1:]:
-            entry = entries.get(child)
-            if entry is None:
+            seen = discovery.seen(child)
+            if seen is None:
                 continue
+            key, parent = seen
             try:
                 state, ppid, start_ticks, child_rss = stat_brief(child)
             except NoSuchProcess:
@@ -191,10 +190,10 @@ class RankReader:
                 continue
             except ProbeError:
                 continue
-            if start_ticks != entry.key.start_ticks:
+            if start_ticks != key.start_ticks:
                 discovery.forget(child)
                 continue
-            if ppid != entry.ppid:
+            if ppid != parent:
                 discovery.reparent(child, ppid)
             if state in ("Z", "X"):
                 continue
