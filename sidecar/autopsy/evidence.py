@@ -1,13 +1,16 @@
 """The autopsy's inputs and output, as types: each rank's end (``RankState``), the kernel's
 OOM kills, the signals sent, userspace OOM daemons' kills, everything else gathered for one
-incident (``Evidence``, built live by ``deaths``/``gather`` or from logs by ``diagnose``) and
-the verdict with its structured facts. Also how ranks and signals are named in sentences.
+incident (``Evidence``, built live by ``deaths``/``gather`` or from logs by ``diagnose``),
+what one rule of a cascade finds (``Step``) and the verdict with its structured facts. Also
+how ranks and signals are named in sentences.
 """
 
 from __future__ import annotations
 
 import signal as _signal
+from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass, field
+from typing import Any
 
 from sidecar.model import Confidence, Fate, Kind, decode_wait_status
 from sidecar.model.events import Sender
@@ -23,6 +26,7 @@ __all__ = [
     "KernelOom",
     "RankState",
     "SignalSent",
+    "Step",
     "UserspaceKill",
     "Verdict",
     "agent_name",
@@ -256,6 +260,18 @@ class Facts:
     sender: Sender | None = None  # who sent the signal that killed the rank, with its tool
     # the victim's own words only report a failure elsewhere (peers.only_reports)
     peer_failure: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What one rule of a cascade found (``killers``' ``_KILLERS``, ``said``'s ``_OWN_WORDS``):
+    the evidence it cites, in order, the facts it found (``Facts``' fields) and its verdict,
+    or None where the next rule goes on. A rule returns it; the cascade's driver alone
+    gathers the items and facts, so each rule reads and tests alone."""
+
+    items: tuple[EvidenceItem, ...] = ()
+    facts: Mapping[str, Any] = field(default_factory=dict)
+    verdict: tuple[Kind, Confidence, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -305,17 +305,18 @@ def _sigkill(c: _Case) -> _Found | None:
 def _own_words(c: _Case) -> _Found | None:
     """Its own words and its GPU: a named cause before a GPU fault, a GPU fault before a bare exception."""
     victim, ev, items, facts = c.victim, c.ev, c.items, c.facts
-    told_facts: dict[str, Any] = {}
-    told = from_output(victim, ev, items, told_facts)
-    if told is not None and told[0] != Kind.PYTHON_EXCEPTION:
-        facts.update(told_facts)
-        return told
-    gpu = gpu_fault(victim, ev, items)
-    if gpu is not None:
-        return gpu
-    if told is not None:
-        facts.update(told_facts)
-        return told
+    told = from_output(victim, ev)
+    items += told.items
+    if told.verdict is not None and told.verdict[0] != Kind.PYTHON_EXCEPTION:
+        facts.update(told.facts)
+        return told.verdict
+    gpu = gpu_fault(victim, ev)
+    items += gpu.items
+    if gpu.verdict is not None:
+        return gpu.verdict
+    if told.verdict is not None:
+        facts.update(told.facts)
+        return told.verdict
     return None
 
 
@@ -412,17 +413,16 @@ def _hung_until_killed(
     watchdog's timeout (SGLang's kills its whole process tree with SIGKILL; a collective
     that never completed leaves a rank to whoever kills it). A rank hung until it was killed
     died of the hang, at ``likely``: the sender of the SIGKILL is not known."""
-    said_items: list[EvidenceItem] = []
-    said_facts: dict[str, Any] = {}
-    told = from_output(victim, ev, said_items, said_facts)
-    if told is None or told[0] != Kind.COLLECTIVE_TIMEOUT:
+    told = from_output(victim, ev)
+    if told.verdict is None or told.verdict[0] != Kind.COLLECTIVE_TIMEOUT:
         return None
-    items += said_items
-    facts.update(said_facts)
+    items += told.items
+    facts.update(told.facts)
+    _, confidence, summary = told.verdict
     return (
         Kind.COLLECTIVE_TIMEOUT,
-        weaker(told[1], Confidence.LIKELY),
-        f"{told[2].rstrip('.')}; it was then killed by SIGKILL (the sender is unknown).",
+        weaker(confidence, Confidence.LIKELY),
+        f"{summary.rstrip('.')}; it was then killed by SIGKILL (the sender is unknown).",
     )
 
 

@@ -107,12 +107,13 @@ def _failed_and_never_arrived(
                 "collective its peers waited in",
             ),
         ]
-        facts: dict[str, Any] = {}
         # what its words say it failed of, whatever ended it after (the agent's SIGTERM)
-        got = from_output(replace(r, exit_code=None), ev, items, facts)
-        if got is None or got[0] not in _OWN_FAILURES:
+        got = from_output(replace(r, exit_code=None), ev)
+        if got.verdict is None or got.verdict[0] not in _OWN_FAILURES:
             continue
-        kind, confidence, summary = got
+        items += got.items
+        facts = dict(got.facts)
+        kind, confidence, summary = got.verdict
         for f in waited[:1]:
             items.append(
                 EvidenceItem(

@@ -13,7 +13,7 @@ import signal as _signal
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.autopsy.evidence import Evidence, EvidenceItem, RankState, rank_label, rank_name
+from sidecar.autopsy.evidence import Evidence, EvidenceItem, RankState, Step, rank_label, rank_name
 from sidecar.autopsy.ranking import ends_with, fits, strongest, weaker
 from sidecar.catalog import catalog
 from sidecar.model import Confidence, Kind
@@ -42,54 +42,58 @@ def _entered(rank: RankState, ev: Evidence, seq: str | None) -> bool:
     )
 
 
-def gpu_fault(
-    victim: RankState, ev: Evidence, items: list[EvidenceItem]
-) -> tuple[Kind, Confidence, str] | None:
+def gpu_fault(victim: RankState, ev: Evidence) -> Step:
     """An NVRM Xid near the death: naming the rank's pid (certain), or one of the Xids that
     mean the hardware failed (a GPU off the bus, uncorrectable ECC, GSP errors: likely).
     Else a GPU NVML reports lost by the time of the death: the rank's own (likely), or
-    any one when the rank's GPUs are not known (possible)."""
+    any one when the rank's GPUs are not known (possible). The record it cites with it."""
     if victim.died_ns is None:
-        return None
+        return Step()
     who = rank_name(victim.label, victim.pid, ev.from_logs)
     near = [(ns, x) for ns, x in ev.xids if abs(ns - victim.died_ns) <= 120 * 10**9]
     named = [(ns, x) for ns, x in near if x.pid is not None and x.pid in (victim.pid, *victim.ns_pids)]
     faults = named or [(ns, x) for ns, x in near if x.xid in GPU_FAULT_XIDS]
     if faults:
         ns, x = faults[0]
-        items.append(EvidenceItem("kmsg", ns, f"NVRM: Xid ({x.bus}): {x.xid}, {x.detail}"))
         what = x.detail.rstrip(".") or f"Xid {x.xid}"
-        return (
-            Kind.GPU_ERROR,
-            Confidence.CERTAIN if named else Confidence.LIKELY,
-            f"{who} died as the GPU at {x.bus} failed: Xid {x.xid} ({what})"
-            + ("; the driver named this process." if named else "."),
+        return Step(
+            (EvidenceItem("kmsg", ns, f"NVRM: Xid ({x.bus}): {x.xid}, {x.detail}"),),
+            verdict=(
+                Kind.GPU_ERROR,
+                Confidence.CERTAIN if named else Confidence.LIKELY,
+                f"{who} died as the GPU at {x.bus} failed: Xid {x.xid} ({what})"
+                + ("; the driver named this process." if named else "."),
+            ),
         )
     lost = [g for g in ev.lost_gpus if g[0] <= victim.died_ns + 120 * 10**9]
     mine = [g for g in lost if g[1] in victim.gpus]
     pick = mine or (lost if not victim.gpus else [])
     if not pick:
-        return None
+        return Step()
     ns, index, name = pick[0]
     gpu = f"GPU {index}" + (f" ({name})" if name else "")
-    items.append(EvidenceItem("nvml", ns, f"{gpu}: NVML_ERROR_GPU_IS_LOST (the GPU fell off the bus)"))
+    item = EvidenceItem("nvml", ns, f"{gpu}: NVML_ERROR_GPU_IS_LOST (the GPU fell off the bus)")
     if mine:
-        return (
-            Kind.GPU_ERROR,
-            Confidence.LIKELY,
-            f"{who} died as its {gpu} was lost: NVML reports it off the bus.",
+        return Step(
+            (item,),
+            verdict=(
+                Kind.GPU_ERROR,
+                Confidence.LIKELY,
+                f"{who} died as its {gpu} was lost: NVML reports it off the bus.",
+            ),
         )
-    return (
-        Kind.GPU_ERROR,
-        Confidence.POSSIBLE,
-        f"{who} died while {gpu} was lost (NVML reports it off the bus); "
-        "which GPU the rank used is not known.",
+    return Step(
+        (item,),
+        verdict=(
+            Kind.GPU_ERROR,
+            Confidence.POSSIBLE,
+            f"{who} died while {gpu} was lost (NVML reports it off the bus); "
+            "which GPU the rank used is not known.",
+        ),
     )
 
 
-def _as_its_peers(
-    victim: RankState, ev: Evidence, who: str, items: list[EvidenceItem]
-) -> tuple[Kind, Confidence, str] | None:
+def _as_its_peers(victim: RankState, ev: Evidence, who: str) -> Step:
     """A rank that exited with status 1 (an uncaught exception) whose own words the logs do
     not hold, while every other rank whose words say it failed of its own ran out of GPU
     memory: ranks of one job run the same code on the same sizes and fail alike, so that is
@@ -107,14 +111,16 @@ def _as_its_peers(
         elif findings_of(r, ev, "exception"):
             kinds.add(Kind.PYTHON_EXCEPTION)  # another failure: nothing tells which is its
     if kinds != {Kind.CUDA_OOM}:
-        return None
-    items.append(_cited(cited[0]))
-    return (
-        Kind.CUDA_OOM,
-        Confidence.POSSIBLE,
-        f"{who} exited with status 1 (an uncaught exception) and its own words are not in these logs; "
-        "every other rank that failed of its own ran out of GPU memory, as ranks of one job running the "
-        "same code do alike: most likely it did too.",
+        return Step()
+    return Step(
+        (_cited(cited[0]),),
+        verdict=(
+            Kind.CUDA_OOM,
+            Confidence.POSSIBLE,
+            f"{who} exited with status 1 (an uncaught exception) and its own words are not in these logs; "
+            "every other rank that failed of its own ran out of GPU memory, as ranks of one job running "
+            "the same code do alike: most likely it did too.",
+        ),
     )
 
 
@@ -141,24 +147,27 @@ def _one_end_no_prefix(victim: RankState, ev: Evidence) -> bool:
     return all(r.signal is None and r.returncode == victim.returncode for r in failed)
 
 
-def from_output(
-    victim: RankState, ev: Evidence, items: list[EvidenceItem], facts: dict[str, Any]
-) -> tuple[Kind, Confidence, str] | None:
+def from_output(victim: RankState, ev: Evidence) -> Step:
     """The verdict the victim's own output gives: its watchdog's or its backend's timeout,
-    a CUDA OOM, a shared-memory bus error, an exception. First-hand, so certain. What it
-    found as data goes into ``facts`` (see ``Facts``). Whose words they are first, then
-    each rule of ``_OWN_WORDS`` in order: the first that holds decides."""
+    a CUDA OOM, a shared-memory bus error, an exception. First-hand, so certain. With it the
+    lines it cites (those a rule cited without deciding too) and what it found as data (see
+    ``Facts``). Whose words they are first, then each rule of ``_OWN_WORDS`` in order: the
+    first that holds decides."""
     mine, confidence, who = _whose_words(victim, ev)
     if not mine and ev.from_logs and victim.status == 1 and victim.signal is None:
-        return _as_its_peers(victim, ev, who, items)
+        return _as_its_peers(victim, ev, who)
     if not mine or victim.returncode == 0:
-        return None
-    w = _Words(victim, ev, mine, confidence, who, items, facts)
+        return Step()
+    w = _Words(victim, ev, mine, confidence, who)
+    items: list[EvidenceItem] = []
+    facts: dict[str, Any] = {}
     for rule in _OWN_WORDS:
         found = rule(w)
-        if found is not None:
-            return found
-    return None
+        items += found.items
+        facts.update(found.facts)
+        if found.verdict is not None:
+            return Step(tuple(items), facts, found.verdict)
+    return Step(tuple(items), facts)
 
 
 def _whose_words(victim: RankState, ev: Evidence) -> tuple[list[Finding], Confidence, str]:
@@ -216,40 +225,37 @@ def _whose_words(victim: RankState, ev: Evidence) -> tuple[list[Finding], Confid
     return mine, confidence, who
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Words:
-    """The victim's own words and what a rule says of them: the items it cites and the facts
-    it finds go to the verdict's."""
+    """The victim's own words, how sure that they are its own, and how the summary names it:
+    what every rule of ``_OWN_WORDS`` reads."""
 
     victim: RankState
     ev: Evidence
     mine: list[Finding]
     confidence: Confidence
     who: str
-    items: list[EvidenceItem]
-    facts: dict[str, Any]
 
-    def cite(self, *kinds: str) -> list[Finding]:
-        found = [f for f in self.mine if f.kind in kinds]
-        for f in found[:3]:
-            self.items.append(_cited(f))
-        return found
+    def of(self, *kinds: str) -> list[Finding]:
+        return [f for f in self.mine if f.kind in kinds]
 
 
-_Said = tuple[Kind, Confidence, str]
+def _cites(found: list[Finding]) -> tuple[EvidenceItem, ...]:
+    """The first three of ``found``, as a rule cites them."""
+    return tuple(_cited(f) for f in found[:3])
 
 
-def _timed_out(w: _Words) -> _Said | None:
+def _timed_out(w: _Words) -> Step:
     """Its watchdog's or gloo's timeout, read field by field; who never arrived."""
     confidence = w.confidence
-    nccl = w.cite("nccl_timeout")
-    gloo = [] if nccl else w.cite("gloo_timeout")
+    nccl = w.of("nccl_timeout")
+    gloo = [] if nccl else w.of("gloo_timeout")
     if nccl or gloo:
-        w.cite("nccl_progress")
+        items = [*_cites(nccl or gloo), *_cites(w.of("nccl_progress"))]
         exc = next((f for f in w.mine if f.kind == "exception" and f.get("collective")), None)
         first = nccl[0] if nccl else gloo[0]
         backend = "NCCL" if nccl else "gloo"
-        w.facts["backend"] = "nccl" if nccl else "gloo"
+        facts: dict[str, Any] = {"backend": "nccl" if nccl else "gloo"}
         op = (nccl[0].get("op") or "").lower() if nccl else (exc.get("collective") if exc else None)
         seq = first.get("seq")
         what = (op or "a collective") + (f" (SeqNum {seq})" if seq else "")
@@ -260,20 +266,19 @@ def _timed_out(w: _Words) -> _Said | None:
             missing = [
                 r for r in missing if r.rank is None or r.rank not in fr.dumped or r.rank in fr.laggards
             ]
-            for line in fr.lines:
-                w.items.append(EvidenceItem("flight_recorder", None, line))
+            items += [EvidenceItem("flight_recorder", None, line) for line in fr.lines]
             if fr.laggards:
                 what = (fr.op or op or "a collective") + f" (SeqNum {fr.seq})"
         else:
-            for r in missing:
-                w.items.append(
-                    EvidenceItem(
-                        "output",
-                        None,
-                        f"{rank_name(r.label, r.pid, w.ev.from_logs)} was alive and reported no timeout: "
-                        "it never joined",
-                    )
+            items += [
+                EvidenceItem(
+                    "output",
+                    None,
+                    f"{rank_name(r.label, r.pid, w.ev.from_logs)} was alive and reported no timeout: "
+                    "it never joined",
                 )
+                for r in missing
+            ]
         if fr is not None and fr.laggards:
             never = f"; rank {', '.join(map(str, fr.laggards))} never entered it (flight recorder)"
         elif missing:
@@ -283,12 +288,12 @@ def _timed_out(w: _Words) -> _Said | None:
                 + " never arrived"
             )
         elif len(w.ev.ranks) == 1 and w.ev.world_size == 1:
-            w.facts["all_entered"] = True
+            facts["all_entered"] = True
             never = (
                 "; it is the whole world, so its own work held the collective up (a GPU kernel ahead of it)"
             )
         elif fr is not None and w.ev.world_size is not None and len(fr.dumped) == w.ev.world_size:
-            w.facts["all_entered"] = True
+            facts["all_entered"] = True
             never = (
                 "; every rank entered it (flight recorder), so the collective itself did not finish "
                 "(the network, NCCL, or GPU work queued ahead of it)"
@@ -302,39 +307,48 @@ def _timed_out(w: _Words) -> _Said | None:
                 confidence = Confidence.POSSIBLE
                 never += ": what kept it away is the job's root cause, and these logs do not show it"
         named = f"the {backend} {what}" if op else f"a {backend} collective" + what[len("a collective") :]
-        return (
-            Kind.COLLECTIVE_TIMEOUT,
-            confidence,
-            f"{w.who}: {named} did not complete within {waited:g} s{never}.",
+        return Step(
+            tuple(items),
+            facts,
+            (
+                Kind.COLLECTIVE_TIMEOUT,
+                confidence,
+                f"{w.who}: {named} did not complete within {waited:g} s{never}.",
+            ),
         )
-    return None
+    return Step()
 
 
-def _watchdog_stuck(w: _Words) -> _Said | None:
+def _watchdog_stuck(w: _Words) -> Step:
     """The heartbeat monitor gave up on its watchdog."""
-    stuck = w.cite("nccl_heartbeat")
+    stuck = w.of("nccl_heartbeat")
     if stuck:
-        w.facts["backend"] = "nccl"
-        return (
-            Kind.COLLECTIVE_TIMEOUT,
-            Confidence.LIKELY,
-            f"{w.who}: its NCCL watchdog got stuck (the heartbeat monitor gave up on it): a collective or a "
-            "CUDA call it waits on hung, and the process was ended for it.",
+        return Step(
+            _cites(stuck),
+            {"backend": "nccl"},
+            (
+                Kind.COLLECTIVE_TIMEOUT,
+                Confidence.LIKELY,
+                f"{w.who}: its NCCL watchdog got stuck (the heartbeat monitor gave up on it): a collective "
+                "or a CUDA call it waits on hung, and the process was ended for it.",
+            ),
         )
-    return None
+    return Step()
 
 
-def _out_of_gpu_memory(w: _Words) -> _Said | None:
+def _out_of_gpu_memory(w: _Words) -> Step:
     """The caching allocator's out-of-memory, with its sizes when it gave them."""
     confidence = w.confidence
-    oom = w.cite(Kind.CUDA_OOM)
+    oom = w.of(Kind.CUDA_OOM)
     if oom:
         f = oom[0]
         if f.get("requested_bytes") is None:  # no sizes: "CUDA error: out of memory", a cut message
             words = (
                 "CUDA error: out of memory" if "CUDA error: out of memory" in f.line else "CUDA out of memory"
             )
-            return Kind.CUDA_OOM, confidence, f"{w.who} ran out of GPU memory ({words})."
+            return Step(
+                _cites(oom), verdict=(Kind.CUDA_OOM, confidence, f"{w.who} ran out of GPU memory ({words}).")
+            )
         gib = int(f.get("requested_bytes") or 0) / 2**30
         gpu = f.get("gpu")
         extra = ""
@@ -343,46 +357,57 @@ def _out_of_gpu_memory(w: _Words) -> _Said | None:
             if f.get("free_bytes"):
                 extra += f", {int(f.get('free_bytes') or 0) / 2**30:.2f} GiB free"
         on = f" on GPU {gpu}" if gpu is not None else ""
-        return (
-            Kind.CUDA_OOM,
-            confidence,
-            f"{w.who} ran out of GPU memory{on}: it tried to allocate {gib:.2f} GiB{extra}.",
+        return Step(
+            _cites(oom),
+            verdict=(
+                Kind.CUDA_OOM,
+                confidence,
+                f"{w.who} ran out of GPU memory{on}: it tried to allocate {gib:.2f} GiB{extra}.",
+            ),
         )
-    return None
+    return Step()
 
 
-def _shared_memory(w: _Words) -> _Said | None:
-    """A DataLoader worker's bus error, or a batch that found /dev/shm full."""
+def _shared_memory(w: _Words) -> Step:
+    """A DataLoader worker's bus error, or a batch that found /dev/shm full. A DataLoader
+    worker killed by another signal is cited, and the next rule goes on."""
     confidence = w.confidence
-    shm = w.cite("shm_bus_error") or [
-        f for f in w.cite("dataloader_killed") if (f.get("signal") or "").lower().startswith("bus")
-    ]
+    bus = w.of("shm_bus_error")
+    killed = [] if bus else w.of("dataloader_killed")
+    items = _cites(bus or killed)
+    shm = bus or [f for f in killed if (f.get("signal") or "").lower().startswith("bus")]
     size = ""
     if w.ev.shm is not None:
         total, used, before_s = w.ev.shm
         when = "" if before_s is None else f", {before_s:.1f} s before the death"
         size = f" ({used / 2**20:.1f} MiB used of {total / 2**20:.1f} MiB{when})"
     if shm:
-        w.facts["shm_exhausted"] = True
-        return (
-            Kind.BUS_ERROR,
-            confidence,
-            f"{w.who} failed with a bus error in a DataLoader worker: /dev/shm (shared memory) ran out"
-            f"{size}.",
+        return Step(
+            items,
+            {"shm_exhausted": True},
+            (
+                Kind.BUS_ERROR,
+                confidence,
+                f"{w.who} failed with a bus error in a DataLoader worker: /dev/shm (shared memory) ran out"
+                f"{size}.",
+            ),
         )
-    full = w.cite("shm_full")
+    full = w.of("shm_full")
     if full:
-        w.facts["shm_exhausted"] = True
-        return (
-            Kind.PYTHON_EXCEPTION,
-            confidence,
-            f"{w.who} could not get shared memory for a DataLoader batch: /dev/shm ran out{size} "
-            "(No space left on device).",
+        return Step(
+            items + _cites(full),
+            {"shm_exhausted": True},
+            (
+                Kind.PYTHON_EXCEPTION,
+                confidence,
+                f"{w.who} could not get shared memory for a DataLoader batch: /dev/shm ran out{size} "
+                "(No space left on device).",
+            ),
         )
-    return None
+    return Step(items)
 
 
-def _catalogued(w: _Words) -> _Said | None:
+def _catalogued(w: _Words) -> Step:
     """The catalog's words: a mechanism, else how it ended, else its exception, else a
     report of what happened elsewhere."""
     confidence = w.confidence
@@ -403,20 +428,19 @@ def _catalogued(w: _Words) -> _Said | None:
             # as for the watchdog's lines read field by field: the logs hold only ranks that
             # waited, and what kept the missing one away is not in them
             confidence = Confidence.POSSIBLE
-        return _from_catalog(w.who, mechanism, confidence, w.items)
+        return _from_catalog(w.who, mechanism, confidence)
     exc_found = [f for f in w.mine if f.kind == "exception"]
     symptom = strongest(said, "symptom")
     if symptom is not None and (not exc_found or w.victim.signal is not None or w.victim.status is None):
         # how it ended (an abort, a fault banner), where no exception or a signal says so
-        return _from_catalog(w.who, symptom, confidence, w.items)
+        return _from_catalog(w.who, symptom, confidence)
     if exc_found and w.victim.status not in (None, 0):
         f = exc_found[-1]
-        w.items.append(_cited(f))
-        return Kind.PYTHON_EXCEPTION, confidence, f"{w.who} raised {f.line}"
+        return Step((_cited(f),), verdict=(Kind.PYTHON_EXCEPTION, confidence, f"{w.who} raised {f.line}"))
     report = strongest(said, "report")
     if report is not None:  # its own words tell only what happened elsewhere
-        return _from_catalog(w.who, report, Confidence.POSSIBLE, w.items)
-    return None
+        return _from_catalog(w.who, report, Confidence.POSSIBLE)
+    return Step()
 
 
 _OWN_WORDS = (_timed_out, _watchdog_stuck, _out_of_gpu_memory, _shared_memory, _catalogued)
@@ -445,24 +469,22 @@ def _never_arrived(victim: RankState, ev: Evidence, seq: str | None) -> list[Ran
     ]
 
 
-def _from_catalog(
-    who: str, f: Finding, confidence: Confidence, items: list[EvidenceItem]
-) -> tuple[Kind, Confidence, str]:
+def _from_catalog(who: str, f: Finding, confidence: Confidence) -> Step:
     """A catalog message's verdict: its kind, at the lower of its ceiling and what the line's
-    attribution to the rank allows (never certain when it is not first-hand)."""
+    attribution to the rank allows (never certain when it is not first-hand); it cites the
+    line and the message."""
     message = catalog().by_id.get(f.get("id") or "")
     if message is None:  # a finding from a catalog this process no longer holds
-        return Kind.UNKNOWN, Confidence.POSSIBLE, f"{who}: {f.line}"
+        return Step(verdict=(Kind.UNKNOWN, Confidence.POSSIBLE, f"{who}: {f.line}"))
     ceiling = Confidence(f.get("ceiling") or "possible")
     if not message.first_hand and ceiling == Confidence.CERTAIN:
         ceiling = Confidence.LIKELY
     if message.untold_sigterm(f.get("signal")):
         ceiling = weaker(ceiling, Confidence.POSSIBLE)
     sure = weaker(ceiling, confidence)
-    items.append(_cited(f))
-    items.append(EvidenceItem("catalog", None, f"{message.id}: {message.mechanism}"))
+    items = (_cited(f), EvidenceItem("catalog", None, f"{message.id}: {message.mechanism}"))
     if f.get("terminated"):  # its words, in the what() of an exception nothing caught
         told = message.told(who, f.fields).rstrip(".")
         why = "thrown where nothing caught it, so std::terminate aborted the process"
-        return Kind.ABORT, sure, f"{told}; {why}."
-    return message.kind or Kind.UNKNOWN, sure, message.told(who, f.fields)
+        return Step(items, verdict=(Kind.ABORT, sure, f"{told}; {why}."))
+    return Step(items, verdict=(message.kind or Kind.UNKNOWN, sure, message.told(who, f.fields)))
