@@ -8,7 +8,9 @@ record; a SIGKILL with the OOM counters moving (an OOM at ``likely``) or not (a 
 from outside, never an OOM); the rank's own words and the GPU (``said``); the kernel's own
 line for the pid; then its signal or exit status, with the job's logs. The steps stand in
 ``_KILLERS`` in that order, because the order is the rule: the first that answers decides
-(rules 2-4 of ``rules``). The records each rule weighs are found by ``witnesses``.
+(rules 2-4 of ``rules``). Each returns what it found (a ``Step``: the evidence it cites, the
+facts, its verdict or None); ``victim_verdict`` alone gathers them. The records each rule
+weighs are found by ``witnesses``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from sidecar.autopsy.evidence import (
     KernelOom,
     RankState,
     SignalSent,
+    Step,
     rank_label,
     rank_name,
     signal_name,
@@ -60,156 +63,137 @@ def victim_verdict(
     items: list[EvidenceItem],
     facts: dict[str, Any],
 ) -> tuple[Kind, Confidence, str]:
-    """(kind, confidence, summary); what the verdict found as data goes into ``facts``.
-    Each step of ``_KILLERS`` in order: the first that answers decides (the last always
-    does)."""
-    c = _Case(victim, oom, ev, items, facts, rank_name(victim.label, victim.pid, ev.from_logs))
+    """(kind, confidence, summary); the evidence cited goes into ``items``, what the verdict
+    found as data into ``facts``. Each step of ``_KILLERS`` in order returns what it found:
+    the first with a verdict decides (the last always has one)."""
+    who = rank_name(victim.label, victim.pid, ev.from_logs)
+    c = _Case(victim, oom, ev, who, sender_of(victim, ev.signals))
     for step in _KILLERS:
         found = step(c)
-        if found is not None:
-            return found
+        items.extend(found.items)
+        facts.update(found.facts)
+        if found.verdict is not None:
+            return found.verdict
     raise AssertionError("the last step always answers")  # pragma: no cover
 
 
-_Found = tuple[Kind, Confidence, str]
-
-
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Case:
-    """The first death being judged, and what the steps learn on the way: the traced
-    signal still unexplained (``sent``) and whether the kernel delivered it for the rank's
-    own fault (``fault``)."""
+    """The first death being judged, and the signal traced to it (``traced``: the last of
+    its death signal sent to it), which the steps read as ``sent`` and ``fault``."""
 
     victim: RankState
     oom: KernelOom | None
     ev: Evidence
-    items: list[EvidenceItem]
-    facts: dict[str, Any]
     who: str
-    sent: SignalSent | None = None
-    fault: bool = False
+    traced: SignalSent | None
+
+    @property
+    def raised(self) -> bool:
+        """The rank raised the traced signal itself: a fault (SIGSEGV, SIGBUS) or abort()."""
+        return self.traced is not None and self.traced.sender_pid in (self.victim.pid, *self.victim.ns_pids)
+
+    @property
+    def sent(self) -> SignalSent | None:
+        """The traced signal still unexplained: another process sent it."""
+        return None if self.raised else self.traced
+
+    @property
+    def fault(self) -> bool:
+        """The kernel delivered the traced signal for the rank's own fault (si_code > 0)."""
+        return self.raised and self.traced is not None and self.traced.code > 0
 
 
-def _kernel_oom_record(c: _Case) -> _Found | None:
+def _kernel_oom_record(c: _Case) -> Step:
     """A kernel OOM record naming the pid: the machine's or a cgroup's, certain."""
-    victim, oom, items, who = c.victim, c.oom, c.items, c.who
+    victim, oom, who = c.victim, c.oom, c.who
     if oom is not None:
-        for line in oom.lines:
-            items.append(EvidenceItem("kmsg", oom.at_ns, line))
+        items = tuple(EvidenceItem("kmsg", oom.at_ns, line) for line in oom.lines)
         is_global = oom.scope == "global" or (oom.oom_memcg is None and oom.scope != "memcg")
         if is_global and oom.oom_memcg is None:
             rss = f" holding {oom.rss_bytes / 2**30:.1f} GiB" if oom.rss_bytes else ""
-            return (
-                Kind.KERNEL_OOM,
-                Confidence.CERTAIN,
-                f"The kernel's OOM killer killed {who}{rss}: the whole machine ran out of memory.",
-            )
+            why = f"The kernel's OOM killer killed {who}{rss}: the whole machine ran out of memory."
+            return Step(items, verdict=(Kind.KERNEL_OOM, Confidence.CERTAIN, why))
         limit_cgroup = oom.oom_memcg or victim.cgroup_limited_by or victim.cgroup
         which = f"memory cgroup {limit_cgroup}" if limit_cgroup else "its memory cgroup"
-        return (
-            Kind.CGROUP_OOM,
-            Confidence.CERTAIN,
-            f"{who} was killed by the kernel because {which} reached its limit.",
-        )
-    return None
+        why = f"{who} was killed by the kernel because {which} reached its limit."
+        return Step(items, verdict=(Kind.CGROUP_OOM, Confidence.CERTAIN, why))
+    return Step()
 
 
-def _self_signalled(c: _Case) -> _Found | None:
-    """The traced signal, unless the rank raised it itself (a fault, abort()): then noted,
-    and left for its status."""
-    victim, ev, items, sent, fault = c.victim, c.ev, c.items, c.sent, c.fault
-    sent = sender_of(victim, ev.signals)
-    fault = False  # the kernel delivered it for the rank's own fault (si_code > 0)
-    if sent is not None and sent.sender_pid in (victim.pid, *victim.ns_pids):
-        fault = sent.code > 0
+def _self_signalled(c: _Case) -> Step:
+    """The traced signal, when the rank raised it itself (a fault, abort()): cited, and left
+    for its status (``_Case.sent`` is None, ``_Case.fault`` says whether it was a fault)."""
+    sent = c.traced
+    if sent is not None and c.raised:
         # the rank signalled itself: a fault (SIGSEGV, SIGBUS) or abort() (SIGABRT)
-        items.append(
-            EvidenceItem(
-                "tracepoint",
-                sent.at_ns,
-                f"signal_generate: the rank itself raised {signal_name(sent.signal)} (si_code {sent.code})",
-            )
-        )
-        sent = None
-    c.sent, c.fault = sent, fault
-    return None
+        said = f"the rank itself raised {signal_name(sent.signal)} (si_code {sent.code})"
+        return Step((EvidenceItem("tracepoint", sent.at_ns, f"signal_generate: {said}"),))
+    return Step()
 
 
-def _traced_sender(c: _Case) -> _Found | None:
+def _traced_sender(c: _Case) -> Step:
     """The traced sender of its signal: an OOM daemon, the agent (itself signalled from
     outside or not), another process."""
-    victim, ev, items, facts, who, sent = c.victim, c.ev, c.items, c.facts, c.who, c.sent
+    victim, ev, who, sent = c.victim, c.ev, c.who, c.sent
     if sent is not None and not (sent.code == 128 and victim.signal == _signal.SIGKILL):
         name = signal_name(sent.signal)
         sender = sent.sender or Sender(sent.sender_pid, sent.sender_comm, None, None, None, ())
         tool = tool_of(sender, ev.agent_pid, victim.cgroup)
         detail, said = slurm_detail(sender, victim.slurm_times) if tool == "slurm" else (None, words(tool))
-        facts["sender"] = replace(sender, tool=tool, detail=detail)
+        facts = {"sender": replace(sender, tool=tool, detail=detail)}
         chain = ", ".join(f"{comm} ({pid})" for pid, comm, _ in sender.parents[:4])
-        items.append(
+        items = [
             EvidenceItem(
                 "tracepoint",
                 sent.at_ns,
                 f"signal_generate: {sent.sender_comm}-{sent.sender_pid} "
                 f"sent {name} to pid {sent.target_pid} (si_code {sent.code})",
             )
-        )
+        ]
         if any(sent.sender_comm.startswith(d) for d in USERSPACE_OOM_DAEMONS):
-            return (
-                Kind.USERSPACE_OOM,
-                Confidence.CERTAIN,
+            why = (
                 f"{who} was killed by the userspace OOM daemon {sent.sender_comm} (pid {sent.sender_pid}), "
-                f"which sent {name}.",
+                f"which sent {name}."
             )
+            return Step(tuple(items), facts, (Kind.USERSPACE_OOM, Confidence.CERTAIN, why))
         if ev.agent_pid is not None and sent.sender_pid == ev.agent_pid:
             upstream = agent_signalled(victim, ev)
             if upstream is not None:
                 confidence, how, item, agent_sender = upstream
                 items.append(item)
+                agent = f"{ev.agent_name[0].upper()}{ev.agent_name[1:]} (pid {ev.agent_pid}) {how}"
                 if agent_sender is not None:
                     facts["sender"] = replace(
                         agent_sender, tool=tool_of(agent_sender, ev.agent_pid, victim.cgroup), detail=None
                     )
                     if any(agent_sender.comm.startswith(d) for d in USERSPACE_OOM_DAEMONS):
                         # the agent's own ending signal came from an OOM daemon (earlyoom's SIGTERM)
-                        return (
-                            Kind.USERSPACE_OOM,
-                            confidence,
-                            f"{ev.agent_name[0].upper()}{ev.agent_name[1:]} (pid {ev.agent_pid}) {how}, a "
-                            f"userspace OOM daemon, and shut the workers down: {who} was sent {name} by it.",
+                        why = (
+                            f"{agent}, a userspace OOM daemon, and shut the workers down: {who} was sent "
+                            f"{name} by it."
                         )
-                return (
-                    Kind.EXTERNAL_SIGNAL,
-                    confidence,
-                    f"{ev.agent_name[0].upper()}{ev.agent_name[1:]} (pid {ev.agent_pid}) {how} and shut the "
-                    f"workers down: {who} was "
-                    f"sent {name} by it before any rank died of its own.",
+                        return Step(tuple(items), facts, (Kind.USERSPACE_OOM, confidence, why))
+                why = (
+                    f"{agent} and shut the workers down: {who} was sent {name} by it before any rank died "
+                    "of its own."
                 )
-            return (
-                Kind.AGENT_TEARDOWN,
-                Confidence.CERTAIN,
+                return Step(tuple(items), facts, (Kind.EXTERNAL_SIGNAL, confidence, why))
+            why = (
                 f"{who} was sent {name} by {ev.agent_name} (pid {sent.sender_pid}) "
-                "before any other rank died.",
+                "before any other rank died."
             )
-        if tool in ("unknown", "torchelastic"):
-            return (
-                Kind.EXTERNAL_SIGNAL,
-                Confidence.CERTAIN,
-                f"{who} was killed from outside: pid {sent.sender_pid} ({sent.sender_comm}) sent {name}"
-                + (f" (started by {chain})." if chain else "."),
-            )
-        return (
-            Kind.EXTERNAL_SIGNAL,
-            Confidence.CERTAIN,
-            f"{who} was killed from outside by {said}: pid {sent.sender_pid} ({sent.sender_comm}) "
-            f"sent {name}" + (f" (started by {chain})." if chain else "."),
-        )
-    return None
+            return Step(tuple(items), facts, (Kind.AGENT_TEARDOWN, Confidence.CERTAIN, why))
+        by = "" if tool in ("unknown", "torchelastic") else f" by {said}"
+        why = f"{who} was killed from outside{by}: pid {sent.sender_pid} ({sent.sender_comm}) sent {name}"
+        why += f" (started by {chain})." if chain else "."
+        return Step(tuple(items), facts, (Kind.EXTERNAL_SIGNAL, Confidence.CERTAIN, why))
+    return Step()
 
 
-def _agent_signalled(c: _Case) -> _Found | None:
+def _agent_signalled(c: _Case) -> Step:
     """A teardown signal nobody traced, from an agent that was itself signalled from outside."""
-    victim, ev, items, who, sent = c.victim, c.ev, c.items, c.who, c.sent
+    victim, ev, who, sent = c.victim, c.ev, c.who, c.sent
     torn = victim.pid in ev.agent_teardown
     if sent is None and victim.signal is not None and (torn or victim.signal in _TEARDOWN_SIGNALS):
         # no rank died of its own first (the victim is the first death), the sender of its
@@ -217,55 +201,53 @@ def _agent_signalled(c: _Case) -> _Found | None:
         upstream = agent_signalled(victim, ev)
         if upstream is not None:
             confidence, how, item, _ = upstream
-            items.append(item)
             ended = (
                 f"its log says it sent {who} {signal_name(victim.signal)}"
                 if torn
                 else f"{who} ended by {signal_name(victim.signal)} as the job was shut down"
             )
-            return (
-                Kind.EXTERNAL_SIGNAL,
-                weaker(confidence, Confidence.LIKELY),  # that the agent's signal ended it is inferred
+            why = (
                 f"{ev.agent_name[0].upper()}{ev.agent_name[1:]} (pid {ev.agent_pid}) {how} and shut the "
-                f"workers down; {ended}.",
+                f"workers down; {ended}."
             )
-    return None
+            # that the agent's signal ended it is inferred
+            return Step((item,), verdict=(Kind.EXTERNAL_SIGNAL, weaker(confidence, Confidence.LIKELY), why))
+    return Step()
 
 
-def _userspace_daemon(c: _Case) -> _Found | None:
+def _userspace_daemon(c: _Case) -> Step:
     """A userspace OOM daemon's own record, by pid or by cgroup."""
-    victim, ev, items, who = c.victim, c.ev, c.items, c.who
+    victim, ev, who = c.victim, c.ev, c.who
     found = userspace_for(victim, ev)
     if found is not None:
         rec, how = found
-        items.append(EvidenceItem(rec.source, rec.at_ns, rec.detail))
+        items = (EvidenceItem(rec.source, rec.at_ns, rec.detail),)
         did = f"sent {signal_name(rec.signal)}" if rec.signal else "killed it"
         if how == "pid":
-            return (
-                Kind.USERSPACE_OOM,
-                Confidence.CERTAIN,
+            why = (
                 f"{who} was killed by the userspace OOM daemon {rec.daemon}, whose own record names "
-                f"the pid ({did}).",
+                f"the pid ({did})."
             )
-        return (
-            Kind.USERSPACE_OOM,
-            Confidence.LIKELY,
+            return Step(items, verdict=(Kind.USERSPACE_OOM, Confidence.CERTAIN, why))
+        why = (
             f"{who} was killed with its cgroup {rec.cgroup} by the userspace OOM daemon {rec.daemon} "
-            f"({rec.source} record); the record names the cgroup, not the pid.",
+            f"({rec.source} record); the record names the cgroup, not the pid."
         )
-    return None
+        return Step(items, verdict=(Kind.USERSPACE_OOM, Confidence.LIKELY, why))
+    return Step()
 
 
-def _sigkill(c: _Case) -> _Found | None:
+def _sigkill(c: _Case) -> Step:
     """A SIGKILL: the OOM counters, the job's logs, a hang, else a signal from outside."""
-    victim, ev, items, facts, who = c.victim, c.ev, c.items, c.facts, c.who
+    victim, ev, who = c.victim, c.ev, c.who
     if victim.signal == _signal.SIGKILL:
-        counted = _by_counters(ev, victim, who, items)
-        if counted is not None:
+        counted = _by_counters(ev, victim, who)
+        if counted.verdict is not None:
             return counted
         why = "no kernel OOM record named it, no OOM counter moved"
         if not ev.kernel_log_readable:
             why = "the kernel log was not readable and no OOM counter moved"
+        items: list[EvidenceItem] = []
         lost = lost_near(victim, ev)
         if lost:
             why = f"no OOM counter moved, but {lost} kernel log records near the death were lost unread"
@@ -289,108 +271,86 @@ def _sigkill(c: _Case) -> _Found | None:
         )
         logged = job_log(victim, ev, sure)
         if logged is not None:
-            items.append(logged[3])
-            return logged[:3]
-        hung = _hung_until_killed(victim, ev, items, facts)
-        if hung is not None:
-            return hung
-        return (
-            Kind.EXTERNAL_SIGNAL,
-            sure,
-            f"{who} was killed by a SIGKILL from outside: {why}. The sender is unknown.",
-        )
-    return None
+            return Step((*items, logged[3]), verdict=logged[:3])
+        hung = _hung_until_killed(victim, ev)
+        if hung.verdict is not None:
+            return Step((*items, *hung.items), hung.facts, hung.verdict)
+        why = f"{who} was killed by a SIGKILL from outside: {why}. The sender is unknown."
+        return Step(tuple(items), verdict=(Kind.EXTERNAL_SIGNAL, sure, why))
+    return Step()
 
 
-def _own_words(c: _Case) -> _Found | None:
-    """Its own words and its GPU: a named cause before a GPU fault, a GPU fault before a bare exception."""
-    victim, ev, items, facts = c.victim, c.ev, c.items, c.facts
-    told = from_output(victim, ev)
-    items += told.items
+def _own_words(c: _Case) -> Step:
+    """Its own words and its GPU: a named cause before a GPU fault, a GPU fault before a bare
+    exception. The lines its own words cite stand, whichever decides."""
+    told = from_output(c.victim, c.ev)
     if told.verdict is not None and told.verdict[0] != Kind.PYTHON_EXCEPTION:
-        facts.update(told.facts)
-        return told.verdict
-    gpu = gpu_fault(victim, ev)
-    items += gpu.items
+        return told
+    gpu = gpu_fault(c.victim, c.ev)
     if gpu.verdict is not None:
-        return gpu.verdict
-    if told.verdict is not None:
-        facts.update(told.facts)
-        return told.verdict
-    return None
+        return Step(told.items + gpu.items, verdict=gpu.verdict)
+    return told
 
 
-def _kernel_line(c: _Case) -> _Found | None:
+def _kernel_line(c: _Case) -> Step:
     """The kernel's own line for the pid (a fault record)."""
-    victim, ev, items = c.victim, c.ev, c.items
-    recorded = kernel_record(victim, ev)
+    recorded = kernel_record(c.victim, c.ev)
     if recorded is not None:
         kind, confidence, summary, item = recorded
-        items.append(item)
-        return kind, confidence, summary
-    return None
+        return Step((item,), verdict=(kind, confidence, summary))
+    return Step()
 
 
-def _by_status(c: _Case) -> _Found | None:
+def _by_status(c: _Case) -> Step:
     """Its signal or exit status, with the job's logs: always an answer."""
-    victim, ev, items, who, fault = c.victim, c.ev, c.items, c.who, c.fault
+    victim, ev, who, fault = c.victim, c.ev, c.who, c.fault
     sig = victim.signal
     sure = Confidence.CERTAIN if fault else Confidence.LIKELY
     # the job's logs decide what would otherwise be only possible (an abort, a signal from
     # outside, an exit status): a scheduler's cancel banner, a launcher's report
     logged = None if sig in (_signal.SIGSEGV, _signal.SIGBUS) else job_log(victim, ev, Confidence.POSSIBLE)
     if sig == _signal.SIGSEGV:
-        return Kind.SEGFAULT, sure, f"{who} crashed with a segmentation fault (SIGSEGV)."
+        return Step(verdict=(Kind.SEGFAULT, sure, f"{who} crashed with a segmentation fault (SIGSEGV)."))
     if sig == _signal.SIGBUS:
-        return Kind.BUS_ERROR, sure, f"{who} crashed with SIGBUS (often /dev/shm exhausted)."
+        return Step(verdict=(Kind.BUS_ERROR, sure, f"{who} crashed with SIGBUS (often /dev/shm exhausted)."))
     if sig == _signal.SIGABRT:
         timed_out = timeout_elsewhere(victim, ev)
         if timed_out is not None:
             # the watchdog takes the whole process down (abort) once a collective timed
             # out: another rank's word that one did explains this rank's SIGABRT
             label, line = timed_out
-            items.append(EvidenceItem("output", None, line))
-            return (
-                Kind.COLLECTIVE_TIMEOUT,
-                Confidence.LIKELY if ev.from_logs else Confidence.POSSIBLE,
-                f"{who} aborted (SIGABRT) as the NCCL watchdog does after a collective timed out: "
-                + (f"{rank_label(label, ev.from_logs)}" if label else "a rank")
-                + " reported the timeout; this rank's own output gave no other cause.",
+            return Step(
+                (EvidenceItem("output", None, line),),
+                verdict=(
+                    Kind.COLLECTIVE_TIMEOUT,
+                    Confidence.LIKELY if ev.from_logs else Confidence.POSSIBLE,
+                    f"{who} aborted (SIGABRT) as the NCCL watchdog does after a collective timed out: "
+                    + (f"{rank_label(label, ev.from_logs)}" if label else "a rank")
+                    + " reported the timeout; this rank's own output gave no other cause.",
+                ),
             )
         if logged is not None:
-            items.append(logged[3])
-            return logged[:3]
-        return (
-            Kind.ABORT,
-            Confidence.POSSIBLE,
-            f"{who} aborted (SIGABRT); no collective-timeout evidence was read.",
-        )
+            return Step((logged[3],), verdict=logged[:3])
+        why = f"{who} aborted (SIGABRT); no collective-timeout evidence was read."
+        return Step(verdict=(Kind.ABORT, Confidence.POSSIBLE, why))
     if logged is not None:
-        items.append(logged[3])
-        return logged[:3]
+        return Step((logged[3],), verdict=logged[:3])
     if sig is not None:
-        return (
-            Kind.EXTERNAL_SIGNAL,
-            Confidence.POSSIBLE,
-            f"{who} was killed by {signal_name(sig)} from outside; the sender is unknown.",
-        )
+        why = f"{who} was killed by {signal_name(sig)} from outside; the sender is unknown."
+        return Step(verdict=(Kind.EXTERNAL_SIGNAL, Confidence.POSSIBLE, why))
     if victim.exit_code is None:
-        return (
-            Kind.UNKNOWN,
-            Confidence.POSSIBLE,
+        why = (
             f"{who} ended but its exit status could not be read (run trainwatch as root in the host's "
-            "namespaces so the process connector reports exits).",
+            "namespaces so the process connector reports exits)."
         )
-    return (
-        Kind.PYTHON_EXCEPTION,
-        Confidence.POSSIBLE,
-        f"{who} exited with status {victim.status}, as Python does after an uncaught exception; "
-        + (
-            "its output named no exception."
-            if ev.output_read
-            else "its output was not read (run it under `trainwatch run`, or send its output to a file)."
-        ),
+        return Step(verdict=(Kind.UNKNOWN, Confidence.POSSIBLE, why))
+    read = (
+        "its output named no exception."
+        if ev.output_read
+        else "its output was not read (run it under `trainwatch run`, or send its output to a file)."
     )
+    why = f"{who} exited with status {victim.status}, as Python does after an uncaught exception; " + read
+    return Step(verdict=(Kind.PYTHON_EXCEPTION, Confidence.POSSIBLE, why))
 
 
 _KILLERS = (
@@ -406,37 +366,30 @@ _KILLERS = (
 )
 
 
-def _hung_until_killed(
-    victim: RankState, ev: Evidence, items: list[EvidenceItem], facts: dict[str, Any]
-) -> tuple[Kind, Confidence, str] | None:
+def _hung_until_killed(victim: RankState, ev: Evidence) -> Step:
     """A SIGKILL no record explains, after the process's own words that it hung: its
     watchdog's timeout (SGLang's kills its whole process tree with SIGKILL; a collective
     that never completed leaves a rank to whoever kills it). A rank hung until it was killed
-    died of the hang, at ``likely``: the sender of the SIGKILL is not known."""
+    died of the hang, at ``likely``: the sender of the SIGKILL is not known. Its words' lines
+    and facts are cited only then."""
     told = from_output(victim, ev)
     if told.verdict is None or told.verdict[0] != Kind.COLLECTIVE_TIMEOUT:
-        return None
-    items += told.items
-    facts.update(told.facts)
+        return Step()
     _, confidence, summary = told.verdict
-    return (
-        Kind.COLLECTIVE_TIMEOUT,
-        weaker(confidence, Confidence.LIKELY),
-        f"{summary.rstrip('.')}; it was then killed by SIGKILL (the sender is unknown).",
-    )
+    why = f"{summary.rstrip('.')}; it was then killed by SIGKILL (the sender is unknown)."
+    return Step(told.items, told.facts, (Kind.COLLECTIVE_TIMEOUT, weaker(confidence, Confidence.LIKELY), why))
 
 
-def _by_counters(
-    ev: Evidence, victim: RankState, who: str, items: list[EvidenceItem]
-) -> tuple[Kind, Confidence, str] | None:
+def _by_counters(ev: Evidence, victim: RankState, who: str) -> Step:
     """A SIGKILL no record explains, read by the OOM counters that moved across it (rule 3):
     the cgroup's own OOM where its counter moved and its limit was reached, the kernel's where
     only the host's moved or where no level above the rank has a limit to reach; an OOM killer
     outside the cgroup's limit, at ``possible``, where its counter moved but its limit was not
-    reached (the global killer, or a wider limit above it); None where no counter moved."""
+    reached (the global killer, or a wider limit above it); no verdict where no counter moved."""
     host, cgroup, path, reached = counter_moved(ev, victim)
     if not (host or cgroup):
-        return None
+        return Step()
+    items: list[EvidenceItem] = []
     if ev.host_oom_kills_before is not None:
         items.append(
             EvidenceItem(
@@ -469,31 +422,29 @@ def _by_counters(
     if cgroup and path and path != "/" and limit is not None and reached is not False:
         where = f"; the limit above it is {limit}'s" if limit != path else ""
         if reached:
-            return (
-                Kind.CGROUP_OOM,
-                Confidence.LIKELY,
+            why = (
                 f"{who} was SIGKILLed as the OOM counter of memory cgroup {path} moved and the cgroup "
-                f"reached its limit{where}; {missing}.",
+                f"reached its limit{where}; {missing}."
             )
-        return (
-            Kind.CGROUP_OOM,
-            Confidence.POSSIBLE,  # any OOM killer moves a cgroup's counter: its limit hits are unread
+            return Step(tuple(items), verdict=(Kind.CGROUP_OOM, Confidence.LIKELY, why))
+        why = (
             f"{who} was SIGKILLed as the OOM counter of memory cgroup {path} moved{where}; whether the "
             f"cgroup reached its limit could not be read (the global OOM killer moves the counter too); "
-            f"{missing}.",
+            f"{missing}."
         )
+        # any OOM killer moves a cgroup's counter: its limit hits are unread
+        return Step(tuple(items), verdict=(Kind.CGROUP_OOM, Confidence.POSSIBLE, why))
     if cgroup and limit is not None and reached is False:
-        return (
-            Kind.KERNEL_OOM,
-            Confidence.POSSIBLE,  # or a wider limit above the cgroup's, reached by its siblings
+        why = (
             f"{who} was SIGKILLed by an OOM killer: the OOM counter of memory cgroup {path} moved but the "
             f"cgroup never reached its limit ({limit}'s), so the kill was the kernel's global OOM killer's "
-            f"or a wider limit's above it; {missing}.",
+            f"or a wider limit's above it; {missing}."
         )
-    return (
-        Kind.KERNEL_OOM,
-        Confidence.LIKELY,
+        # or a wider limit above the cgroup's, reached by its siblings
+        return Step(tuple(items), verdict=(Kind.KERNEL_OOM, Confidence.POSSIBLE, why))
+    why = (
         f"{who} was SIGKILLed as the kernel's OOM counter moved"
         + (f" (and memory cgroup {path}'s, which has no limit to reach)" if cgroup and limit is None else "")
-        + f"; {missing}.",
+        + f"; {missing}."
     )
+    return Step(tuple(items), verdict=(Kind.KERNEL_OOM, Confidence.LIKELY, why))
