@@ -7,8 +7,10 @@ a record ties to the death only when both have a wall-clock time and they are cl
 message of the emitter catalog from a launcher's, a shell's, a scheduler's or the kernel's
 lines decides what is still weak (``catalog_says``: likely at most unless it names the pid,
 possible for a report of what happened elsewhere). When
-the logs cannot decide, the rules say what to collect next time. The types the offline path
-fills from the logs' text (``LogRank``, ``LogRecords``, ``KernelRecords``) are ``logrecords``'.
+the logs cannot decide, the rules say what to collect next time. Each rule returns what it
+found (``_Told``: its verdict, the evidence it cites, what to collect) or None; ``logs_rules``
+alone gathers it. The types the offline path fills from the logs' text (``LogRank``,
+``LogRecords``, ``KernelRecords``) are ``logrecords``'.
 """
 
 from __future__ import annotations
@@ -72,9 +74,9 @@ def logs_rules(
     v: Verdict, g: LogRecords, k: KernelRecords, kernel_given: bool, collect: list[str]
 ) -> Verdict:
     """What logs can and cannot say, on top of the autopsy's verdict: each rule of
-    ``_LOG_RULES`` in order, the first that answers decides; else the verdict stands."""
+    ``_LOG_RULES`` in order, the first that answers decides; else the verdict stands. What to
+    collect next time goes into ``collect``."""
     who = _who(v)
-    items = list(v.evidence)
     sigkill = v.victim.signal == _signal.SIGKILL or (v.victim.exit_code is None and v.kind == Kind.UNKNOWN)
     # an exit status alone read as Python's after an uncaught exception (no words cited) is as
     # weak as an unexplained signal: a launcher's or a shell's word on that status decides
@@ -86,29 +88,19 @@ def logs_rules(
         and v.confidence == Confidence.POSSIBLE
         and (v.kind == Kind.ABORT or unsaid)
     )
-    c = _LogCase(
-        v,
-        g,
-        k,
-        kernel_given,
-        collect,
-        who,
-        items,
-        sigkill,
-        weak,
-        {j.what: j for j in g.jobs},
-        death_time(v, g),
-    )
+    c = _LogCase(v, g, k, kernel_given, who, sigkill, weak, {j.what: j for j in g.jobs}, death_time(v, g))
     for rule in _LOG_RULES:
         found = rule(c)
         if found is not None:
-            return found
+            collect.extend(found.collect)
+            items = [*v.evidence, *found.items]
+            return verdict_with(v, found.kind, found.confidence, found.summary, items, found.all_torn_down)
     if v.confidence == Confidence.POSSIBLE:
         collect += [COLLECT_KERNEL, COLLECT_RANK_LOGS]
     return v
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _LogCase:
     """The verdict the logs are asked about, and what every rule weighs: whether it is weak
     (an unexplained signal, an exit status alone) and a SIGKILL, the job's records by what
@@ -118,41 +110,50 @@ class _LogCase:
     g: LogRecords
     k: KernelRecords
     kernel_given: bool
-    collect: list[str]
     who: str
-    items: list[EvidenceItem]
     sigkill: bool
     weak: bool
     jobs: dict[str, JobRecord]
     death: float | None
 
 
-def _agent_signalled(c: _LogCase) -> Verdict | None:
+@dataclass(frozen=True, slots=True)
+class _Told:
+    """What a rule for logs found when it answers: its verdict, the evidence it cites (after
+    the autopsy's), what to collect next time, and whether every rank was torn down."""
+
+    kind: Kind
+    confidence: Confidence
+    summary: str
+    items: tuple[EvidenceItem, ...] = ()
+    collect: tuple[str, ...] = ()
+    all_torn_down: bool = False
+
+
+def _agent_signalled(c: _LogCase) -> _Told | None:
     """torchrun's agent itself got the signal and shut every rank down with it."""
-    v, g, items, weak = c.v, c.g, c.items, c.weak
+    g, weak = c.g, c.weak
     signalled = next((rec for rec in g.agent if isinstance(rec, DeathSignal)), None)
     if signalled is not None and weak:
         name = signal_name(signalled.signal) or "a signal"
-        items.append(EvidenceItem("torchrun", None, signalled.line))
         hint = " (the terminal or SSH session it ran in closed)" if signalled.signal == _signal.SIGHUP else ""
         # no sender told: SIGHUP, SIGINT are a terminal's, a person's (likely); a SIGTERM may
         # as well be an OOM daemon's or an eviction's (possible)
-        return verdict_with(
-            v,
+        return _Told(
             Kind.EXTERNAL_SIGNAL,
             Confidence.POSSIBLE if signalled.signal == _signal.SIGTERM else Confidence.LIKELY,
             f"The torchrun agent itself received {name}{hint} and shut every rank down with it; no rank "
             "failed on its own.",
-            items,
+            (EvidenceItem("torchrun", None, signalled.line),),
             all_torn_down=True,
         )
     return None
 
 
-def _scheduler_record(c: _LogCase) -> Verdict | None:
+def _scheduler_record(c: _LogCase) -> _Told | None:
     """A scheduler's record of what ended the job: a memory kill, its policy, an eviction, a
     time limit, a preemption, a cancel."""
-    v, who, items, sigkill, weak, jobs = c.v, c.who, c.items, c.sigkill, c.weak, c.jobs
+    v, who, sigkill, weak, jobs = c.v, c.who, c.sigkill, c.weak, c.jobs
     if weak and (sigkill or v.victim.exit_code is None):
         for what, kind, text in (
             (
@@ -199,70 +200,62 @@ def _scheduler_record(c: _LogCase) -> Verdict | None:
             job = jobs.get(what)
             if job is None:
                 continue
-            items.append(EvidenceItem(job.source, None, job.line))
             src = SOURCES.get(job.source, job.source)
             unit = {"slurm": "step", "kubernetes": "container", "docker": "container"}.get(
                 job.source, "cgroup"
             )
             scope = f" in {job.scope}" if job.scope else ""
-            return verdict_with(
-                v, kind, Confidence.LIKELY, text.format(src=src, scope=scope, who=who, unit=unit), items
-            )
+            said = text.format(src=src, scope=scope, who=who, unit=unit)
+            return _Told(kind, Confidence.LIKELY, said, (EvidenceItem(job.source, None, job.line),))
     return None
 
 
-def _relayed_memory_kill(c: _LogCase) -> Verdict | None:
+def _relayed_memory_kill(c: _LogCase) -> _Told | None:
     """An exception that only relays another process's abrupt death, beside the job's memory kill."""
-    v, g, who, items, jobs = c.v, c.g, c.who, c.items, c.jobs
+    v, g, who, jobs = c.v, c.g, c.who, c.jobs
     relay = relayed_death(v, g)
     memory = next((jobs[w] for w in MEMORY_RECORDS if w in jobs), None)
     if relay is not None and memory is not None:
         # the exception only relays that a worker, an actor or a child died abruptly: the
         # job's memory killer, which kills without a word to the process, is why
-        items += [EvidenceItem("output", None, relay), EvidenceItem(memory.source, None, memory.line)]
         scope = f" in {memory.scope}" if memory.scope else ""
-        return verdict_with(
-            v,
+        return _Told(
             MEMORY_RECORDS[memory.what],
             Confidence.LIKELY,
             f"{who} ended on an exception that only relays another process's abrupt death "
             f"({relay.strip()[:160]}), and {SOURCES.get(memory.source, memory.source)} reports "
             f"a memory kill{scope}: that process was most likely killed for memory (the record "
             "names no pid).",
-            items,
+            (EvidenceItem("output", None, relay), EvidenceItem(memory.source, None, memory.line)),
         )
     return None
 
 
-def _untied_oom_record(c: _LogCase) -> Verdict | None:
+def _untied_oom_record(c: _LogCase) -> _Told | None:
     """A kernel OOM record near the death that does not name the rank's pid."""
-    v, g, k, who, items, sigkill, weak, death = c.v, c.g, c.k, c.who, c.items, c.sigkill, c.weak, c.death
+    v, g, k, who, sigkill, weak, death = c.v, c.g, c.k, c.who, c.sigkill, c.weak, c.death
     untied = untied_oom(v, g, k) if weak and sigkill else None
     if untied is not None and not far(k.oom_at.get(untied[0].pid), death):
         oom, why = untied
-        items += [EvidenceItem("kmsg", None, line) for line in oom.lines]
         memcg = oom.scope == "memcg" or oom.oom_memcg is not None
-        return verdict_with(
-            v,
+        return _Told(
             Kind.CGROUP_OOM if memcg else Kind.KERNEL_OOM,
             Confidence.LIKELY if near(k.oom_at.get(oom.pid), death) else Confidence.POSSIBLE,
             f"{who} was SIGKILLed and the kernel's OOM killer killed pid {oom.pid} ({oom.comm})"
             + (f" for the limit of memory cgroup {oom.oom_memcg}" if oom.oom_memcg else "")
             + why,
-            items,
+            tuple(EvidenceItem("kmsg", None, line) for line in oom.lines),
         )
     return None
 
 
-def _userspace_near(c: _LogCase) -> Verdict | None:
+def _userspace_near(c: _LogCase) -> _Told | None:
     """A userspace OOM daemon's kill near the death."""
-    v, g, who, items, sigkill, weak, death = c.v, c.g, c.who, c.items, c.sigkill, c.weak, c.death
+    v, g, who, sigkill, weak, death = c.v, c.g, c.who, c.sigkill, c.weak, c.death
     near_kills = [u for u, at in zip(g.userspace, g.userspace_at, strict=True) if near(at, death)]
     if weak and near_kills and (sigkill or v.victim.exit_code is None):
         u = near_kills[0]
-        items.append(EvidenceItem(u.daemon, None, u.detail))
-        return verdict_with(
-            v,
+        return _Told(
             Kind.USERSPACE_OOM,
             Confidence.LIKELY,
             f"The userspace OOM daemon {u.daemon} killed "
@@ -270,17 +263,17 @@ def _userspace_near(c: _LogCase) -> Verdict | None:
             + f", and {who} died by it (its record names the "
             + ("cgroup" if u.cgroup else "pid")
             + ", the logs do not tie it to the rank).",
-            items,
+            (EvidenceItem(u.daemon, None, u.detail),),
         )
     return None
 
 
-def _partial_oom_record(c: _LogCase) -> Verdict | None:
+def _partial_oom_record(c: _LogCase) -> _Told | None:
     """A kernel OOM record cut off before it names its victim."""
-    v, k, items, sigkill, weak = c.v, c.k, c.items, c.sigkill, c.weak
+    v, k, sigkill, weak = c.v, c.k, c.sigkill, c.weak
     if weak and k.partial and (sigkill or v.victim.exit_code is None):
         constraint, line = k.partial[0]
-        items.append(EvidenceItem("kmsg", None, line.text))
+        items = [EvidenceItem("kmsg", None, line.text)]
         biggest = max(k.tasks.items(), key=lambda kv: kv[1][0]) if k.tasks else None
         size = ""
         if biggest is not None:
@@ -300,63 +293,58 @@ def _partial_oom_record(c: _LogCase) -> Verdict | None:
             if biggest
             else ""
         )
-        return verdict_with(
-            v,
+        return _Told(
             Kind.CGROUP_OOM if memcg else Kind.KERNEL_OOM,
             Confidence.LIKELY,
             ("A memory cgroup's limit" if memcg else "The machine running out of memory")
             + f" made the kernel's OOM killer act ({constraint}), but the record is cut off before it names "
             f"the victim{tail}.",
-            items,
+            tuple(items),
         )
     return None
 
 
-def _catalog_told(c: _LogCase) -> Verdict | None:
+def _catalog_told(c: _LogCase) -> _Told | None:
     """A catalog message in the job's lines that tells what ended the rank."""
-    v, g, k, who, items, weak, death = c.v, c.g, c.k, c.who, c.items, c.weak, c.death
+    v, g, k, who, weak, death = c.v, c.g, c.k, c.who, c.weak, c.death
     told = catalog_says(v, g, k, death) if weak else None
     if told is not None:
         hit, confidence = told
         m = hit.message
-        items.append(EvidenceItem(m.emitter, None, hit.line))
-        items.append(EvidenceItem("catalog", None, f"{m.id}: {m.mechanism}"))
-        return verdict_with(v, m.kind or Kind.UNKNOWN, confidence, m.told(who, hit.fields), items)
+        items = (
+            EvidenceItem(m.emitter, None, hit.line),
+            EvidenceItem("catalog", None, f"{m.id}: {m.mechanism}"),
+        )
+        return _Told(m.kind or Kind.UNKNOWN, confidence, m.told(who, hit.fields), items)
     return None
 
 
-def _shm_unmeasured(c: _LogCase) -> Verdict | None:
+def _shm_unmeasured(c: _LogCase) -> _Told | None:
     """A DataLoader worker's bus error blamed on /dev/shm, which only the daemon can measure."""
-    v, collect, who, items = c.v, c.collect, c.who, c.items
+    v, who = c.v, c.who
     if v.kind == Kind.BUS_ERROR and v.facts.shm_exhausted:
         # the DataLoader's message guesses /dev/shm; only the daemon can measure it
-        collect.append(
-            "The size and use of /dev/shm where the job ran: `df -h /dev/shm` (in Docker, --shm-size)."
-        )
-        return verdict_with(
-            v,
+        return _Told(
             Kind.BUS_ERROR,
             Confidence.POSSIBLE,
             f"{who}: a DataLoader worker died of SIGBUS. Its message blames shared memory (/dev/shm), "
             "the usual "
             "cause, but these logs do not show /dev/shm's size or use (a memory-mapped file on a failing "
             "volume does the same).",
-            items,
+            collect=(
+                "The size and use of /dev/shm where the job ran: `df -h /dev/shm` (in Docker, --shm-size).",
+            ),
         )
     return None
 
 
-def _sigkill_unexplained(c: _LogCase) -> Verdict | None:
+def _sigkill_unexplained(c: _LogCase) -> _Told | None:
     """A SIGKILL no record explains: unknown without the kernel log, from outside with it."""
-    v, g, kernel_given, collect, who, items = c.v, c.g, c.kernel_given, c.collect, c.who, c.items
+    v, g, kernel_given, who = c.v, c.g, c.kernel_given, c.who
     if v.kind == Kind.EXTERNAL_SIGNAL and v.victim.signal == _signal.SIGKILL:
         low = [j for j in g.jobs if j.what == "memory_usage" and j.value is not None and j.value < 60]
         if not kernel_given:
-            collect += [COLLECT_KERNEL, COLLECT_CGROUP]
-            if low:
-                items.append(EvidenceItem(low[-1].source, None, low[-1].line))
-            return verdict_with(
-                v,
+            return _Told(
                 Kind.UNKNOWN,
                 Confidence.POSSIBLE,
                 f"{who} was killed by SIGKILL and these logs do not say by whom. Most often that is the "
@@ -365,34 +353,33 @@ def _sigkill_unexplained(c: _LogCase) -> Verdict | None:
                 "or a person"
                 + (f"; the last host-memory reading was only {low[-1].value:g}% used" if low else "")
                 + ". The kernel log decides.",
-                items,
+                (EvidenceItem(low[-1].source, None, low[-1].line),) if low else (),
+                (COLLECT_KERNEL, COLLECT_CGROUP),
             )
-        items.append(
-            EvidenceItem(
-                "kmsg",
-                None,
-                "no OOM record in the kernel log given names "
-                + (f"pid {v.victim.pid}" if v.victim.pid else "a process of this death"),
-            )
-        )
-        collect.append(COLLECT_CGROUP)
-        return verdict_with(
-            v,
+        return _Told(
             Kind.EXTERNAL_SIGNAL,
             Confidence.POSSIBLE,
             f"{who} was killed by SIGKILL, and the kernel log given has no OOM record naming it: if that log "
             "covers this node at the time of the death, the kill came from outside (a scheduler, a person, "
             "a container runtime enforcing its limit, a userspace OOM daemon).",
-            items,
+            (
+                EvidenceItem(
+                    "kmsg",
+                    None,
+                    "no OOM record in the kernel log given names "
+                    + (f"pid {v.victim.pid}" if v.victim.pid else "a process of this death"),
+                ),
+            ),
+            (COLLECT_CGROUP,),
         )
     return None
 
 
-def _unknown(c: _LogCase) -> Verdict | None:
+def _unknown(c: _LogCase) -> _Told | None:
     """Neither how nor why: what the logs do hold, and what would decide."""
-    v, g, collect, who, items, jobs = c.v, c.g, c.collect, c.who, c.items, c.jobs
+    v, g, who, jobs = c.v, c.g, c.who, c.jobs
     if v.kind == Kind.UNKNOWN:
-        collect += [COLLECT_KERNEL, COLLECT_RANK_LOGS]
+        items: list[EvidenceItem] = []
         context = []
         ds = [j for j in g.jobs if j.source == "deepspeed" and j.what == "teardown"]
         if ds:
@@ -412,14 +399,14 @@ def _unknown(c: _LogCase) -> Verdict | None:
         if low:
             items.append(EvidenceItem(low[-1].source, None, low[-1].line))
             context.append(f"the last host-memory reading was {low[-1].value:g}% used")
-        return verdict_with(
-            v,
+        return _Told(
             Kind.UNKNOWN,
             Confidence.POSSIBLE,
             f"{who} ended, and these logs say neither how nor why"
             + ("; " + "; ".join(context) if context else "")
             + ". The kernel log and the ranks' own output decide.",
-            items,
+            tuple(items),
+            (COLLECT_KERNEL, COLLECT_RANK_LOGS),
         )
     return None
 
