@@ -46,49 +46,14 @@ def postmortem_command(ns: argparse.Namespace, env: Mapping[str, str]) -> int:
     the postmortem directory, else the one the local daemon serves (its --host and --port,
     or their TRAINWATCH_* variables)."""
     import json
-    import urllib.error
-    import urllib.request
 
-    from sidecar.postmortem import ID_PATTERN, SCHEMA, PostmortemStore, render_text
+    from sidecar.front.postmortems import find_postmortem
+    from sidecar.postmortem import render_text
 
     settings = settings_from(ns, env, POSTMORTEM)
-    directory = settings.postmortem_dir
     host = settings.host if settings.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
     local = f"http://{'[' + host + ']' if ':' in host else host}:{settings.port}/postmortem"
-    what: str | None = ns.what
-    doc = None
-    if what and (what.startswith("http://") or what.startswith("https://")):
-        url = what if "/postmortem" in what else what.rstrip("/") + "/postmortem"
-        try:
-            with urllib.request.urlopen(url, timeout=10) as r:
-                doc = json.loads(r.read())
-        except (urllib.error.URLError, ValueError, OSError) as exc:
-            raise ConfigError(f"{what}: cannot fetch a postmortem: {getattr(exc, 'reason', exc)}") from None
-    elif what and (os.path.sep in what or what.endswith(".json")):
-        try:
-            with open(what, encoding="utf-8") as f:
-                doc = json.load(f)
-        except OSError as exc:
-            raise ConfigError(f"{what}: {exc.strerror}") from None
-        except ValueError:
-            raise ConfigError(f"{what}: not a postmortem (not JSON)") from None
-    else:
-        if what and not ID_PATTERN.match(what):
-            raise ConfigError(f"{what!r} is not a postmortem id, a path or a URL")
-        store = PostmortemStore(directory)
-        doc = store.get(what) if what else store.newest()
-        if doc is None and what is None:
-            try:
-                with urllib.request.urlopen(local, timeout=3) as r:
-                    doc = json.loads(r.read())
-            except (urllib.error.URLError, ValueError, OSError):
-                doc = None
-        if doc is None:
-            raise ConfigError(
-                f"no postmortem {what or 'yet'} in {directory}" + ("" if what else f" nor at {local}")
-            )
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise ConfigError(f"not a {SCHEMA} document")
+    doc = find_postmortem(ns.what, settings.postmortem_dir, local)
     sys.stdout.write(json.dumps(doc, indent=1) + "\n" if ns.format == "json" else render_text(doc))
     return 0
 

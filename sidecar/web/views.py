@@ -59,7 +59,7 @@ def _stall_view(stall_of: Callable[[str], StallSnapshot | None] | None, job: str
 
 def ranks_view(
     snap: Snapshot | None,
-    stall_after: float = 60.0,
+    stall_after: float,
     stall_of: Callable[[str], StallSnapshot | None] | None = None,
 ) -> dict[str, Any]:
     """The JSON of ``GET /ranks``: attached jobs, their ranks and the last sample of each."""
