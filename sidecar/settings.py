@@ -57,7 +57,7 @@ class Settings:
     shm_path: str = "/dev/shm"
     disabled: frozenset[str] = frozenset()
     stall_after_seconds: float = 60.0  # a job whose ranks all idle this long is "stalled"
-    # run: end the job once ranks have been stranded this long (sampling/stranded.py); None: never
+    # run: end the job once ranks have been stranded this long (stalls/stranded.py); None: never
     end_stranded_after_seconds: float | None = None
     # run (no option): its TRAINWATCH_RUN_OUTPUT, by which its own Slurm step's tasks are known
     run_marker: str | None = None

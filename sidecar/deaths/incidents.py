@@ -77,7 +77,7 @@ class Incident:
     # judged after a restart of the daemon: (when the state was last saved, when it came back), wall
     reconstructed: tuple[float, float] | None = None
     untimed: set[int] = field(default_factory=set)  # deaths whose time nothing tells (after a restart)
-    # survivors alive and making no progress after the death (sampling/stranded.py): pid -> since, wall
+    # survivors alive and making no progress after the death (stalls/stranded.py): pid -> since, wall
     stranded: dict[int, float] = field(default_factory=dict)
 
 

@@ -83,7 +83,7 @@ class Autopsies:
         self.store = store
         self.timeline = timeline
         self.hostname = hostname
-        self.stall_of = stall_of  # the snapshot taken when the job stalled (stalls.py)
+        self.stall_of = stall_of  # the snapshot taken when the job stalled (stalls/tracker.py)
         self.warnings_of = warnings_of  # what foresight predicted for a job (foresight.py)
         self.save_journal = save_journal
         self.clock_ns = clock_ns

@@ -345,7 +345,7 @@ CAP_IPC_LOCK, CAP_SYS_NICE, CAP_SYS_RESOURCE = 14, 23, 24
 
 
 def _self_protection(settings: Settings) -> list[Check]:
-    """What the daemon will be granted to survive the OOM it explains (guard.py)."""
+    """What the daemon will be granted to survive the OOM it explains (protection.py)."""
     import resource
 
     root = settings.proc_root

@@ -16,7 +16,7 @@ container's stop) is passed on to the command once. Ranks are in sessions of the
 (torchrun starts them so), so neither reaches them except through torchrun.
 
 ``--end-stranded-after DURATION`` (off by default): once ranks of the job have been stranded
-that long (alive and making no progress after another rank died: ``sampling/stranded.py``),
+that long (alive and making no progress after another rank died: ``stalls/stranded.py``),
 run ends its own job: SIGTERM to the command and to every rank it watches (through pidfds, so
 a pid reused meanwhile is never signalled), SIGKILL to what is left ``STRANDED_GRACE_S``
 later; it then exits with ``ENDED_STRANDED``. The daemon itself never signals a job.

@@ -112,7 +112,7 @@ class Fate(_Word):
     TERMINATED_BY_AGENT = "terminated_by_agent"
     EXITED_CLEANLY = "exited_cleanly"
     RUNNING = "running"
-    # alive, making no progress, after another rank of its job died (sampling/stranded.py)
+    # alive, making no progress, after another rank of its job died (stalls/stranded.py)
     STRANDED = "stranded"
     UNKNOWN = "unknown"
 
@@ -345,7 +345,7 @@ class RankSample:
     # None when NVML reports no utilisation for it: no GPU, or not supported)
     gpu_sm_percent: float | None = None
     gpu_memory_percent: float | None = None
-    progress: RankProgress | None = None  # sampling/stalls.py's judgement of this rank
+    progress: RankProgress | None = None  # stalls/tracker.py's judgement of this rank
     # where its rank number came from: the launcher's variable (RANK, LOCAL_RANK), or
     # "order" (its place among the launcher's children, its environment unreadable)
     rank_source: str = "RANK"

@@ -2,7 +2,7 @@
 Python stack with ``py-spy dump --nonblocking`` (reads the rank's memory without pausing
 it), a flight-recorder dump asked through the job's own FIFO (``TORCH_NCCL_DEBUG_INFO_PIPE_FILE``)
 and read back through the safe-read helper, and the snapshot document the postmortem
-carries as ``stall``. The judging itself is ``stalls.py``'s.
+carries as ``stall``. The judging itself is ``tracker.py``'s.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ A live rank is **stranded** when
 * another rank of its job died abnormally: a death the death watch counted
   (``DeathLedger.times``) in its job and worker generation, or in another job here with
   the same launcher id (another agent of a multi-node job, run on this node); and
-* the stall tracker (``stalls.py``) judges it making no progress (idle: no CPU and no GPU;
+* the stall tracker (``tracker.py``) judges it making no progress (idle: no CPU and no GPU;
   its GPU busy while a peer's is silent; in a collective that completed nothing between
   flight-recorder dumps), and it has made none for ``STRANDED_AFTER_S`` since the later of
   the death and its last progress. (The tracker judges over a window of a few seconds: a

@@ -27,7 +27,7 @@ Where this differs from the toolkit, it refuses rather than serve otherwise:
 ``RequestClientCert`` and ``RequireAnyClientCert`` accept a client certificate without
 verifying it, which Python's ``ssl`` cannot do; a list of several curves needs a Python
 whose ``ssl`` sets groups; ``http2: true`` needs an HTTP/2 server. The server reads the file
-again when it or a file it names changes (``webguard.py``). Needs PyYAML and bcrypt,
+again when it or a file it names changes (``guard.py``). Needs PyYAML and bcrypt,
 the ``web`` extra (``pip install '.[web]'`` from a clone, or the wheel with ``[web]``).
 """
 
