@@ -64,7 +64,7 @@ docs: setup
 	.venv/bin/python -m sidecar.metrics.table > docs/metrics.md
 	.venv/bin/python -m sidecar.dashboard > dashboards/trainwatch.json
 
-# Every parser and input the daemon reads, on many random inputs (tests/fuzz.py); CI runs
+# Every parser and input the daemon reads, on many random inputs (tests/support/fuzz.py); CI runs
 # the same targets on a small budget. EXAMPLES per target (default 5000).
 fuzz: setup
 	.venv/bin/python scripts/fuzz --examples $${EXAMPLES:-5000}

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import results
 from sidecar.front.demo import join_cgroup, memory_cgroup, memory_hierarchy
-from tests.e2e import DaemonProc, TorchrunJob, wait_for
+from tests.support.e2e import DaemonProc, TorchrunJob, wait_for
 
 GIB = 1 << 30
 

@@ -5,7 +5,7 @@ is ever confidently wrong, on each half of the corpus.
 
 Reads tests/fixtures/public-logs/cases.jsonl (one real incident a line, from public issue
 threads, with the cause the thread supports, the thread's URL, the torch version and the
-launcher). The corpus is split by a fixed hash of each thread's URL (tests/corpus.py): the
+launcher). The corpus is split by a fixed hash of each thread's URL (tests/support/corpus.py): the
 `dev` half may be read while writing rules, the `held_out` half is only scored here. Prints,
 per case, the truth, the answer and its confidence, then per half, per kind and per
 launcher: the cases right, the decisive ones right (those whose excerpt holds the record
@@ -26,8 +26,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import results
-from tests.corpus import HALVES, half
-from tests.test_diagnose_units import CASES, CONFIDENT, score
+from tests.support.corpus import HALVES, half
+from tests.support.paths import PUBLIC_CASES as CASES
+from tests.support.scoring import CONFIDENT, score
 
 
 def _tally(rows: list[dict[str, Any]]) -> dict[str, int]:

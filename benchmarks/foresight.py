@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import results
 from sidecar.front.demo import join_cgroup, memory_cgroup, memory_hierarchy
 from sidecar.trend import theil_sen
-from tests.e2e import DaemonProc, TorchrunJob, wait_for
+from tests.support.e2e import DaemonProc, TorchrunJob, wait_for
 
 GIB = 1 << 30
 MB = 10**6
@@ -237,7 +237,7 @@ def main() -> int:
         raise SystemExit("needs root and a writable memory cgroup hierarchy")
     kinds = args.kinds.split(",")
     if "global" in kinds:
-        from tests.skips import global_oom_allowed  # (pytest: not needed for cgroup runs alone)
+        from tests.support.skips import global_oom_allowed  # (pytest: not needed for cgroup runs alone)
 
         ok, why = global_oom_allowed()
         if not ok:

@@ -35,8 +35,10 @@ run nccl-timeout --mode nccl-timeout
 run cuda-oom --mode cuda-oom
 ls -la "$W/fr" >> "$W/summary.txt"
 "$py" -m sidecar doctor > "$W/doctor.txt" 2>&1
-timeout 300 "$py" -m pytest -q -p no:cacheprovider tests/test_e2e_run.py tests/test_e2e_fallbacks.py \
-  tests/test_fallback_units.py tests/test_rank_output_units.py > "$W/pytest.txt" 2>&1
+timeout 300 "$py" -m pytest -q -p no:cacheprovider tests/e2e/test_run.py tests/e2e/test_fallbacks.py \
+  tests/unit/parse/test_torchrun.py tests/unit/parse/test_oomd.py tests/unit/parse/test_ranks.py \
+  tests/unit/watch/test_pidfds.py tests/unit/probes/test_outputs.py tests/unit/autopsy/test_said.py \
+  > "$W/pytest.txt" 2>&1
 echo "pytest: exit $?" | tee -a "$W/summary.txt"
 tail -3 "$W/pytest.txt"
 cat "$W/summary.txt"

@@ -4,7 +4,7 @@ and how soon a survivor the death left waiting is reported stranded.
     python benchmarks/launchers.py [--runs N] [--name NAME] [--only LAUNCHER]...
 
 For each launcher (torchrun, DeepSpeed's, torch.multiprocessing.spawn, Lightning's, Open
-MPI's mpirun, a step of the test Slurm: tests/slurm.py), N real jobs of two ranks (gloo on
+MPI's mpirun, a step of the test Slurm: tests/support/slurm.py), N real jobs of two ranks (gloo on
 CPU, tests/workloads/), one after another, each watched by a real daemon sampling every
 second:
 
@@ -43,8 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import results
 from sidecar.sampling.spawned import GROUP_THREAD_PREFIXES
-from tests import slurm
-from tests.e2e import (
+from tests.support import slurm
+from tests.support.e2e import (
     DaemonProc,
     DeepSpeedJob,
     LightningJob,
@@ -57,7 +57,7 @@ from tests.e2e import (
     settled_postmortem,
     wait_for,
 )
-from tests.skips import met
+from tests.support.skips import met
 
 TICKS = os.sysconf("SC_CLK_TCK")
 BOOT = next(

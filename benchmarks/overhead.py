@@ -55,7 +55,7 @@ from benchmarks import results  # noqa: E402
 from sidecar.daemon import Sampler  # noqa: E402
 from sidecar.probes.gpu import GpuProbe  # noqa: E402
 from sidecar.settings import Settings  # noqa: E402
-from tests.e2e import DaemonProc, free_port  # noqa: E402
+from tests.support.e2e import DaemonProc, free_port  # noqa: E402
 
 MARK = "trainwatch-bench"
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -172,7 +172,7 @@ def sampler_cost(watched: int, rounds: int) -> tuple[float, float, float, int]:
 
 
 class Daemon(DaemonProc):
-    """The real daemon (tests/e2e.py starts it) plus a kept-alive HTTP connection."""
+    """The real daemon (tests/support/e2e.py starts it) plus a kept-alive HTTP connection."""
 
     def __init__(self, interval: float, *args: str, cwd: Path | None = None) -> None:
         self.tmp = tempfile.mkdtemp()

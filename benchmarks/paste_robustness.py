@@ -4,7 +4,7 @@
 
 Every case of the public corpus (every tests/fixtures/public-logs/cases*.jsonl, or the files
 named) is diagnosed as collected, then again
-with each perturbation of tests/pastes.py applied (a prefix family on every line, colours,
+with each perturbation of tests/support/pastes.py applied (a prefix family on every line, colours,
 CRLF, wraps at 80 and 120 columns as a terminal and as a web page does, every input in one
 file, one file per rank). A verdict is the killer's kind, its confidence and the victim's
 rank; a perturbation changes a case when the kind or the confidence differs from the case
@@ -29,9 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import results
 from sidecar.diagnose import LogInput, diagnose
-from tests.corpus import half
-from tests.pastes import PERTURBATIONS
-from tests.test_diagnose_units import CASES, CONFIDENT
+from tests.support.corpus import half
+from tests.support.pastes import PERTURBATIONS
+from tests.support.paths import PUBLIC_CASES as CASES
+from tests.support.scoring import CONFIDENT
 
 
 def verdict(case: dict[str, Any], evidence: list[tuple[str, str]]) -> tuple[str, str, Any]:

@@ -30,7 +30,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from benchmarks import results  # noqa: E402
 from benchmarks.overhead import Tree, cpu_seconds  # noqa: E402
-from tests.e2e import DaemonProc, value, wait_for  # noqa: E402
+from tests.support.e2e import DaemonProc, value, wait_for  # noqa: E402
 
 
 def attached(daemon: DaemonProc, ranks: int, processes: int, pss: bool) -> bool:

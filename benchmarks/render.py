@@ -319,7 +319,7 @@ def diagnose() -> str:
         f"On the {r['cases']} real incidents of `{r['cases_file']}` (public issue threads, each with its URL, torch"
         f" version and launcher; `python benchmarks/diagnose_accuracy.py`, {doc['date'][:10]}, commit"
         f" `{doc['commit']}`), split by a fixed hash of each thread's URL into a half that may be read while"
-        " writing rules (`dev`) and a half that is only scored (`held_out`; tests/corpus.py):",
+        " writing rules (`dev`) and a half that is only scored (`held_out`; tests/support/corpus.py):",
         "",
         "| half | cases | right | decisive cases | decisive right | wrong given as `certain`/`likely` |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
@@ -446,7 +446,7 @@ def pastes() -> str:
     out = [
         f"Every case of the corpus ({next(iter(per.values()))['cases']}, the {len(r.get('cases_files', [1]))}"
         f" files of `tests/fixtures/public-logs/`), each pasted {len(per)} ways"
-        " (`python benchmarks/paste_robustness.py`, the perturbations in `tests/pastes.py`,"
+        " (`python benchmarks/paste_robustness.py`, the perturbations in `tests/support/pastes.py`,"
         f" {doc['date'][:10]}, commit `{doc['commit']}`): a case changes when its kind or confidence"
         " differs from the case as collected, or its victim's rank where it had one.",
         "",
@@ -463,7 +463,7 @@ def pastes() -> str:
         "",
         f"In all, {r['changed_total']} of {len(per) * next(iter(per.values()))['cases']} pasted cases changed"
         f" (halves: {', '.join(halves) or 'none'}), {r['confident_wrong_total']} of them to a confident wrong"
-        " answer; `tests/test_parse_pasted.py` holds every dev-half case of `cases.jsonl` to no change at all"
+        " answer; `tests/unit/parse/test_pasted.py` holds every dev-half case of `cases.jsonl` to no change at all"
         " and its held-out half to no new confident-wrong answer.",
         "",
     ]

@@ -29,8 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import results
-from tests.e2e import REPO, DaemonProc
-from tests.storyfakes import Cluster
+from tests.support.e2e import REPO, DaemonProc
+from tests.support.storyfakes import Cluster
 
 
 def main() -> int:

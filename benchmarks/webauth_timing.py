@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bcrypt
 
 from benchmarks import results
-from tests.e2e import REPO, DaemonProc
+from tests.support.e2e import REPO, DaemonProc
 
 
 def timed(url: str, user: str, password: str) -> tuple[float, int]:

@@ -58,7 +58,7 @@ def _keep_postmortems(request: pytest.FixtureRequest) -> Any:
 
 
 # -- what the suite left out ------------------------------------------------------------
-# tests/skips.py holds the table of preconditions; here every skip and every left-out check
+# tests/support/skips.py holds the table of preconditions; here every skip and every left-out check
 # is listed at the end, and under TRAINWATCH_STRICT_SKIPS=1 one whose key is not allowed
 # (tests/allowed-skips.txt) fails the session.
 
@@ -70,9 +70,9 @@ _LEFT_OUT_PROPERTY = "trainwatch_left_out"
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    """A check left out is recorded where the test ran (tests.skips.LEFT_OUT, in an xdist
+    """A check left out is recorded where the test ran (tests.support.skips.LEFT_OUT, in an xdist
     worker's memory): carry it on the test's report, which reaches the controller."""
-    from tests import skips
+    from tests.support import skips
 
     outcome = yield
     report = outcome.get_result()
@@ -90,7 +90,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def _unexpected() -> tuple[list[str], list[str]]:
-    from tests import skips
+    from tests.support import skips
 
     allowed = skips.allowed()
     lines, bad = [], []
@@ -130,7 +130,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if hasattr(session.config, "workerinput"):
         return  # an xdist worker: the controller judges, from every worker's reports
-    from tests import slurm
+    from tests.support import slurm
 
     slurm.stop()  # the test Slurm, if a test started it (every worker has ended by now)
     if os.environ.get("TRAINWATCH_STRICT_SKIPS") == "1" and _unexpected()[1] and exitstatus == 0:
@@ -138,7 +138,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """In an xdist worker, say so to this process only (tests/e2e.py scopes its daemons by
+    """In an xdist worker, say so to this process only (tests/support/e2e.py scopes its daemons by
     it): PYTEST_XDIST_WORKER alone is inherited by every child, a nested pytest's included."""
     if hasattr(config, "workerinput"):
         os.environ["TRAINWATCH_XDIST_PID"] = str(os.getpid())

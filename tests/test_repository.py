@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.e2e import REPO
+from tests.support.e2e import REPO
 
 ELISION = "..."  # a line of its own in the README's excerpt: lines were cut here
 
@@ -148,7 +148,7 @@ def test_nothing_reads_beside_the_clone():
 
 def _strict_run(tmp_path: Path, body: str, *extra: str) -> subprocess.CompletedProcess[str]:
     probe = tmp_path / "test_probe.py"
-    probe.write_text("from tests.skips import left_out, skip\nimport pytest\n\n" + body)
+    probe.write_text("from tests.support.skips import left_out, skip\nimport pytest\n\n" + body)
     env = dict(os.environ, TRAINWATCH_STRICT_SKIPS="1")
     return subprocess.run(
         [

@@ -1,4 +1,4 @@
-"""A job submitit runs past its time limit (tests/test_e2e_diagnose.py): submitit's local
+"""A job submitit runs past its time limit (tests/e2e/test_diagnose.py): submitit's local
 executor starts this process's ``work`` with a time limit of a few seconds and sends its
 warning signal (SIGUSR2) before it; ``work`` is not checkpointable, so submitit's own
 handler ends it ("Job not requeued because: timed-out and not checkpointable.").

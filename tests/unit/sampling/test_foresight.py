@@ -1,0 +1,203 @@
+"""The trend under the OOM forecast (sidecar/sampling/foresight.py) on series with known shapes: a
+leak's rate is found, a step or a steady job's noise never makes a prediction that lasts,
+and the daemon-facing ``Foresight`` picks the binding limit and warns once per episode.
+The real leaking jobs are in tests/e2e/test_foresight.py and benchmarks/foresight.py."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+
+from sidecar.model import CgroupSample, HostSample, JobSample, MemoryCharge, ProcKey, RankSample, Snapshot
+from sidecar.sampling.foresight import CONFIRM_SECONDS, Foresight, Series, growth_rate
+from sidecar.trend import theil_sen
+
+MB = 10**6
+GIB = 2**30
+
+
+def _feed(values: list[tuple[float, float]]) -> list[float | None]:
+    """The confirmed rate after each point, as the daemon would see it."""
+    series = Series()
+    out = []
+    for t, v in values:
+        series.add(t, v)
+        out.append(series.rate)
+    return out
+
+
+def test_theil_sen_ignores_an_outlier() -> None:
+    points = [(float(t), 10.0 * t) for t in range(10)]
+    points[4] = (4.0, 1e9)
+    assert theil_sen(points) == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize("rate", [20 * MB, 100 * MB, 500 * MB])
+@pytest.mark.parametrize("interval", [1.0, 0.1])
+def test_a_steady_leak_is_measured(rate: float, interval: float) -> None:
+    rng = random.Random(1)
+    n = int(60 / interval)
+    values = [(i * interval, 4 * GIB + rate * i * interval + rng.gauss(0, 2 * MB)) for i in range(n)]
+    rates = _feed(values)
+    assert rates[-1] == pytest.approx(rate, rel=0.1)
+    # believed only after it held for CONFIRM_SECONDS, but within ~10 s of the start
+    first = next(i for i, r in enumerate(rates) if r is not None)
+    assert CONFIRM_SECONDS <= values[first][0] <= 12
+
+
+def test_a_leak_that_starts_late_is_found_in_the_short_window() -> None:
+    values = [(float(t), 2.0 * GIB) for t in range(60)]
+    values += [(60.0 + t, 2.0 * GIB + 300 * MB * t) for t in range(1, 15)]
+    rates = _feed(values)
+    found = [values[i][0] for i, r in enumerate(rates) if r is not None]
+    assert found and found[0] - 60 <= 10
+    assert rates[-1] == pytest.approx(300 * MB, rel=0.1)
+
+
+@pytest.mark.parametrize("interval", [1.0, 0.1])
+@pytest.mark.parametrize("ramp_seconds", [0.0, 1.0, 2.0])
+def test_a_checkpoint_load_is_no_lasting_prediction(interval: float, ramp_seconds: float) -> None:
+    """A step (instant or over a second or two of loading) then flat: nothing confirmed."""
+    rng = random.Random(2)
+    values = []
+    for i in range(int(120 / interval)):
+        t = i * interval
+        ramp = min(1.0, max(0.0, (t - 30) / ramp_seconds)) if ramp_seconds else float(t >= 30)
+        values.append((t, 1 * GIB + 6 * GIB * ramp + rng.gauss(0, 1 * MB)))
+    assert all(r is None for r in _feed(values))
+
+
+@pytest.mark.parametrize("noise_mb", [0.1, 5.0, 200.0])
+def test_a_steady_job_predicts_nothing(noise_mb: float) -> None:
+    """Noise (a training step's batches come and go) and a sawtooth: never a prediction."""
+    rng = random.Random(3)
+    values = [(t * 0.5, 3 * GIB + rng.gauss(0, noise_mb * MB) + (t % 7) * noise_mb * MB) for t in range(1200)]
+    assert all(r is None for r in _feed(values))
+
+
+def test_a_staircase_leak_of_one_step_per_iteration_is_a_leak() -> None:
+    """50 MB leaked once per 3 s iteration, sampled every second."""
+    values = [(float(t), 1 * GIB + 50 * MB * (t // 3)) for t in range(90)]
+    rate = _feed(values)[-1]
+    assert rate is not None and rate == pytest.approx(50 * MB / 3, rel=0.5)
+
+
+def test_a_leak_that_stops_is_forgotten_within_a_window() -> None:
+    values = [(float(t), 1 * GIB + 50 * MB * min(t, 60)) for t in range(90)]
+    rates = _feed(values)
+    assert rates[59] is not None
+    assert all(r is None for r in rates[60 + 45 // 4 + 1 :])  # a quarter of the longest window
+
+
+def test_growth_rate_needs_points() -> None:
+    assert growth_rate([(0.0, 1.0), (1.0, 2.0)], 1.0) is None
+
+
+# -- the daemon's side ---------------------------------------------------------------------
+
+
+def _rank(pid: int, unreclaimable: int, cgroup: str | None = "/job/rank") -> RankSample:
+    return RankSample(
+        "job", pid, str(pid), pid, 0, ProcKey(100 + pid, 1), unreclaimable, None, 1.0, 1,
+        unreclaimable, 1, cgroup, tree_unreclaimable_bytes=unreclaimable,
+    )  # fmt: skip
+
+
+def _snap(t: float, ranks: list[RankSample], committed: int, limit: int | None, available: int) -> Snapshot:
+    charge = MemoryCharge(committed, 0, 0, 0, committed, 0)
+    cgroups = (
+        CgroupSample("/job/rank", 1, committed, None, None, 0, 0, limited_by="/job" if limit else None,
+                     effective_limit_bytes=limit, charge=charge),
+        CgroupSample("/job", 1, committed, limit, None, 0, 0, limited_by="/job" if limit else None,
+                     effective_limit_bytes=limit, charge=charge),
+    )  # fmt: skip
+    job = JobSample("job", ProcKey(1, 1), "run", 2, 0, None, "train.py", 0.0, tuple(ranks))
+    host = HostSample(24 * GIB, available, 0, None, None, None, None, None, None)
+    return Snapshot(1000.0 + t, t, (job,), host, (), cgroups, {}, 1, 0, 0.0, 0)
+
+
+def test_a_leaking_rank_is_predicted_against_its_cgroup_limit_and_warned_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    foresight = Foresight()
+    limit = 6 * GIB
+    last = None
+    with caplog.at_level(logging.WARNING, logger="sidecar.foresight"):
+        for t in range(40):
+            leaky = 1 * GIB + 50 * MB * t
+            steady = 2 * GIB
+            last = foresight.update(
+                _snap(float(t), [_rank(0, steady), _rank(1, leaky)], steady + leaky, limit, 20 * GIB)
+            )
+    assert last is not None
+    r0, r1 = last.jobs[0].ranks
+    assert r0.exhaustion_seconds is None  # not growing: no prediction, whatever the limit does
+    assert r1.binding_limit is not None and r1.binding_limit.kind == "cgroup"
+    assert r1.binding_limit.path == "/job" and r1.binding_limit.limit_bytes == limit
+    room = limit - (2 * GIB + 1 * GIB + 50 * MB * 39)
+    assert r1.exhaustion_seconds == pytest.approx(room / (50 * MB), rel=0.05)
+    cg = {c.path: c for c in last.cgroups}
+    assert cg["/job"].exhaustion_seconds == pytest.approx(room / (50 * MB), rel=0.05)
+    assert cg["/job/rank"].exhaustion_seconds is None  # no limit of its own
+    warned = [r for r in caplog.records if "is growing" in r.getMessage()]
+    assert len(warned) == 1 and "rank 1 " in warned[0].getMessage() and "/job" in warned[0].getMessage()
+    (w,) = foresight.warnings("job")
+    assert w.rank == 1 and w.limit.path == "/job" and w.exhaustion_seconds > room / (50 * MB)
+
+
+def test_the_host_binds_when_it_has_less_room_than_the_cgroup_limit() -> None:
+    foresight = Foresight()
+    last = None
+    for t in range(30):
+        leaky = 1 * GIB + 100 * MB * t
+        last = foresight.update(_snap(float(t), [_rank(0, leaky)], leaky, 64 * GIB, 8 * GIB - 100 * MB * t))
+    assert last is not None
+    (r,) = last.jobs[0].ranks
+    assert r.binding_limit is not None and r.binding_limit.kind == "host" and r.binding_limit.path is None
+    assert r.exhaustion_seconds == pytest.approx((8 * GIB - 100 * MB * 29) / (100 * MB), rel=0.05)
+
+
+def test_a_rank_without_any_limit_has_the_host_as_its_limit() -> None:
+    foresight = Foresight()
+    snap = foresight.update(_snap(0.0, [_rank(0, GIB, cgroup=None)], GIB, None, 20 * GIB))
+    (r,) = snap.jobs[0].ranks
+    assert r.binding_limit is not None and r.binding_limit.kind == "host"
+    assert r.exhaustion_seconds is None
+
+
+def test_a_new_episode_warns_again_after_a_quiet_gap(caplog: pytest.LogCaptureFixture) -> None:
+    foresight = Foresight()
+    level = 1 * GIB
+    with caplog.at_level(logging.WARNING, logger="sidecar.foresight"):
+        for t in range(200):
+            growing = t < 40 or t >= 120
+            level += 40 * MB if growing else 0
+            foresight.update(_snap(float(t), [_rank(0, level)], level, 16 * GIB, 20 * GIB))
+    assert len(foresight.warnings("job")) == 2
+
+
+def test_a_rank_is_judged_only_while_its_limit_grows_and_confirmed_with_it() -> None:
+    """A rank growing under a limit whose charge does not grow (another process frees as
+    much) is not judged: its trend is kept, not evaluated. Once the limit's charge grows
+    too, the rank's prediction comes in the same round as the limit's confirmation."""
+    foresight = Foresight()
+    judged = []
+    series_of = foresight._ranks
+    first_prediction = first_limit = None
+    for t in range(60):
+        leaky = 1 * GIB + 50 * MB * t
+        committed = 4 * GIB if t < 30 else 4 * GIB + 50 * MB * (t - 30)  # flat, then growing
+        snap = foresight.update(_snap(float(t), [_rank(0, leaky)], committed, 8 * GIB, 20 * GIB))
+        (r,) = snap.jobs[0].ranks
+        judged.append(series_of[r.key].growing_since is not None)
+        cg = {c.path: c for c in snap.cgroups}["/job"]
+        if t < 30:
+            assert r.exhaustion_seconds is None and cg.exhaustion_seconds is None
+        if first_prediction is None and r.exhaustion_seconds is not None:
+            first_prediction = t
+        if first_limit is None and cg.exhaustion_seconds is not None:
+            first_limit = t
+    assert not any(judged[:30]), "a rank is judged while its limit's charge is flat"
+    assert first_prediction is not None and first_prediction == first_limit
