@@ -359,3 +359,40 @@ def test_no_rule_function_is_over_120_lines():
                 if function and (node.end_lineno or node.lineno) - node.lineno + 1 > 120:
                     long.append(f"{path.relative_to(REPO)}:{node.name}")
     assert not long, long
+
+
+def test_the_tests_are_laid_out_by_what_they_test():
+    """tests/unit/ROOM/ holds the fast tests of one room of sidecar/ (ground/ for its
+    top-level modules, deploy/ for deploy/ and dashboards/), tests/e2e/ the tests of real
+    jobs and deaths (its conftest marks them slow, no file does), tests/support/ what they
+    share: no test module imports another, and no folder is named after a room that is gone."""
+    rooms = {p.name for p in (REPO / "sidecar").iterdir() if (p / "__init__.py").exists()}
+    tests = REPO / "tests"
+    files = sorted(tests.rglob("test_*.py"))
+    assert len(files) > 60, "the walk finds the tests"
+    wrong = []
+    for path in files:
+        where = path.relative_to(tests).parts
+        if where == ("test_repository.py",) or where[0] == "fixtures":
+            continue
+        if where[0] == "unit" and len(where) == 3 and where[1] not in rooms | {"ground", "deploy"}:
+            wrong.append(f"{path.relative_to(REPO)}: no room sidecar/{where[1]}/")
+        elif where[0] not in ("unit", "e2e"):
+            wrong.append(f"{path.relative_to(REPO)}: outside tests/unit/ and tests/e2e/")
+        text = path.read_text()
+        if re.search(r"pytest\.mark\.slow\b", text):
+            wrong.append(f"{path.relative_to(REPO)}: marks slow itself (tests/e2e/conftest.py does)")
+        for dep in _imports_of_tests(ast.parse(text)):
+            if re.match(r"tests\.(unit|e2e)\.", dep) or re.match(r"tests\.test_", dep):
+                wrong.append(f"{path.relative_to(REPO)} imports {dep}: share it through tests/support/")
+    assert not wrong, wrong
+
+
+def _imports_of_tests(tree: ast.Module) -> set[str]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tests"):
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.startswith("tests")}
+    return out
