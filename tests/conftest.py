@@ -43,11 +43,15 @@ def _keep_postmortems(request: pytest.FixtureRequest) -> Any:
     scripts/compare-postmortems compares between two versions of the code."""
     yield
     dest = os.environ.get("TRAINWATCH_KEEP_POSTMORTEMS")
-    tmp = request.node.funcargs.get("tmp_path") if hasattr(request.node, "funcargs") else None
-    if not dest or tmp is None:
+    args = request.node.funcargs if hasattr(request.node, "funcargs") else {}
+    # the test's own tmp_path, and the folder of a death a module's fixture made once for
+    # all its tests (tests/e2e/scenarios/): a value with a tmp_path of its own
+    tmps = [args["tmp_path"]] if "tmp_path" in args else []
+    tmps += [v.tmp_path for v in args.values() if isinstance(getattr(v, "tmp_path", None), Path)]
+    if not dest or not tmps:
         return
     folder = Path(dest) / re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.nodeid)
-    for path in Path(tmp).rglob("*.json"):
+    for path in (p for tmp in tmps for p in Path(tmp).rglob("*.json")):
         try:
             doc = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -55,6 +59,47 @@ def _keep_postmortems(request: pytest.FixtureRequest) -> Any:
         if isinstance(doc, dict) and doc.get("schema") == "trainwatch.postmortem/v1":
             folder.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, folder / path.name)
+
+
+# -- one real death per scenario --------------------------------------------------------
+# tests/e2e/scenarios/: a module per real death, whose fixture (scope="module") makes the
+# death once and whose tests each read one view of it. Under xdist each such module goes to
+# one worker whole, so the death is made once; every other test is scheduled as xdist's
+# default (`load`) does. (xdist's own grouping, --dist loadgroup with xdist_group marks,
+# groups nothing on pytest 9.2: pytest-xdist issue 1386.)
+SCENARIOS = "tests/e2e/scenarios/"
+
+
+def _scenario(nodeid: str) -> str | None:
+    """The scenario module a test belongs to, None for any other test."""
+    module = nodeid.split("::", 1)[0]
+    return module if module.startswith(SCENARIOS) else None
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "load":
+        return None  # another distribution asked for: xdist's own
+    from xdist.scheduler import LoadScheduling
+
+    if not callable(getattr(LoadScheduling, "_send_tests", None)):
+        # xdist's internals moved: its own scheduling (a scenario's death is then made once
+        # per worker that runs one of its tests: slower, as right)
+        return None
+
+    class WholeScenarios(LoadScheduling):  # type: ignore[misc]
+        def _send_tests(self, node: Any, num: int) -> None:
+            """xdist's, but a batch that takes a scenario's test takes the rest of its
+            module too (a module's tests are consecutive in the collection)."""
+            pending, collection = getattr(self, "pending", None), getattr(self, "collection", None)
+            if not isinstance(pending, list) or collection is None:
+                return super()._send_tests(node, num)  # type: ignore[no-any-return]
+            modules = {_scenario(collection[i]) for i in pending[:num]} - {None}
+            while num < len(pending) and _scenario(collection[pending[num]]) in modules:
+                num += 1
+            super()._send_tests(node, num)
+
+    return WholeScenarios(config, log)
 
 
 # -- what the suite left out ------------------------------------------------------------

@@ -1,6 +1,8 @@
-"""`trainwatch diagnose` on logs of real deaths produced here, with no daemon running: a
-real torchrun job whose rank exceeds a real memory cgroup limit (the kernel's own records,
-read back with dmesg in two styles), and a rank killed with kill -9 from outside."""
+"""`trainwatch diagnose` on logs of real deaths produced here, with no daemon running: a rank
+killed with kill -9 from outside, a cgroup OOM in a pid namespace, a DeepSpeed rank's OOM, Slurm
+steps, Open MPI's tagged output, store timeouts, launchers' time limits. The diagnose of a real
+cgroup OOM under torchrun (the kernel's own records, read back with dmesg in two styles) is one
+view of that death in tests/e2e/scenarios/test_cgroup_oom.py."""
 
 from __future__ import annotations
 
@@ -17,72 +19,20 @@ import pytest
 from sidecar.front.demo import join_cgroup, memory_cgroup
 from tests.support import slurm
 from tests.support.e2e import REPO, TASK_JOB, DeepSpeedJob, TorchrunJob, free_port
+from tests.support.runs import diagnose_cli, kernel_dmesg
 from tests.support.skips import requires
 
 GIB = 1 << 30
 LOADER_OOM = REPO / "tests" / "workloads" / "loader_oom.py"
 
 
-def _diagnose(*args: str, stdin: str = "") -> tuple[int, str, str]:
-    r = subprocess.run(
-        [sys.executable, "-m", "sidecar", "diagnose", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
-    return r.returncode, r.stdout, r.stderr
-
-
 def _pasted(paste: Path, text: str) -> dict:
     """``text`` written to ``paste`` as a user would save it, and diagnose's JSON document of it
     (diagnose itself must have succeeded)."""
     paste.write_text(text)
-    rc, out, err = _diagnose("--format", "json", str(paste))
+    rc, out, err = diagnose_cli("--format", "json", str(paste))
     assert rc == 0, err[-3000:]
     return json.loads(out)
-
-
-def _dmesg(*flags: str) -> str:
-    """The kernel's own records: other tests running beside this one write lines of their own
-    into /dev/kmsg (user facility: an oomd kill, a flood), which are no part of this death."""
-    return subprocess.run(
-        ["dmesg", "--facility=kern", *flags], capture_output=True, text=True, check=True
-    ).stdout
-
-
-@pytest.mark.root
-@requires("memcg", "kmsg")
-def test_a_real_cgroup_oom_diagnosed_from_the_torchrun_log_and_dmesg(tmp_path):
-    with memory_cgroup(int(1.5 * GIB), "trainwatch-diag") as (_version, parent, child):
-        with TorchrunJob(
-            tmp_path, "oom", wrap=join_cgroup(child), hold_mb=50, workers=0, grow_rank=1, grow_after=2
-        ) as job:
-            pids = job.ready()
-            assert job.proc.wait(120) != 0
-        victim = pids[1][0]
-        log = job.dir / "torchrun.log"
-        deadline = time.monotonic() + 10  # the kernel's records are there by the time torchrun ended
-        while f"pid={victim}" not in _dmesg() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        raw = tmp_path / "dmesg.txt"
-        raw.write_text(_dmesg())
-        for args, stdin in (((str(log), str(raw)), ""), (("-", str(log)), _dmesg("-T"))):
-            rc, out, err = _diagnose("--format", "json", *args, stdin=stdin)
-            assert rc == 0, err
-            doc = json.loads(out)
-            k = doc["killer"]
-            assert (k["kind"], k["confidence"]) == ("cgroup_oom", "certain"), k
-            assert f"/{parent.name}" in k["summary"], k["summary"]
-            assert doc["victim"]["pid"] == victim and doc["victim"]["exit_code"] == -9
-            fates = {r["pid"]: r["fate"] for r in doc["ranks"]}
-            assert fates[victim] == "root_cause" and fates[pids[0][0]] == "terminated_by_agent", fates
-            assert any(e["source"] == "kmsg" and f"pid={victim}" in e["detail"] for e in k["evidence"])
-            kinds = " ".join(" ".join(i["kinds"]) for i in doc["inputs"])
-            assert "torchrun agent (torch 2.4+)" in kinds and re.search(r"kernel log \(dmesg( -T)?\)", kinds)
-        rc, text, _ = _diagnose(str(log), str(raw))
-        assert rc == 0 and "(from logs)\n" in text and "\nkiller: cgroup_oom (certain)\n" in text, text
 
 
 def test_a_real_kill_9_diagnosed_with_and_without_the_kernel_log(tmp_path):
@@ -91,14 +41,14 @@ def test_a_real_kill_9_diagnosed_with_and_without_the_kernel_log(tmp_path):
         os.kill(pids[1][0], 9)
         assert job.proc.wait(60) != 0
     log = str(job.dir / "torchrun.log")
-    rc, out, _ = _diagnose("--format", "json", log)
+    rc, out, _ = diagnose_cli("--format", "json", log)
     doc = json.loads(out)
     # the agent's log says only -9: the honest answer is unknown, with what to collect
     assert rc == 0 and (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("unknown", "possible")
     assert doc["victim"]["pid"] == pids[1][0] and any("dmesg" in c for c in doc["collect"])
     dmesg = tmp_path / "dmesg.txt"
-    dmesg.write_text(_dmesg())
-    rc, out, _ = _diagnose("--format", "json", log, str(dmesg))
+    dmesg.write_text(kernel_dmesg())
+    rc, out, _ = diagnose_cli("--format", "json", log, str(dmesg))
     doc = json.loads(out)
     # the kernel log names no OOM for that pid: a kill from outside, at most "possible"
     assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("external_signal", "possible"), doc[
@@ -134,7 +84,7 @@ def test_a_real_cgroup_oom_in_a_pid_namespace_is_tied_by_the_command_s_name(tmp_
     deadline = time.monotonic() + 10
     kills: list[tuple[int, str]] = []
     while time.monotonic() < deadline:
-        kills = [(int(m[1]), m[2]) for m in re.finditer(r"Killed process (\d+) \(([^)]*)\)", _dmesg())]
+        kills = [(int(m[1]), m[2]) for m in re.finditer(r"Killed process (\d+) \(([^)]*)\)", kernel_dmesg())]
         if kills and kills[-1][1] == "python3":
             break
         time.sleep(0.2)
@@ -142,10 +92,12 @@ def test_a_real_cgroup_oom_in_a_pid_namespace_is_tied_by_the_command_s_name(tmp_
     assert kills[-1][1] == "python3" and host != inner, kills[-3:]
     # only this death's kernel records: other tests' OOM kills of python3 would (rightly)
     # make the name ambiguous
-    records = [line for line in _dmesg().splitlines() if str(host) in line or "invoked oom-killer" in line]
+    records = [
+        line for line in kernel_dmesg().splitlines() if str(host) in line or "invoked oom-killer" in line
+    ]
     (tmp_path / "shell.txt").write_text(shell)
     (tmp_path / "dmesg.txt").write_text("\n".join(records[-40:]))
-    rc, out, err = _diagnose("--format", "json", str(tmp_path / "shell.txt"), str(tmp_path / "dmesg.txt"))
+    rc, out, err = diagnose_cli("--format", "json", str(tmp_path / "shell.txt"), str(tmp_path / "dmesg.txt"))
     assert rc == 0, err
     doc = json.loads(out)
     k = doc["killer"]
@@ -154,7 +106,7 @@ def test_a_real_cgroup_oom_in_a_pid_namespace_is_tied_by_the_command_s_name(tmp_
     # a second OOM kill of another python3 makes the name ambiguous: no tie
     other = re.sub(rf"\b{host}\b", str(host + 1), "\n".join(records[-40:]))
     (tmp_path / "dmesg2.txt").write_text("\n".join(records[-40:]) + "\n" + other)
-    rc, out, _ = _diagnose("--format", "json", str(tmp_path / "shell.txt"), str(tmp_path / "dmesg2.txt"))
+    rc, out, _ = diagnose_cli("--format", "json", str(tmp_path / "shell.txt"), str(tmp_path / "dmesg2.txt"))
     assert json.loads(out)["killer"]["kind"] != "cgroup_oom", out
 
 
@@ -193,11 +145,13 @@ def test_a_deepspeed_rank_s_oom_is_tied_by_the_pid_its_launcher_spawned(tmp_path
         -2000:
     ]
     deadline = time.monotonic() + 10
-    while f"Killed process {victim} " not in _dmesg() and time.monotonic() < deadline:
+    while f"Killed process {victim} " not in kernel_dmesg() and time.monotonic() < deadline:
         time.sleep(0.2)
-    records = [line for line in _dmesg().splitlines() if str(victim) in line]
+    records = [line for line in kernel_dmesg().splitlines() if str(victim) in line]
     (tmp_path / "dmesg.txt").write_text("\n".join(records))
-    rc, out, err = _diagnose("--format", "json", str(job.dir / "torchrun.log"), str(tmp_path / "dmesg.txt"))
+    rc, out, err = diagnose_cli(
+        "--format", "json", str(job.dir / "torchrun.log"), str(tmp_path / "dmesg.txt")
+    )
     assert rc == 0, err
     doc = json.loads(out)
     k = doc["killer"]
@@ -233,14 +187,14 @@ def test_a_dataloader_worker_killed_by_its_slurm_step_s_limit_is_named_from_srun
     assert "oom-kill event" in text, text[-3000:]
     log = tmp_path / "job.log"
     log.write_text(text)
-    rc, stdout, _ = _diagnose("--format", "json", str(log))
+    rc, stdout, _ = diagnose_cli("--format", "json", str(log))
     killer = json.loads(stdout)["killer"]
     assert rc == 0 and (killer["kind"], killer["confidence"]) == ("cgroup_oom", "likely"), killer
     assert "DataLoader worker" in killer["summary"] and "Slurm" in killer["summary"], killer
     alone = tmp_path / "no-slurm.log"
     ours = [line for line in text.splitlines() if "slurmstepd" not in line and "srun:" not in line]
     alone.write_text("\n".join(ours))
-    rc, stdout, _ = _diagnose("--format", "json", str(alone))
+    rc, stdout, _ = diagnose_cli("--format", "json", str(alone))
     killer = json.loads(stdout)["killer"]
     assert (killer["kind"], killer["confidence"]) == ("python_exception", "possible"), killer
 
@@ -265,7 +219,7 @@ def test_srun_s_teardown_after_a_task_s_own_failure_is_no_cancel_from_outside(tm
     assert "CANCELLED" in text, text[-3000:]  # the step's end, as slurmstepd writes it
     log = tmp_path / "srun.log"
     log.write_text(text)
-    rc, out, _ = _diagnose("--format", "json", str(log))
+    rc, out, _ = diagnose_cli("--format", "json", str(log))
     doc = json.loads(out)
     killer = doc["killer"]
     assert rc == 0 and killer["kind"] == "python_exception", killer
@@ -289,7 +243,7 @@ def test_a_paste_of_the_agent_s_closing_signals_and_a_rank_s_crash_names_the_cra
         assert job.proc.wait(120) != 0
     log = (job.dir / "torchrun.log").read_text(errors="replace")
     assert "Fatal Python error: Segmentation fault" in log and "closing signal SIGTERM" in log, log[-3000:]
-    rc, out, _ = _diagnose("--format", "json", str(job.dir / "torchrun.log"))
+    rc, out, _ = diagnose_cli("--format", "json", str(job.dir / "torchrun.log"))
     assert rc == 0
     whole = json.loads(out)
     assert whole["killer"]["kind"] == "segfault" and whole["victim"]["rank"] == 1, whole["killer"]
@@ -327,7 +281,7 @@ def test_srun_s_teardown_of_a_task_the_paste_does_not_report_is_no_cancel_from_o
     assert "CANCELLED" in text and "Fatal Python error: Segmentation fault" in text, text[-3000:]
     whole = tmp_path / "srun.log"
     whole.write_text(text)
-    rc, out, _ = _diagnose("--format", "json", str(whole))
+    rc, out, _ = diagnose_cli("--format", "json", str(whole))
     doc = json.loads(out)
     assert rc == 0 and doc["killer"]["kind"] == "segfault" and doc["victim"]["rank"] == 1, doc["killer"]
     doc = _pasted(tmp_path / "paste.log", crashed.sub("", text))
@@ -464,7 +418,7 @@ def test_a_rendezvous_that_never_filled_is_a_store_barrier_that_timed_out(tmp_pa
     assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("collective_timeout", "likely"), doc[
         "killer"
     ]
-    rc, out, _ = _diagnose(str(paste))
+    rc, out, _ = diagnose_cli(str(paste))
     assert rc == 0 and "nothing recognised" not in out, out
 
 
@@ -485,7 +439,7 @@ def test_submitit_s_time_limit_handler_is_a_signal_from_outside(tmp_path):
     logs = [line for line in run.stdout.splitlines() if line.endswith((".out", ".err"))]
     text = "".join(Path(path).read_text() for path in logs)
     assert "Caught signal SIGUSR2" in text and "UncompletedJobError" in text, text[-3000:]
-    rc, out, _ = _diagnose("--format", "json", *logs)
+    rc, out, _ = diagnose_cli("--format", "json", *logs)
     doc = json.loads(out)
     assert rc == 0 and (doc["killer"]["kind"], doc["killer"]["confidence"]) == (
         "external_signal",
@@ -509,7 +463,7 @@ def test_a_launcher_s_report_of_its_shell_s_status_names_the_signal(tmp_path):
     assert run.returncode == 1 and "returned non-zero exit status 139" in run.stderr, run.stderr
     log = tmp_path / "launcher.log"
     log.write_text(run.stdout + run.stderr)
-    rc, out, err = _diagnose("--format", "json", str(log))
+    rc, out, err = diagnose_cli("--format", "json", str(log))
     assert rc == 0, err
     killer = json.loads(out)["killer"]
     assert (killer["kind"], killer["confidence"]) == ("segfault", "likely"), killer

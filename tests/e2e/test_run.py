@@ -17,89 +17,51 @@ import pytest
 
 from sidecar.front.demo import join_cgroup, memory_cgroup
 from tests.support.e2e import REPO, TORCHRUN, WORKLOAD, DaemonProc, wait_for
-from tests.support.skips import left_out, met, requires
+from tests.support.runs import fates, only_postmortem, trainwatch_run
+from tests.support.skips import requires
 
 GIB = 1 << 30
 
 
-def _run(
-    tmp: Path, *workload: str, wrap: list[str] | None = None, timeout: float = 180
-) -> tuple[int, str, str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "sidecar",
-        "run",
-        "--postmortem-dir",
-        str(tmp / "pm"),
-        "--interval",
-        "0.5",
-        "--",
-        *(wrap or []),
-        TORCHRUN,
-        "--standalone",
-        "--nproc-per-node=2",
-        "--monitor-interval=0.1",
-        str(WORKLOAD),
-        "--hold-mb=30",
-        "--workers=0",
-        "--duration=120",
-        *workload,
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
-    return out.returncode, out.stdout, out.stderr
-
-
-def _postmortem(tmp: Path) -> dict:
-    files = sorted((tmp / "pm").glob("*.json"))
-    assert len(files) == 1, files
-    return json.loads(files[0].read_text())
-
-
-def _fates(doc: dict) -> dict[int, str]:
-    return {r["rank"]: r["fate"] for r in doc["ranks"]}
-
-
 def test_a_rank_that_stops_joining_collectives_is_a_gloo_collective_timeout(tmp_path):
-    code, _out, err = _run(tmp_path, "--hang-rank=1", "--hang-after=2", "--pg-timeout=5")
+    code, _out, err = trainwatch_run(tmp_path, "--hang-rank=1", "--hang-after=2", "--pg-timeout=5")
     assert code == 1, err[-3000:]  # torchrun's exit status
     # the job's own output reached the terminal unchanged, and trainwatch's lines come last
     assert "[rank0]: RuntimeError:" in err and "Timed out waiting 5000ms" in err
     assert "ChildFailedError" in err
     assert err.rstrip().splitlines()[-1].startswith("trainwatch: postmortem: trainwatch postmortem ")
-    doc = _postmortem(tmp_path)
+    doc = only_postmortem(tmp_path)
     killer = doc["killer"]
     assert killer["kind"] == "collective_timeout" and killer["confidence"] == "certain", killer
     assert "gloo all_reduce" in killer["summary"] and "within 5 s" in killer["summary"], killer
     assert "rank 1 never arrived" in killer["summary"], killer
     assert doc["victim"]["rank"] == 0
-    assert _fates(doc) == {0: "root_cause", 1: "terminated_by_agent"}
+    assert fates(doc) == {0: "root_cause", 1: "terminated_by_agent"}
     assert any("Timed out waiting 5000ms" in e["detail"] for e in killer["evidence"])
     assert any("TORCH_" in a or "flight recorder" in a for a in doc["advice"]), doc["advice"]
     assert "collective_timeout (certain)" in err
 
 
 def test_a_python_exception_is_named_by_its_own_line(tmp_path):
-    code, _out, err = _run(tmp_path, "--raise-rank=1", "--raise-after=2")
+    code, _out, err = trainwatch_run(tmp_path, "--raise-rank=1", "--raise-after=2")
     assert code == 1, err[-3000:]
-    doc = _postmortem(tmp_path)
+    doc = only_postmortem(tmp_path)
     killer = doc["killer"]
     assert killer["kind"] == "python_exception" and killer["confidence"] == "certain", killer
     assert "ValueError: rank 1: a bad batch on purpose (shape mismatch)" in killer["summary"], killer
     assert doc["victim"]["rank"] == 1
     # rank 0 either died of its peer's closed connection or was torn down by the agent
-    assert _fates(doc)[0] in ("same_cause", "terminated_by_agent"), doc["ranks"]
+    assert fates(doc)[0] in ("same_cause", "terminated_by_agent"), doc["ranks"]
 
 
 def test_a_coloured_traceback_behind_a_progress_bar_is_still_the_rank_s_own_words(tmp_path):
     """Rank 1 draws a progress bar with carriage returns and prints its traceback in ANSI
     colours, as a pretty terminal library does: the daemon reads its output through the
     paste reader, so the exception line is found as if it were plain."""
-    code, _out, err = _run(tmp_path, "--raise-rank=1", "--raise-after=2", "--colour")
+    code, _out, err = trainwatch_run(tmp_path, "--raise-rank=1", "--raise-after=2", "--colour")
     assert code == 1, err[-3000:]
     assert "\x1b[1;31m" in err and "training 3/4" in err  # it really printed colours and a bar
-    killer = _postmortem(tmp_path)["killer"]
+    killer = only_postmortem(tmp_path)["killer"]
     assert killer["kind"] == "python_exception" and killer["confidence"] == "certain", killer
     assert "ValueError: rank 1: a bad batch on purpose (shape mismatch)" in killer["summary"], killer
     assert "\x1b" not in killer["summary"], killer
@@ -111,7 +73,7 @@ def test_an_oom_stays_the_root_cause_when_its_peer_then_fails(tmp_path):
     """Rank 1 is killed by a cgroup limit; rank 0's all_reduce then fails (the peer closed
     its connection, or the timeout): the OOM is the root cause, the cascade is told."""
     with memory_cgroup(int(1.5 * GIB), "trainwatch-cascade") as (_version, _parent, child):
-        code, _out, err = _run(
+        code, _out, err = trainwatch_run(
             tmp_path,
             "--grow-rank=1",
             "--grow-after=2",
@@ -119,9 +81,9 @@ def test_an_oom_stays_the_root_cause_when_its_peer_then_fails(tmp_path):
             wrap=join_cgroup(child),
         )
     assert code == 1, err[-3000:]
-    doc = _postmortem(tmp_path)
+    doc = only_postmortem(tmp_path)
     assert doc["killer"]["kind"] == "cgroup_oom" and doc["victim"]["rank"] == 1, doc["killer"]
-    assert _fates(doc)[0] in ("same_cause", "terminated_by_agent"), doc["ranks"]
+    assert fates(doc)[0] in ("same_cause", "terminated_by_agent"), doc["ranks"]
 
 
 def test_exit_status_and_usage():
@@ -169,38 +131,6 @@ def test_a_signal_sent_to_trainwatch_reaches_the_command(tmp_path):
         proc.communicate()
 
 
-def test_a_real_segfault(tmp_path):
-    code, _out, err = _run(tmp_path, "--segfault-rank=1", "--raise-after=2")
-    assert code == 1, err[-3000:]
-    doc = _postmortem(tmp_path)
-    assert doc["killer"]["kind"] == "segfault" and doc["victim"]["rank"] == 1, doc["killer"]
-    assert doc["victim"]["signal"] == "SIGSEGV" and doc["victim"]["exit_code"] == -11
-    if not met("tracefs"):
-        left_out("tracefs", "the kernel raising the SIGSEGV for the rank's own fault, certain")
-    else:  # the tracepoint shows the kernel raised it for the rank's own fault
-        assert doc["killer"]["confidence"] == "certain", doc["killer"]
-        assert any("the rank itself raised SIGSEGV" in e["detail"] for e in doc["killer"]["evidence"])
-    assert _fates(doc)[0] in ("same_cause", "terminated_by_agent"), doc["ranks"]
-
-
-@pytest.mark.root
-@requires("mount")  # a private /dev/shm: unshare -m, mount
-def test_a_dataloader_worker_writing_past_a_small_dev_shm_is_a_bus_error(tmp_path):
-    """The job runs in a private mount namespace whose /dev/shm is a 1 MiB tmpfs; rank 1's
-    DataLoader workers write their batches through shared memory and die of SIGBUS."""
-    private_shm = ["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=1m tmpfs /dev/shm && exec "$@"', "sh"]
-    code, _out, err = _run(tmp_path, "--loader-rank=1", "--raise-after=2", wrap=private_shm)
-    assert code == 1, err[-3000:]
-    assert "is killed by signal: Bus error" in err
-    doc = _postmortem(tmp_path)
-    killer = doc["killer"]
-    assert killer["kind"] == "bus_error" and killer["confidence"] == "certain", killer
-    assert "/dev/shm" in killer["summary"] and "of 1.0 MiB" in killer["summary"], killer
-    assert doc["victim"]["rank"] == 1
-    assert any("--shm-size" in a for a in doc["advice"]), doc["advice"]
-    assert os.statvfs("/dev/shm").f_blocks * os.statvfs("/dev/shm").f_frsize > 1 << 20  # ours is untouched
-
-
 def _free_port() -> int:
     import socket
 
@@ -216,9 +146,9 @@ def test_the_node_daemon_and_trainwatch_run_give_one_verdict(tmp_path):
     postmortems name the same killer, confidence and fates, and the daemon's advice does not
     tell the user to run under `trainwatch run`."""
     with DaemonProc(tmp_path) as daemon:
-        code, _out, err = _run(tmp_path, "--hang-rank=1", "--hang-after=2", "--pg-timeout=5")
+        code, _out, err = trainwatch_run(tmp_path, "--hang-rank=1", "--hang-after=2", "--pg-timeout=5")
         assert code == 1, err[-3000:]
-        mine = _postmortem(tmp_path)
+        mine = only_postmortem(tmp_path)
         agent = mine["job"]["agent_pid"]
 
         def theirs() -> dict | None:
@@ -239,8 +169,8 @@ def test_the_node_daemon_and_trainwatch_run_give_one_verdict(tmp_path):
     assert node["killer"]["summary"] == mine["killer"]["summary"]
     for name, doc in (("trainwatch run", mine), ("node daemon", node)):  # shown with pytest -s
         print(f"{name}: {doc['id']}: {doc['killer']['kind']} ({doc['killer']['confidence']}): "
-              f"{doc['killer']['summary']} fates {_fates(doc)}")  # fmt: skip
-    assert _fates(node) == _fates(mine) == {0: "root_cause", 1: "terminated_by_agent"}
+              f"{doc['killer']['summary']} fates {fates(doc)}")  # fmt: skip
+    assert fates(node) == fates(mine) == {0: "root_cause", 1: "terminated_by_agent"}
     assert not any("trainwatch run" in a for a in node["advice"]), node["advice"]
 
 
@@ -300,7 +230,7 @@ def test_an_agent_signalled_from_outside_is_the_job_s_killer_not_its_teardown(tm
             job.kill()
             job.wait()
     err = err_path.read_text()
-    doc = _postmortem(tmp_path)
+    doc = only_postmortem(tmp_path)
     killer = doc["killer"]
     assert killer["kind"] == "external_signal", killer
     assert f"agent (pid {agent_pid})" in killer["summary"], killer
@@ -313,5 +243,5 @@ def test_an_agent_signalled_from_outside_is_the_job_s_killer_not_its_teardown(tm
         assert any(
             "death signal" in e["detail"] or "SignalException" in e["detail"] for e in killer["evidence"]
         )
-    assert "terminated_by_agent" in _fates(doc).values(), doc["ranks"]
+    assert "terminated_by_agent" in fates(doc).values(), doc["ranks"]
     assert re.search(r"^trainwatch: rank \S+ \(pid \d+\): external_signal", err, re.M), err[-3000:]
