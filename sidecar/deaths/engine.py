@@ -63,8 +63,6 @@ class DeathWatch:
         clock_ns: Callable[[], int] = time.monotonic_ns,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        self.store = store
-        self.gather = gather
         self.state = Watched(clock_ns)
         self._keeper = JournalKeeper(self.state, gather, timeline, journal, boot_id, clock_ns, wall)
         self._feeds = Feeds(self.state, gather, self._keeper.save, clock_ns)

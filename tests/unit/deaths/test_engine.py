@@ -267,7 +267,6 @@ def test_only_signals_that_end_a_process_have_their_sender_described(tmp_path, m
     import signal
 
     from sidecar.deaths.engine import DeathWatch
-    from sidecar.deaths.gather import Gatherer
     from sidecar.model.events import SignalEvent
     from sidecar.sampling.timeline import Timeline
 
@@ -351,7 +350,6 @@ def test_a_job_gone_before_the_autopsy_keeps_the_dev_shm_the_sampler_last_read(t
     says how long before the death that was."""
     from dataclasses import replace
 
-    from sidecar.deaths.gather import Gatherer
     from sidecar.deaths.incidents import Generation, Incident
 
     job = replace(make_job("a", 100), shm=(1 << 20, 3 << 18, 40.0))
