@@ -23,6 +23,7 @@ __all__ = [
     "TEARDOWN_WINDOW_NS",
     "died_of_its_own",
     "ended_by_agent",
+    "left_behind",
     "only_reports",
     "reporters",
     "same_cause",
@@ -84,6 +85,49 @@ def reporters(ev: Evidence) -> frozenset[str]:
     if not any(said.values()):
         return frozenset()
     return frozenset(label for label, decided in said.items() if not decided)
+
+
+# The exits that order deaths to the millisecond (the kernel's exit event, a pidfd); a zombie
+# seen in /proc or the agent's log only say when a death was noticed, one moment for several.
+_TIMED = frozenset({"connector", "pidfd"})
+# A launcher's teardown starts with SIGTERM (or SIGINT) and sends SIGKILL only a grace period
+# later (torchrun 30 s, Slurm's KillWait 30 s): a SIGKILL closer than this to a rank's end
+# was not the teardown of that rank's failure.
+_BEFORE_ANY_GRACE_NS = 5 * 10**9
+
+
+def left_behind(ev: Evidence, dead: list[RankState]) -> frozenset[str]:
+    """The ranks whose output only reports that a peer's end of the connection went away
+    (gloo's "Connection closed by peer", a reset or broken pipe under a read or a write:
+    the peer's process ended first), while another rank of the job, whose output reports
+    no such thing, was killed by a signal no teardown starts with (a SIGKILL, a crash)
+    at a time the exits cannot put after theirs. That rank is the peer they report; they
+    are never the job's reason. Where both exits are timed to the millisecond, the order
+    decides and this changes nothing; where a death is only known when it was noticed (a
+    zombie, the agent's failure table, whose "first observed failure" is the agent's
+    order), the words do."""
+    mine: dict[str, list[Finding]] = {}
+    for label, f in ev.output:
+        if label is not None:
+            mine.setdefault(label, []).append(f)
+    closed = {
+        label for label, fs in mine.items() if any(f.kind == "peer_closed" for f in fs) and not says_why(fs)
+    }
+    out = set()
+    for r in dead:
+        if r.label not in closed or r.died_ns is None:
+            continue
+        for q in dead:
+            if q is r or q.label in closed or q.pid in ev.agent_teardown or q.died_ns is None:
+                continue
+            if q.signal is None or q.signal in (_signal.SIGTERM, _signal.SIGINT):
+                continue  # its own exit, or how a teardown starts: no word on who went first
+            timed = r.exit_source in _TIMED and q.exit_source in _TIMED
+            if (q.died_ns > r.died_ns) if timed else (q.died_ns - r.died_ns > _BEFORE_ANY_GRACE_NS):
+                continue  # known to have died after it
+            out.add(r.label)
+            break
+    return frozenset(out)
 
 
 # what a rank can die of when its cause is elsewhere: an exception, an abort, a timeout

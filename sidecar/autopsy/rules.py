@@ -7,7 +7,9 @@ every rank its fate; ``witnesses`` finds the records the rules weigh.
 No I/O, no clock: everything arrives in ``Evidence``. Rules (CONTRACTS.md, EVIDENCE.md §9):
 
 1. The root cause is the rank that died first by its *own* death time (the exit event),
-   not by the time torchrun noticed.
+   not by the time torchrun noticed. A rank whose words only report a peer's end gone
+   (gloo's "Connection closed by peer") died after that peer: where the exits cannot order
+   them (noticed, not timed), a rank killed then by SIGKILL or a crash is that peer.
 2. A SIGKILL whose pid a kernel OOM record names is ``kernel_oom`` (``global_oom`` /
    ``Out of memory``) or ``cgroup_oom`` (``oom_memcg=`` / ``Memory cgroup out of
    memory``), ``certain``: a first-hand record names the pid.
@@ -45,6 +47,7 @@ from sidecar.autopsy.killers import victim_verdict
 from sidecar.autopsy.peers import (
     died_of_its_own,
     ended_by_agent,
+    left_behind,
     only_reports,
     reporters,
     same_cause,
@@ -156,7 +159,7 @@ def autopsy(ev: Evidence) -> Verdict | None:
     dead = sorted((r for r in ev.ranks if r.abnormal), key=lambda r: (r.died_ns or 0, r.pid))
     if not dead:
         return None
-    told = reporters(ev)
+    told = reporters(ev) | left_behind(ev, dead)
     own = [r for r in dead if r.pid not in ev.agent_teardown and r.label not in told]
     victim = own[0] if own else next((r for r in dead if r.pid not in ev.agent_teardown), dead[0])
     items: list[EvidenceItem] = [_exit_item(victim, ev)]

@@ -339,3 +339,60 @@ def test_a_peer_s_own_failure_is_why_it_never_reached_the_timed_out_collective(p
     assert v.kind == cause and v.victim.label == "1" and v.confidence != "certain", (v.kind, v.summary)
     assert v.fates == {"0": "same_cause", "1": "root_cause"}, v.fates
     assert any("timed out waiting for it" in e.detail for e in v.evidence), v.evidence
+
+
+PEER_CLOSED = (
+    "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
+    "closed by peer [127.0.0.1]:35210. This is typically caused by a remote worker crashing."
+)
+
+
+def _exit(label: str, pid: int, code: int, at: float, source: str) -> RankState:
+    return RankState(label, int(label), int(label), pid, (), code, int(at * S), "/job", None, source)
+
+
+@pytest.mark.parametrize("source", ["proc", "agent-log"])
+def test_a_rank_that_reports_its_peer_gone_is_not_first_when_the_exits_were_only_noticed(source):
+    """Rank 1 is SIGKILLed; rank 0's all_reduce fails with gloo's "Connection closed by
+    peer" and it exits 1. Both ends noticed in one round (zombies, the agent's table, whose
+    "first observed failure" is rank 0): the times cannot order them, rank 0's words can.
+    Rank 1 is the root cause (no word on who killed it); with the kernel's record, the
+    cgroup's OOM, certain; rank 0 died of the same cause."""
+    ranks = (_exit("0", 100, 1 << 8, 10.0, source), _exit("1", 101, 9, 10.0 + 1e-6, source))
+    output = _words("0", "Traceback (most recent call last):", PEER_CLOSED)
+    v = autopsy(Evidence(ranks, output=output, output_read=True, exits_first_hand=False))
+    assert v is not None and v.victim.pid == 101 and v.kind == "external_signal", (v.kind, v.summary)
+    assert v.fates == {"0": "same_cause", "1": "root_cause"}, v.fates
+    oom = KernelOom(101, int(9.5 * S), "memcg", "/pod", "/pod/c", "python", 1 << 30, ("oom-kill:...pid=101",))
+    v = autopsy(Evidence(ranks, kernel=(oom,), output=output, output_read=True, exits_first_hand=False))
+    assert v is not None and (v.victim.pid, v.kind, v.confidence) == (101, "cgroup_oom", "certain"), v.summary
+
+
+@pytest.mark.parametrize(
+    "second, why",
+    [
+        (_exit("1", 101, 9, 10.001, "connector"), "timed exits: rank 1 died after rank 0's end"),
+        (_exit("1", 101, 15, 10.0, "proc"), "a SIGTERM: how the agent's teardown starts"),
+        (_exit("1", 101, 9, 40.0, "proc"), "a SIGKILL 30 s later: the teardown's escalation"),
+        (_exit("1", 101, 1 << 8, 10.0, "proc"), "an exit of its own, with no words"),
+    ],
+)
+def test_a_report_of_a_peer_gone_keeps_its_rank_first_where_nothing_says_the_other_went_first(second, why):
+    """Where the other rank's end is known to come after (timed exits), or is what a
+    launcher's teardown does, the peer rank 0 reports is elsewhere (another node): rank 0
+    stays the job's first death, its failure a report of a peer's (peer_failure)."""
+    first = _exit("0", 100, 1 << 8, 10.0, second.exit_source or "proc")
+    output = _words("0", "Traceback (most recent call last):", PEER_CLOSED)
+    v = autopsy(Evidence((first, second), output=output, output_read=True))
+    assert v is not None and v.victim.pid == 100 and v.facts.peer_failure, (why, v.kind, v.summary)
+
+
+def test_a_rank_s_own_failure_beside_the_report_keeps_it_first():
+    """Rank 0's own words say why it failed (a ValueError) before its peer's end closed the
+    connection: a cause, not only a report; the order of the exits decides."""
+    ranks = (_exit("0", 100, 1 << 8, 10.0, "proc"), _exit("1", 101, 9, 10.0 + 1e-6, "proc"))
+    output = _words(
+        "0", "Traceback (most recent call last):", '  File "t.py", line 3, in <module>', "ValueError: bad"
+    ) + _words("0", "Traceback (most recent call last):", PEER_CLOSED)
+    v = autopsy(Evidence(ranks, output=output, output_read=True))
+    assert v is not None and v.victim.pid == 100 and v.kind == "python_exception", (v.kind, v.summary)

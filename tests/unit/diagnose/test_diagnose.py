@@ -81,6 +81,32 @@ def test_public_case_details(case_id, kind, confidence, words):
         assert "rank 3 never arrived" not in doc["killer"]["summary"]
 
 
+NOTICED_TOGETHER = FIXTURES / "diagnose" / "peer-closed-noticed-together"
+
+
+@pytest.mark.parametrize(
+    "files, kind, confidence",
+    [
+        (("kill9-torchrun.log",), "unknown", "possible"),
+        (("oom-torchrun.log", "oom-dmesg-T.txt"), "cgroup_oom", "certain"),
+    ],
+)
+def test_the_agent_s_first_observed_failure_is_not_the_rank_that_reports_its_peer_gone(
+    files, kind, confidence
+):
+    """Real torchrun logs (--monitor-interval 3): rank 1 SIGKILLed (by kill -9; by its
+    cgroup's limit), rank 0's all_reduce then failed with gloo's "Connection closed by peer".
+    The agent noticed both in one round and its table calls rank 0, exit 1, the "Root Cause
+    (first observed failure)". Rank 0's words say its peer went first: rank 1 is the root
+    cause; rank 0 died of the same cause (it was python_exception, certain)."""
+    doc = diagnose([LogInput(n, (NOTICED_TOGETHER / n).read_text()) for n in files])
+    k = doc["killer"]
+    assert (k["kind"], k["confidence"]) == (kind, confidence), k
+    assert doc["victim"]["rank"] == 1 and doc["victim"]["exit_code"] == -9, doc["victim"]
+    assert {r["rank"]: r["fate"] for r in doc["ranks"]} == {0: "same_cause", 1: "root_cause"}, doc["ranks"]
+    assert any("Connection closed by peer" in e["detail"] for e in k["evidence"]), k["evidence"]
+
+
 def test_the_opening_story():
     """A torch 2.4 agent log (local_rank 3 -9, the others SIGTERMed) and dmesg -T with the
     global OOM report naming that pid and every rank's RSS in its task table."""
