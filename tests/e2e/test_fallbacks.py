@@ -42,9 +42,9 @@ def test_without_the_connector_pidfds_tell_the_exit(tmp_path):
         assert victim["exit_code"] == -9 and victim["exit_source"] == "pidfd", victim
         assert doc["killer"]["evidence"][0]["source"] == "pidfd"
         assert doc["killer"]["kind"] == "external_signal", doc["killer"]
-        assert _fates(doc) == {0: "terminated_by_agent", 1: "root_cause"}
-        r0 = next(r for r in doc["ranks"] if r["rank"] == 0)
-        assert r0["exit_code"] == -15 and r0["exit_source"] == "pidfd", r0
+        rows = {r["rank"]: r for r in doc["ranks"]}
+        assert rows[1]["fate"] == "root_cause" and survivor_fate_right(rows[0], job.output()), rows
+        assert rows[0]["exit_source"] == "pidfd", rows[0]
         assert daemon.stop() == 0
 
 
@@ -70,11 +70,10 @@ def test_with_neither_connector_nor_pidfd_the_agents_log_gives_the_codes(tmp_pat
 
         doc = wait_for(coded, 60, "the exit codes from the agent's log", 0.5)
         ranks = {r["rank"]: r for r in doc["ranks"]}
-        assert ranks[0]["exit_code"] == -15, ranks[0]
         sources = {ranks[0]["exit_source"], ranks[1]["exit_source"]}
         assert sources <= {"agent-log", "proc"} and "agent-log" in sources, ranks
         assert doc["killer"]["kind"] == "external_signal", doc["killer"]
-        assert _fates(doc) == {0: "terminated_by_agent", 1: "root_cause"}
+        assert ranks[1]["fate"] == "root_cause" and survivor_fate_right(ranks[0], job.output()), ranks
         assert daemon.stop() == 0
 
 
@@ -129,7 +128,8 @@ def test_the_ranks_error_file_gives_the_exception_when_no_output_is_read(tmp_pat
     assert cited and cited[0]["detail"].endswith(
         "error.json: ValueError: rank 1: a bad batch on purpose (shape mismatch)"
     )
-    assert _fates(doc) == {0: "terminated_by_agent", 1: "root_cause"}
+    rows = {r["rank"]: r for r in doc["ranks"]}
+    assert rows[1]["fate"] == "root_cause" and survivor_fate_right(rows[0], job.output()), rows
     assert not any("could not be read" in a for a in doc["advice"])
     # the same death without @record: nothing first-hand, so only "possible", and the advice
     # says how to make the ranks' words readable next time
@@ -172,7 +172,11 @@ def test_per_rank_log_files_of_torchrun_redirects_are_read(tmp_path):
     killer = doc["killer"]
     assert (killer["kind"], killer["confidence"]) == ("python_exception", "certain"), killer
     assert "ValueError: rank 1: a bad batch on purpose (shape mismatch)" in killer["summary"]
-    assert _fates(doc) == {0: "terminated_by_agent", 1: "root_cause"}
+    # rank 0 is SIGTERMed by the agent, or fails first in gloo for its peer's exit (a race):
+    # its words are in its own stderr file, never in the agent's output
+    rows = {r["rank"]: r for r in doc["ranks"]}
+    own = "".join(p.read_text(errors="replace") for p in logs.rglob("stderr.log"))
+    assert rows[1]["fate"] == "root_cause" and survivor_fate_right(rows[0], own), rows
 
 
 def _mem_available() -> int:

@@ -352,6 +352,10 @@ class TorchrunJob:
 
         return wait_for(read, timeout, f"job {self.dir.name} attempt {restart} to be ready", 0.2)
 
+    def output(self) -> str:
+        """What the launcher and its ranks printed so far (torchrun.log), read here."""
+        return (self.dir / "torchrun.log").read_text(errors="replace")
+
     def stop(self, timeout: float = 60) -> int:
         self.stop_file.touch()
         try:
@@ -594,18 +598,26 @@ def oom_killed(pid: int) -> bool:
         os.close(fd)
 
 
-def survivor_fate_right(row: dict) -> bool:
+# what gloo prints when a peer's process is gone (its transport's own words, any version)
+_PEER_GONE = re.compile(r"gloo/transport|Connection (?:closed|reset) by peer")
+
+
+def survivor_fate_right(row: dict, output: str | None = None) -> bool:
     """A survivor's fate (its row in the postmortem) after another rank's death, checked
     against how it ended: SIGTERMed (or SIGKILLed) by its launcher, terminated_by_agent; or,
     when its collective failed first for the peer that died (gloo: the connection closed),
     an exit of its own that its output ties to that death, same_cause. Which comes first is
     a race (DeepSpeed's launcher polls its ranks every second, torchrun's every
-    --monitor-interval); each outcome has its word. A survivor the kernel's OOM killer took
-    next (its own record in the kernel's log) died of the same cause."""
+    --monitor-interval; a loaded machine delays either); each outcome has its word. A
+    survivor the kernel's OOM killer took next (its own record in the kernel's log) died of
+    the same cause. ``output``: the job's output as the test read it (not through trainwatch);
+    given, a same_cause exit must show gloo's report of the peer that went away there."""
     if row["signal"] == "SIGKILL" and oom_killed(row["pid"]):  # the OOM killer took it next
         return bool(row["fate"] == "same_cause")
     if row["signal"] in ("SIGTERM", "SIGKILL"):
         return bool(row["fate"] == "terminated_by_agent")
+    if output is not None and not _PEER_GONE.search(output):
+        return False
     return row["exit_code"] not in (0, None) and row["fate"] == "same_cause"
 
 

@@ -25,7 +25,7 @@ import pytest
 
 from sidecar.front.demo import join_cgroup, memory_cgroup
 from tests.support.browser import screenshot
-from tests.support.e2e import DaemonProc, TorchrunJob, job_postmortem
+from tests.support.e2e import DaemonProc, TorchrunJob, job_postmortem, survivor_fate_right
 from tests.support.runs import diagnose_cli, kernel_dmesg
 from tests.support.skips import left_out, met, requires
 
@@ -89,8 +89,8 @@ def test_the_killer_is_the_cgroup_s_oom_with_certainty(oom: Oom) -> None:
     assert f"/{oom.parent.name}" in killer["summary"]
     assert doc["victim"]["pid"] == oom.victim and doc["victim"]["signal"] == "SIGKILL"
     assert doc["victim"]["exit_code"] == -9
-    fates = {r["rank"]: r["fate"] for r in doc["ranks"]}
-    assert fates == {0: "terminated_by_agent", 1: "root_cause"}
+    rows = {r["rank"]: r for r in doc["ranks"]}
+    assert rows[1]["fate"] == "root_cause" and survivor_fate_right(rows[0], oom.job.output()), rows
     assert any(e["source"] == "kmsg" and f"pid={oom.victim}" in e["detail"] for e in killer["evidence"])
 
 
@@ -127,16 +127,20 @@ def test_the_metrics_count_the_deaths_at_their_times(oom: Oom) -> None:
     doc = oom.doc
     m = oom.daemon.metrics()
     key = doc["job"]["key"]
+    # the survivor is counted under its fate's killer: the agent's teardown, or (its gloo
+    # collective failed first for the killed peer: same_cause) the OOM's
+    fate = next(r["fate"] for r in doc["ranks"] if r["rank"] == 0)
+    theirs = "agent_teardown" if fate == "terminated_by_agent" else "cgroup_oom"
     mine = {labels["killer"]: v for labels, v in m["trainwatch_rank_deaths_total"] if labels["job"] == key}
-    assert mine == {"cgroup_oom": 1, "agent_teardown": 1}
+    assert mine == ({"cgroup_oom": 1, theirs: 1} if theirs != "cgroup_oom" else {"cgroup_oom": 2}), mine
     times = {
         (labels["rank"], labels["killer"]): v
         for labels, v in m["trainwatch_rank_death_timestamp_seconds"]
         if labels["job"] == key
     }
-    assert set(times) == {("1", "cgroup_oom"), ("0", "agent_teardown")}, times
+    assert set(times) == {("1", "cgroup_oom"), ("0", theirs)}, times
     died = datetime.fromisoformat(doc["victim"]["died_at"]).timestamp()
-    assert abs(times[("1", "cgroup_oom")] - died) < 1 and times[("0", "agent_teardown")] > died - 0.5
+    assert abs(times[("1", "cgroup_oom")] - died) < 1 and times[("0", theirs)] > died - 0.5
     assert m["trainwatch_postmortems_written_total"][0][1] >= 1
 
 
@@ -150,7 +154,8 @@ def test_the_routes_list_and_serve_it(oom: Oom) -> None:
     assert daemon.get("/postmortems/nope")[0] == 404
     assert daemon.get("/postmortem")[0] == 200  # the newest, whichever job it is of
     status, text = daemon.get(f"/postmortems/{doc['id']}?format=text")
-    assert status == 200 and "killer: cgroup_oom (certain)" in text and "terminated_by_agent" in text
+    survivor = next(r for r in doc["ranks"] if r["rank"] == 0)
+    assert status == 200 and "killer: cgroup_oom (certain)" in text and survivor["fate"] in text
 
 
 def test_the_postmortem_command_reads_it_from_the_daemon_and_from_the_directory(oom: Oom) -> None:
@@ -213,8 +218,9 @@ def test_diagnose_names_it_from_the_torchrun_log_and_dmesg(oom: Oom, tmp_path: P
         assert (k["kind"], k["confidence"]) == ("cgroup_oom", "certain"), k
         assert f"/{oom.parent.name}" in k["summary"], k["summary"]
         assert doc["victim"]["pid"] == victim and doc["victim"]["exit_code"] == -9
-        fates = {r["pid"]: r["fate"] for r in doc["ranks"]}
-        assert fates[victim] == "root_cause" and fates[pids[0][0]] == "terminated_by_agent", fates
+        rows = {r["pid"]: r for r in doc["ranks"]}
+        assert rows[victim]["fate"] == "root_cause", rows
+        assert survivor_fate_right(rows[pids[0][0]], oom.job.output()), rows
         assert any(e["source"] == "kmsg" and f"pid={victim}" in e["detail"] for e in k["evidence"])
         kinds = " ".join(" ".join(i["kinds"]) for i in doc["inputs"])
         assert "torchrun agent (torch 2.4+)" in kinds and re.search(r"kernel log \(dmesg( -T)?\)", kinds)

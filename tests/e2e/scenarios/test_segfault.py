@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.runs import Run, diagnose_job_output, fates, named_alike, only_postmortem, run_once
+from tests.support.e2e import survivor_fate_right
+from tests.support.runs import Run, diagnose_job_output, named_alike, only_postmortem, run_once
 from tests.support.skips import left_out, met
 
 
@@ -32,7 +33,8 @@ def test_the_postmortem_names_the_rank_s_own_sigsegv(segfault: Run) -> None:
     else:  # the tracepoint shows the kernel raised it for the rank's own fault
         assert doc["killer"]["confidence"] == "certain", doc["killer"]
         assert any("the rank itself raised SIGSEGV" in e["detail"] for e in doc["killer"]["evidence"])
-    assert fates(doc)[0] in ("same_cause", "terminated_by_agent"), doc["ranks"]
+    survivor = next(r for r in doc["ranks"] if r["rank"] == 0)
+    assert survivor_fate_right(survivor, segfault.stderr), doc["ranks"]
 
 
 def test_it_is_named_live_and_from_its_logs(segfault: Run) -> None:
