@@ -236,10 +236,19 @@ def test_a_paste_of_the_agent_s_closing_signals_and_a_rank_s_crash_names_the_cra
     Pasted without the agent's failure report (its ``failed (exitcode: -11)`` line and the
     ChildFailedError table), every process the paste names is one the agent closed: the worker
     whose end it reacted to is another, and the crash in the lines is that worker's (likely,
-    no line says which rank). With the whole log, the failure table names rank 1."""
+    no line says which rank). With the whole log, the failure table names rank 1. Rank 0
+    waits in the store (a pipeline's hand-off), so the agent's SIGTERM, not a collective's
+    error the crash left it in, ends it."""
     faulthandler = {"PYTHONFAULTHANDLER": "1"}  # as many training scripts and launchers set it
     with TorchrunJob(
-        tmp_path, "segv-paste", env=faulthandler, hold_mb=50, workers=0, segfault_rank=1, raise_after=2
+        tmp_path,
+        "segv-paste",
+        env=faulthandler,
+        hold_mb=50,
+        workers=0,
+        segfault_rank=1,
+        raise_after=2,
+        handoff=1,  # no collective to fail: rank 0 lives until the agent's closing SIGTERM
     ) as job:
         job.ready()
         assert job.proc.wait(120) != 0

@@ -20,7 +20,7 @@ import pytest
 
 from sidecar.dashboard import VARIABLES, all_queries
 from sidecar.front.demo import join_cgroup, memory_cgroup
-from tests.support.e2e import REPO, DaemonProc, TorchrunJob, job_postmortem, wait_for
+from tests.support.e2e import REPO, DaemonProc, TorchrunJob, job_postmortem, survivor_fate_right, wait_for
 from tests.support.prom import PrometheusServer
 from tests.support.skips import left_out, requires
 
@@ -92,7 +92,13 @@ def test_every_panel_returns_series_and_the_killed_rank_alerts(tmp_path: Path) -
                 0.5,
             )
             assert {(a["labels"]["job"], a["labels"]["rank"]) for a in soon} == {(key, "1")}, soon
-            (alert,) = alerts
+            # rank 0 alerts too where its gloo collective failed first for the killed peer: its
+            # fate same_cause, counted under the OOM (the agent's teardown never alerts)
+            survivor = next(r for r in doc["ranks"] if r["rank"] == 0)
+            assert survivor_fate_right(survivor, job.output()), doc["ranks"]
+            want = {"1", "0"} if survivor["fate"] == "same_cause" else {"1"}
+            assert {a["labels"]["rank"] for a in alerts} == want, alerts
+            (alert,) = [a for a in alerts if a["labels"]["rank"] == "1"]
             assert alert["labels"]["killer"] == "cgroup_oom" and alert["labels"]["rank"] == "1", alert
             assert alert["labels"]["instance"] == instance and alert["labels"]["severity"] == "critical"
             assert "cgroup_oom" in alert["annotations"]["summary"]
@@ -219,14 +225,23 @@ def test_one_job_on_two_nodes_meets_in_prometheus(tmp_path: Path) -> None:
                 assert abs(float(first["value"][1]) / 1000 - died_a) < 0.01, (first, died_a)
                 (rule,) = prom.query(f'trainwatch:job_first_death_timestamp_seconds{{job="{run_id}"}}', end)
                 assert abs(float(rule["value"][1]) - died_a) < 0.01, (rule, died_a)
+                # each node's survivor: SIGTERMed by its agent, or (its gloo collective failed
+                # first for the killed peer) same_cause, counted under the victim's killer
+                want = {(inst_a, "1", "external_signal"), (inst_b, "0", "external_signal")}
+                for inst, doc, job, rank in ((inst_a, doc_a, job_a, 0), (inst_b, doc_b, job_b, 1)):
+                    survivor = next(r for r in doc["ranks"] if r["rank"] == rank)
+                    assert survivor_fate_right(survivor, job.output()), doc["ranks"]
+                    by_agent = survivor["fate"] == "terminated_by_agent"
+                    want.add((inst, str(rank), "agent_teardown" if by_agent else "external_signal"))
                 (table,) = [t for title, t, _ in all_queries() if title == "Rank deaths"]
-                rows = prom.query(grafana(table.expr, values, int(end - start) + 5), end)
+
+                def table_rows() -> list[dict] | None:  # once every death is scraped
+                    now = time.time() + 1
+                    rows = prom.query(grafana(table.expr, values, int(now - start) + 5), now)
+                    return rows if len(rows) >= len(want) else None
+
+                rows = wait_for(table_rows, 30, "every death in the deaths table", 0.5)
                 by_node = {tuple(r["metric"][k] for k in ("instance", "rank", "killer")) for r in rows}
-                assert by_node == {
-                    (inst_a, "1", "external_signal"),
-                    (inst_a, "0", "agent_teardown"),
-                    (inst_b, "0", "external_signal"),
-                    (inst_b, "1", "agent_teardown"),
-                }, by_node
+                assert by_node == want, by_node
                 oldest = min(rows, key=lambda r: float(r["value"][1]))
                 assert (oldest["metric"]["instance"], oldest["metric"]["rank"]) == (inst_a, "1")
