@@ -71,16 +71,22 @@ def says_why(findings: list[Finding]) -> bool:
     return any(_decides(f) and f.line not in reporting for f in findings)
 
 
+def _by_rank(ev: Evidence) -> dict[str, list[Finding]]:
+    """Each rank's findings in its output (unattributed lines left out), in order."""
+    mine: dict[str, list[Finding]] = {}
+    for label, f in ev.output:
+        if label is not None:
+            mine.setdefault(label, []).append(f)
+    return mine
+
+
 def reporters(ev: Evidence) -> frozenset[str]:
     """The ranks that only report the job's failure: their output holds findings, none of
     which says why they ended (a watchdog's "failure detected", the flight recorder's
     notes, a peer that closed the connection), while another rank's output says why. They
     are never the job's reason, whoever ended first: the rank whose words name a cause is
     (both paths; a job-level verdict)."""
-    mine: dict[str, list[Finding]] = {}
-    for label, f in ev.output:
-        if label is not None:
-            mine.setdefault(label, []).append(f)
+    mine = _by_rank(ev)
     said = {label: says_why(fs) for label, fs in mine.items()}
     if not any(said.values()):
         return frozenset()
@@ -106,10 +112,7 @@ def left_behind(ev: Evidence, dead: list[RankState]) -> frozenset[str]:
     decides and this changes nothing; where a death is only known when it was noticed (a
     zombie, the agent's failure table, whose "first observed failure" is the agent's
     order), the words do."""
-    mine: dict[str, list[Finding]] = {}
-    for label, f in ev.output:
-        if label is not None:
-            mine.setdefault(label, []).append(f)
+    mine = _by_rank(ev)
     closed = {
         label for label, fs in mine.items() if any(f.kind == "peer_closed" for f in fs) and not says_why(fs)
     }
