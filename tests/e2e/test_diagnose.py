@@ -19,7 +19,7 @@ import pytest
 from sidecar.front.demo import join_cgroup, memory_cgroup
 from tests.support import slurm
 from tests.support.e2e import REPO, TASK_JOB, DeepSpeedJob, TorchrunJob, free_port, survivor_fate_right
-from tests.support.runs import diagnose_cli, kernel_dmesg
+from tests.support.runs import diagnose_cli, kernel_dmesg, kernel_dmesg_since, kmsg_mark
 from tests.support.skips import requires
 
 GIB = 1 << 30
@@ -35,7 +35,10 @@ def _pasted(paste: Path, text: str) -> dict:
     return json.loads(out)
 
 
+@pytest.mark.root
+@requires("kmsg", "kmsg-write")
 def test_a_real_kill_9_diagnosed_with_and_without_the_kernel_log(tmp_path):
+    mark = kmsg_mark("a kill -9 to diagnose")
     with TorchrunJob(tmp_path, "kill9", hold_mb=50, workers=0) as job:
         pids = job.ready()
         os.kill(pids[1][0], 9)
@@ -47,7 +50,7 @@ def test_a_real_kill_9_diagnosed_with_and_without_the_kernel_log(tmp_path):
     assert rc == 0 and (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("unknown", "possible")
     assert doc["victim"]["pid"] == pids[1][0] and any("dmesg" in c for c in doc["collect"])
     dmesg = tmp_path / "dmesg.txt"
-    dmesg.write_text(kernel_dmesg())
+    dmesg.write_text(kernel_dmesg_since(mark))  # this test's time: the node's log of the death
     rc, out, _ = diagnose_cli("--format", "json", log, str(dmesg))
     doc = json.loads(out)
     # the kernel log names no OOM for that pid: a kill from outside, at most "possible"

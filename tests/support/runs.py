@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,6 +80,38 @@ def kernel_dmesg(*flags: str) -> str:
     return subprocess.run(
         ["dmesg", "--facility=kern", *flags], capture_output=True, text=True, check=True
     ).stdout
+
+
+def kmsg_mark(what: str) -> str:
+    """Write a record of this test's own into the kernel log, before the death it makes, and
+    return its text for ``kernel_dmesg_since``."""
+    mark = f"trainwatch-test: {what} begins ({uuid.uuid4().hex})"
+    fd = os.open("/dev/kmsg", os.O_WRONLY)
+    try:
+        os.write(fd, f"<6>{mark}\n".encode())
+    finally:
+        os.close(fd)
+    return mark
+
+
+def kernel_dmesg_since(mark: str) -> str:
+    """The kernel's own records from ``mark`` on, as `dmesg` prints them, the mark first: a
+    kernel log of this test's time only. Without the mark, the log of a test that looks for
+    what is *not* there depends on what ran before: a flood (test_faults) can leave the ring
+    with no kernel record at all (no log of the time, honestly ``unknown``), and a pid reused
+    since an older test's OOM kill would find that kill."""
+    raw = subprocess.run(["dmesg", "--raw"], capture_output=True, text=True, check=True).stdout
+    out: list[str] = []
+    for line in raw.splitlines():
+        m = re.match(r"<(\d+)>(.*)", line)
+        if m is None:
+            continue
+        if mark in m[2]:
+            out = [m[2]]
+        elif out and int(m[1]) >> 3 == 0:  # facility 0: the kernel's own
+            out.append(m[2])
+    assert out, f"the mark is no longer in the kernel log: {mark}"
+    return "\n".join(out) + "\n"
 
 
 def diagnose_job_output(tmp: Path, stderr: str) -> tuple[dict, str]:
