@@ -208,7 +208,8 @@ class MemoryLimit:
 
 @dataclass(frozen=True, slots=True)
 class Warned:
-    """The first prediction of an episode: what the postmortem's ``warnings`` lists."""
+    """A prediction warned about (an episode's first, or a later one that was news): what the
+    postmortem's ``warnings`` lists."""
 
     at: float  # wall clock
     job: str

@@ -197,7 +197,7 @@ def _chart(doc: dict[str, Any]) -> str:
             f"<text x='{x(t) - 3:.1f}' y='{H - PAD_B - 6 - 14 * i}' text-anchor='end' class='lg' "
             f"fill='{color}'>✕ rank {_e(r.get('rank'))} {_e(r.get('signal') or r.get('exit_code'))}</text>"
         )
-    for w, t in warned:  # foresight's first prediction of each episode
+    for w, t in warned:  # foresight's warnings: each episode's first, and the news after it
         out.append(
             f"<line x1='{x(t):.1f}' x2='{x(t):.1f}' y1='{PAD_T}' y2='{H - PAD_B}' stroke='#d4a017' "
             f"stroke-width='1.5' stroke-dasharray='4,3'/>"

@@ -8,7 +8,8 @@ that binds it grows too, the predicted seconds until that limit is reached are
 ``headroom / rate``. They go on the snapshot (``RankSample.exhaustion_seconds``,
 ``CgroupSample.exhaustion_seconds``), from there to the metrics and ``/ranks``; the first
 prediction of an episode under ``WARN_SECONDS`` is logged as a WARNING and kept for the
-postmortem's ``warnings``.
+postmortem's ``warnings``, and so is a later one of the same episode that is news (``_news``:
+the limit at least twice and 10 s sooner, or the last warning's time long passed).
 
 The trend is a mechanism, not a curve fit to one job: over the longest of a few windows
 (45, 15, 5 s) whose two halves *both* grow at comparable rates (Theil-Sen slope of each
@@ -63,6 +64,11 @@ CONFIRM_SECONDS = 3.0  # growth must hold this long before anything is said
 MAX_SECONDS = 86_400.0  # beyond a day, a prediction is not one
 WARN_SECONDS = 600.0  # a WARNING (once per episode) when the limit is closer than this
 EPISODE_GAP_SECONDS = 30.0  # an episode ends after this long without a prediction
+# Within an episode a forecast is warned about again only when it is news: the limit comes at
+# least SOONER_FACTOR times sooner than the last warning left (and SOONER_SECONDS sooner), or
+# that warning's time has passed by SOONER_SECONDS without the limit reached (it is spent).
+SOONER_FACTOR = 2.0
+SOONER_SECONDS = 10.0
 WARNINGS_PER_JOB = 16
 
 
@@ -144,7 +150,22 @@ class Series:
 @dataclass(slots=True)
 class _Episode:
     last_seen: float
-    warned: bool = False
+    deadline: float | None = None  # when the last warning put the limit (monotonic); None: none yet
+
+
+def _news(episode: _Episode, seconds: float, t: float) -> str | None:
+    """Whether a forecast of ``seconds`` left at ``t`` is news in this episode: None if not,
+    else what the log line adds ("" for the episode's first warning). A leak's forecasts
+    agree with each other and are warned once; a growth that stopped short of the limit (a
+    job's start, a model loaded) and then a leak that will reach it are two warnings."""
+    if episode.deadline is None:
+        return ""
+    left = episode.deadline - t
+    if left <= -SOONER_SECONDS:
+        return f" (the last warning put it {-left:.0f} s ago)"
+    if seconds * SOONER_FACTOR <= left and left - seconds >= SOONER_SECONDS:
+        return f" ({left - seconds:.0f} s sooner than the last warning put it)"
+    return None
 
 
 def _committed(cg: CgroupSample) -> int | None:
@@ -298,19 +319,21 @@ class Foresight:
         if episode is None or t - episode.last_seen > EPISODE_GAP_SECONDS:
             episode = self._episodes[rank.key] = _Episode(t)
         episode.last_seen = t
-        if episode.warned or seconds > self.warn_seconds:
+        news = _news(episode, seconds, t) if seconds <= self.warn_seconds else None
+        if news is None:
             return
-        episode.warned = True
+        episode.deadline = t + seconds
         warning = Warned(self.wall(), job, rank.rank, rank.rank_label, rank.restart, seconds, rate, limit)
         self._warnings[job] = (*self._warnings.get(job, ())[-(WARNINGS_PER_JOB - 1) :], warning)
         where = f"cgroup {limit.path}" if limit.kind == "cgroup" else "the host's memory (a global OOM)"
         log.warning(
             "memory: rank %s of job %s is growing; at this trend (%s/s) the limit of %s (%s) is "
-            "reached in %.0f s",
+            "reached in %.0f s%s",
             rank.rank_label,
             job,
             _size(rate),
             where,
             _size(limit.limit_bytes),
             seconds,
+            news,
         )

@@ -1,6 +1,7 @@
 """The trend under the OOM forecast (sidecar/sampling/foresight.py) on series with known shapes: a
 leak's rate is found, a step or a steady job's noise never makes a prediction that lasts,
-and the daemon-facing ``Foresight`` picks the binding limit and warns once per episode.
+and the daemon-facing ``Foresight`` picks the binding limit, warns once per episode, and
+again only when a forecast is news.
 The real leaking jobs are in tests/e2e/test_foresight.py and benchmarks/foresight.py."""
 
 from __future__ import annotations
@@ -176,6 +177,71 @@ def test_a_new_episode_warns_again_after_a_quiet_gap(caplog: pytest.LogCaptureFi
             level += 40 * MB if growing else 0
             foresight.update(_snap(float(t), [_rank(0, level)], level, 16 * GIB, 20 * GIB))
     assert len(foresight.warnings("job")) == 2
+
+
+def _warn_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "is growing" in r.getMessage()]
+
+
+def test_a_growth_that_stopped_short_then_a_leak_are_two_warnings(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A job's start (20 MB/s for 10 s toward a 4 GiB limit: minutes left at that trend,
+    warned) stops; 6 s later a leak of 200 MB/s starts, which will reach the limit in ~15 s:
+    the same episode (no 30 s gap), and the leak is warned about again, with the forecast it
+    overrides. The leak's own forecasts agree with each other: no third warning."""
+    clock = [0.0]
+    foresight = Foresight(wall=lambda: 1000 + clock[0])
+    level, t = 1.0 * GIB, 0.0
+    with caplog.at_level(logging.WARNING, logger="sidecar.foresight"):
+        while level < 4 * GIB:
+            rate = 20 * MB if t < 10 else 0 if t < 16 else 200 * MB
+            clock[0] = t
+            level += rate * 0.5
+            foresight.update(_snap(t, [_rank(0, int(level))], int(level), 4 * GIB, 20 * GIB))
+            t += 0.5
+    first, second = foresight.warnings("job")  # exactly two
+    assert first.at < 1000 + 10 and first.exhaustion_seconds > 60, first
+    assert second.at > 1000 + 16 and second.exhaustion_seconds < 20, second
+    assert second.rate_bytes_per_second == pytest.approx(200 * MB, rel=0.2)
+    lines = _warn_lines(caplog)
+    assert len(lines) == 2 and "sooner than the last warning put it" in lines[1], lines
+
+
+def test_a_steady_leak_to_its_limit_is_one_warning_however_its_forecast_jitters(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Up to the limit itself, sampled every 0.1 s near it with 20 MB of noise: the forecasts
+    shrink as the limit nears, never twice as fast as time passes: one warning."""
+    rng = random.Random(5)
+    foresight = Foresight()
+    t = 0.0
+    with caplog.at_level(logging.WARNING, logger="sidecar.foresight"):
+        while (level := 1 * GIB + 150 * MB * t) < 4 * GIB:
+            v = int(level + rng.gauss(0, 20 * MB))
+            foresight.update(_snap(t, [_rank(0, v)], v, 4 * GIB, 20 * GIB))
+            t += 0.1
+    assert len(foresight.warnings("job")) == 1 and len(_warn_lines(caplog)) == 1
+
+
+def test_a_forecast_spent_without_the_limit_is_warned_again(caplog: pytest.LogCaptureFixture) -> None:
+    """A leak that slows (200 MB/s for 12 s, then 40 MB/s on): the first warning's time comes
+    and goes without the limit; once it is 10 s past, the slower forecast is warned about,
+    saying the last one's time passed."""
+    clock = [0.0]
+    foresight = Foresight(wall=lambda: 1000 + clock[0])
+    level, t = 1.0 * GIB, 0.0
+    with caplog.at_level(logging.WARNING, logger="sidecar.foresight"):
+        while t < 90:
+            clock[0] = t
+            level += (200 * MB if t < 12 else 40 * MB) * 0.5
+            foresight.update(_snap(t, [_rank(0, int(level))], int(level), 10 * GIB, 20 * GIB))
+            t += 0.5
+    first, second = foresight.warnings("job")
+    deadline = first.at + first.exhaustion_seconds
+    assert second.at >= deadline + 10, (first, second)
+    assert second.rate_bytes_per_second == pytest.approx(40 * MB, rel=0.2)
+    assert "the last warning put it" in _warn_lines(caplog)[1]
 
 
 def test_a_rank_is_judged_only_while_its_limit_grows_and_confirmed_with_it() -> None:
