@@ -9,7 +9,7 @@ that binds it grows too, the predicted seconds until that limit is reached are
 ``CgroupSample.exhaustion_seconds``), from there to the metrics and ``/ranks``; the first
 prediction of an episode under ``WARN_SECONDS`` is logged as a WARNING and kept for the
 postmortem's ``warnings``, and so is a later one of the same episode that is news (``_news``:
-the limit at least twice and 10 s sooner, or the last warning's time long passed).
+the limit at least twice and 10 s sooner, or a new trend after the last warning's time passed).
 
 The trend is a mechanism, not a curve fit to one job: over the longest of a few windows
 (45, 15, 5 s) whose two halves *both* grow at comparable rates (Theil-Sen slope of each
@@ -66,7 +66,7 @@ WARN_SECONDS = 600.0  # a WARNING (once per episode) when the limit is closer th
 EPISODE_GAP_SECONDS = 30.0  # an episode ends after this long without a prediction
 # Within an episode a forecast is warned about again only when it is news: the limit comes at
 # least SOONER_FACTOR times sooner than the last warning left (and SOONER_SECONDS sooner), or
-# that warning's time has passed by SOONER_SECONDS without the limit reached (it is spent).
+# the trend was lost and found again after that warning's time passed by SOONER_SECONDS.
 SOONER_FACTOR = 2.0
 SOONER_SECONDS = 10.0
 WARNINGS_PER_JOB = 16
@@ -151,18 +151,22 @@ class Series:
 class _Episode:
     last_seen: float
     deadline: float | None = None  # when the last warning put the limit (monotonic); None: none yet
+    lapsed: bool = False  # a round without a forecast since the last warning: the trend was lost
 
 
 def _news(episode: _Episode, seconds: float, t: float) -> str | None:
     """Whether a forecast of ``seconds`` left at ``t`` is news in this episode: None if not,
     else what the log line adds ("" for the episode's first warning). A leak's forecasts
-    agree with each other and are warned once; a growth that stopped short of the limit (a
-    job's start, a model loaded) and then a leak that will reach it are two warnings."""
+    agree with each other and are warned once; a growth that slows (a cache filling up) only
+    puts the limit later and is warned once too; a growth that stopped short of the limit (a
+    job's start, a model loaded) and then a leak that will reach it are two warnings: the
+    leak's forecast is much sooner, or comes after the trend was lost and the last warning's
+    time has passed."""
     if episode.deadline is None:
         return ""
     left = episode.deadline - t
-    if left <= -SOONER_SECONDS:
-        return f" (the last warning put it {-left:.0f} s ago)"
+    if left <= -SOONER_SECONDS and episode.lapsed:
+        return f" (a new trend: the last warning put it {-left:.0f} s ago)"
     if seconds * SOONER_FACTOR <= left and left - seconds >= SOONER_SECONDS:
         return f" ({left - seconds:.0f} s sooner than the last warning put it)"
     return None
@@ -310,6 +314,8 @@ class Foresight:
                 seconds = self._seconds(room, limit_series.rate)
         if seconds is not None and limit_series.rate is not None:
             self._episode(job, rank, limit, seconds, limit_series.rate, t)
+        elif (episode := self._episodes.get(rank.key)) is not None:
+            episode.lapsed = True
         return evolve(rank, binding_limit=limit, exhaustion_seconds=seconds)
 
     def _episode(
@@ -322,7 +328,7 @@ class Foresight:
         news = _news(episode, seconds, t) if seconds <= self.warn_seconds else None
         if news is None:
             return
-        episode.deadline = t + seconds
+        episode.deadline, episode.lapsed = t + seconds, False
         warning = Warned(self.wall(), job, rank.rank, rank.rank_label, rank.restart, seconds, rate, limit)
         self._warnings[job] = (*self._warnings.get(job, ())[-(WARNINGS_PER_JOB - 1) :], warning)
         where = f"cgroup {limit.path}" if limit.kind == "cgroup" else "the host's memory (a global OOM)"

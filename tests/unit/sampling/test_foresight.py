@@ -7,6 +7,7 @@ The real leaking jobs are in tests/e2e/test_foresight.py and benchmarks/foresigh
 from __future__ import annotations
 
 import logging
+import math
 import random
 
 import pytest
@@ -224,24 +225,37 @@ def test_a_steady_leak_to_its_limit_is_one_warning_however_its_forecast_jitters(
     assert len(foresight.warnings("job")) == 1 and len(_warn_lines(caplog)) == 1
 
 
-def test_a_forecast_spent_without_the_limit_is_warned_again(caplog: pytest.LogCaptureFixture) -> None:
-    """A leak that slows (200 MB/s for 12 s, then 40 MB/s on): the first warning's time comes
-    and goes without the limit; once it is 10 s past, the slower forecast is warned about,
-    saying the last one's time passed."""
+def test_a_new_trend_after_a_spent_forecast_is_warned_again(caplog: pytest.LogCaptureFixture) -> None:
+    """200 MB/s for 12 s toward 8 GiB (warned: ~30 s left), then flat for 25 s (the trend is
+    lost, but less than the 30 s that end an episode), then 40 MB/s: the first warning's time
+    has passed without the limit, and the new, slower trend is warned about, saying so."""
     clock = [0.0]
     foresight = Foresight(wall=lambda: 1000 + clock[0])
     level, t = 1.0 * GIB, 0.0
     with caplog.at_level(logging.WARNING, logger="sidecar.foresight"):
         while t < 90:
             clock[0] = t
-            level += (200 * MB if t < 12 else 40 * MB) * 0.5
-            foresight.update(_snap(t, [_rank(0, int(level))], int(level), 10 * GIB, 20 * GIB))
+            level += (200 * MB if t < 12 else 0 if t < 37 else 40 * MB) * 0.5
+            foresight.update(_snap(t, [_rank(0, int(level))], int(level), 8 * GIB, 20 * GIB))
             t += 0.5
     first, second = foresight.warnings("job")
-    deadline = first.at + first.exhaustion_seconds
-    assert second.at >= deadline + 10, (first, second)
+    assert second.at >= first.at + first.exhaustion_seconds + 10 and second.at > 1000 + 37, (first, second)
     assert second.rate_bytes_per_second == pytest.approx(40 * MB, rel=0.2)
-    assert "the last warning put it" in _warn_lines(caplog)[1]
+    assert "a new trend: the last warning put it" in _warn_lines(caplog)[1]
+
+
+def test_a_growth_that_slows_toward_a_level_is_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """A cache filling up: 3 GiB more approached exponentially (50 MB/s at first, a 60 s time
+    constant) under a 6 GiB limit it never reaches. Each forecast puts the limit later than
+    the last; the first one's time passes while the trend holds: one warning."""
+    foresight = Foresight()
+    t = 0.0
+    with caplog.at_level(logging.WARNING, logger="sidecar.foresight"):
+        while t < 300:
+            v = int(1 * GIB + 3 * GIB * (1 - math.exp(-t / 60)))
+            foresight.update(_snap(t, [_rank(0, v)], v, 6 * GIB, 20 * GIB))
+            t += 0.5
+    assert len(foresight.warnings("job")) == 1 and len(_warn_lines(caplog)) == 1, _warn_lines(caplog)
 
 
 def test_a_rank_is_judged_only_while_its_limit_grows_and_confirmed_with_it() -> None:
