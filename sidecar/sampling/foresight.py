@@ -62,7 +62,7 @@ NOISE_FLOOR_BYTES = 64 * 1024  # a perfectly straight series still has page-size
 MIN_RATE_BYTES_PER_SECOND = 256 * 1024  # slower than this is nothing a run will die of soon
 CONFIRM_SECONDS = 3.0  # growth must hold this long before anything is said
 MAX_SECONDS = 86_400.0  # beyond a day, a prediction is not one
-WARN_SECONDS = 600.0  # a WARNING (once per episode) when the limit is closer than this
+WARN_SECONDS = 600.0  # a WARNING when the limit is closer than this (an episode's first, then news only)
 EPISODE_GAP_SECONDS = 30.0  # an episode ends after this long without a prediction
 # Within an episode a forecast is warned about again only when it is news: the limit comes at
 # least SOONER_FACTOR times sooner than the last warning left (and SOONER_SECONDS sooner), or
