@@ -38,6 +38,26 @@ def _warned(daemon: DaemonProc) -> list[str]:
     return [line for line in daemon.log().splitlines() if "WARNING" in line and " is growing;" in line]
 
 
+def _at(warning: dict) -> float:
+    return datetime.fromisoformat(warning["at"]).timestamp()
+
+
+def _held(warnings: list[dict], doc: dict) -> bool:
+    """Whether one of these warnings came well before the kill (over 3 s) with a forecast
+    within a factor 3 of the time that really was left. How close forecasts are is the
+    benchmark's to measure (benchmarks/foresight.py, on a quiet machine); here four tests
+    share two cores, and a leak slows as its cgroup nears the limit (each allocation first
+    reclaims page cache): a forecast of 7.5 s at 158 MiB/s met the kill 15 s later. A leak's
+    first forecast may be followed by a later one that is news (a forecast at half the rate
+    while the leak began, then one 10 s sooner, 2 s before the kill), so the warnings are
+    judged together."""
+    died = datetime.fromisoformat(doc["victim"]["died_at"]).timestamp()
+    return any(
+        died - _at(w) > 3 and (died - _at(w)) / 3 < w["exhaustion_seconds"] < 3 * (died - _at(w))
+        for w in warnings
+    )
+
+
 @pytest.mark.quiet  # the warning's lead is judged by a daemon that gets the CPU it needs
 @pytest.mark.root
 @requires("memcg", "kmsg")
@@ -80,14 +100,8 @@ def test_a_leaking_rank_is_warned_about_before_its_cgroup_kills_it(tmp_path):
             for w in doc["warnings"]
             if w["rank"] == 1 and datetime.fromisoformat(w["at"]).timestamp() >= began
         ]
-        assert leak, doc["warnings"]
-        w = leak[-1]
-        died = datetime.fromisoformat(doc["victim"]["died_at"]).timestamp()
-        lead = died - datetime.fromisoformat(w["at"]).timestamp()
-        assert lead > 3, (lead, w)  # the warning came well before the kill
-        assert w["limit"]["kind"] == "cgroup" and w["limit"]["limit_bytes"] == 3 * GIB
-        # the prediction at that moment against what happened (the benchmark measures this closely)
-        assert 0.5 * lead < w["exhaustion_seconds"] < 2 * lead, (lead, w)
+        assert leak and all(w["limit"] == limit for w in leak), (limit, doc["warnings"])
+        assert _held(leak, doc), leak
         charge = doc["memory"]["cgroup"]["charge"]
         assert charge["anon_bytes"] > 0.8 * doc["memory"]["cgroup"]["usage_bytes_at_death"], charge
         assert any(a.startswith("Rank 1 alone grew") for a in doc["advice"]), doc["advice"]
@@ -123,16 +137,19 @@ def test_a_load_warned_about_then_a_leak_are_two_warnings(tmp_path):
         job.proc.wait(60)
     assert doc["victim"]["pid"] == pids[1][0]
     assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("cgroup_oom", "certain")
-    at = {id(w): datetime.fromisoformat(w["at"]).timestamp() for w in doc["warnings"]}
     rank1 = [w for w in doc["warnings"] if w["rank"] == 1]
-    assert len(rank1) == 2 and at[id(rank1[0])] < cue <= at[id(rank1[1])], (cue, doc["warnings"])
-    load, leak = rank1
+    before = [w for w in rank1 if _at(w) < cue]
+    leak = [w for w in rank1 if _at(w) >= cue]
+    # the start and the load: a forecast at their slower first rate may be followed by one at
+    # the load's full rate, itself news
+    assert before and leak, (cue, doc["warnings"])
+    load = before[-1]
     died = datetime.fromisoformat(doc["victim"]["died_at"]).timestamp()
-    assert at[id(load)] + load["exhaustion_seconds"] > died + 10, load  # the load's forecast was far
-    lead = died - at[id(leak)]
-    assert lead > 3 and 0.5 * lead < leak["exhaustion_seconds"] < 2 * lead, (lead, leak)
+    assert _at(load) + load["exhaustion_seconds"] > died + 10, load  # the load's forecast was far
+    assert _held(leak, doc), leak
     lines = [w for w in _warned(daemon) if "rank 1 of job" in w]
-    assert len(lines) == 2 and "sooner than the last warning put it" in lines[1], lines
+    # the leak's first warning says why it is given within the load's episode
+    assert len(lines) == len(rank1) and "sooner than the last warning put it" in lines[len(before)], lines
     assert all(parent.name in w for w in lines), lines
 
 
