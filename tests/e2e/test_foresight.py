@@ -97,11 +97,7 @@ def test_a_leaking_rank_is_warned_about_before_its_cgroup_kills_it(tmp_path):
         assert (doc["killer"]["kind"], doc["killer"]["confidence"]) == ("cgroup_oom", "certain")
         warned = _warned(daemon)
         assert any("rank 1 of job" in w and parent.name in w for w in warned), warned
-        leak = [
-            w
-            for w in doc["warnings"]
-            if w["rank"] == 1 and datetime.fromisoformat(w["at"]).timestamp() >= began
-        ]
+        leak = [w for w in doc["warnings"] if w["rank"] == 1 and _at(w) >= began]
         assert leak and all(w["limit"] == limit for w in leak), (limit, doc["warnings"])
         assert _held(leak, doc), leak
         charge = doc["memory"]["cgroup"]["charge"]

@@ -82,15 +82,20 @@ def kernel_dmesg(*flags: str) -> str:
     ).stdout
 
 
+def write_kmsg(record: str) -> None:
+    """Write one record into the kernel log (``<level>text``; user facility, as every write)."""
+    fd = os.open("/dev/kmsg", os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, f"{record}\n".encode())
+    finally:
+        os.close(fd)
+
+
 def kmsg_mark(what: str) -> str:
     """Write a record of this test's own into the kernel log, before the death it makes, and
     return its text for ``kernel_dmesg_since``."""
     mark = f"trainwatch-test: {what} begins ({uuid.uuid4().hex})"
-    fd = os.open("/dev/kmsg", os.O_WRONLY)
-    try:
-        os.write(fd, f"<6>{mark}\n".encode())
-    finally:
-        os.close(fd)
+    write_kmsg(f"<6>{mark}")
     return mark
 
 

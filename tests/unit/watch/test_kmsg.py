@@ -3,7 +3,6 @@ thread, every record written before it was called, whether or not the reader's t
 
 from __future__ import annotations
 
-import os
 import threading
 import uuid
 
@@ -11,17 +10,10 @@ import pytest
 
 from sidecar.parse.kernel import KmsgRecord
 from sidecar.watch.kmsg import KmsgWatcher
+from tests.support.runs import write_kmsg
 from tests.support.skips import requires
 
 pytestmark = [pytest.mark.root, requires("kmsg", "kmsg-write")]
-
-
-def _write(text: str) -> None:
-    fd = os.open("/dev/kmsg", os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
 
 
 def test_a_catch_up_hands_on_what_the_thread_has_not(monkeypatch):
@@ -34,7 +26,7 @@ def test_a_catch_up_hands_on_what_the_thread_has_not(monkeypatch):
     watcher.start()
     try:
         mark = f"trainwatch-test-{uuid.uuid4().hex}"
-        _write(f"<6>{mark}\n")
+        write_kmsg(f"<6>{mark}")
         assert not any(mark in r.text for r in seen)  # the thread reads nothing
         watcher.catch_up()
         assert [r.text for r in seen if mark in r.text] == [mark]
@@ -68,7 +60,7 @@ def test_the_thread_and_catch_ups_hand_every_record_on_once():
         helper.start()
         try:
             for text in wanted:
-                _write(f"<6>{text}\n")
+                write_kmsg(f"<6>{text}")
         finally:
             catching.set()
             helper.join()
