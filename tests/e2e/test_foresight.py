@@ -240,6 +240,7 @@ def test_workers_growing_by_copy_on_access_are_seen_and_named(tmp_path):
             TorchrunJob(
                 tmp_path, "cow", wrap=join_cgroup(child), hold_mb=50, workers=3, worker_mb=8,
                 cow_rank=1, cow_mb=600, cow_file=str(go), cow_seconds=40,
+                duration=300,  # starved, the workers read slower than 40 s: the limit, not the clock, ends it
             ) as job,
         ):  # fmt: skip
             pids = job.ready()
