@@ -44,9 +44,9 @@ RESCAN_SECONDS = 1.0
 PENDING_RANK_SECONDS = 30.0  # how long a child of an agent may take to exec before it is "other"
 YOUNG_SECONDS = 10.0  # processes this young are re-checked every tick
 RECHECK_SECONDS = 5.0  # older ones this often
-# With the connector telling renames, an old process that execs a launcher which names
-# itself pt_elastic is seen at once: the sweep of every old process (a stat each, a cost
-# that grows with the node, not the job) is left for launchers that never do.
+# With the connector telling renames, an old process that execs a launcher naming itself
+# pt_elastic is seen at once: the sweep of old processes (a stat each, a cost that grows with
+# the node, not the job) is left for launchers that never do, and for reused pids.
 RECHECK_WITH_EVENTS_SECONDS = 30.0
 
 
@@ -81,8 +81,7 @@ class Discovery:
         # `trainwatch run`'s TRAINWATCH_RUN_OUTPUT: with ``pids``, a Slurm step is watched too
         # when its tasks carry it and are this process's user's (srun's tasks are slurmd's)
         self.marker = marker
-        self.clock = clock
-        self.wall = wall
+        self.clock, self.wall = clock, wall
         self.boot_time = boot_time
         self.uptime = uptime  # seconds since boot, the clock of /proc/PID/stat's start time
         self.entries: dict[int, _Entry] = {}
@@ -301,6 +300,8 @@ class Discovery:
         self.children.setdefault(st.ppid, set()).add(pid)
         if pid == 2 or st.ppid == 2 or pid == self._self_pid:
             entry.kind = "kthread"
+        elif st.state in ("Z", "X") and st.threads <= 1:  # unreaped, named pt_elastic still: no agent
+            entry.kind = "other"  # (a Z leader with threads lives)
         return entry
 
     def _classify(self, entry: _Entry, now: float) -> None:

@@ -219,6 +219,38 @@ def test_agent_gone_detaches_the_job(proc_tree, tmp_path):
     assert sampler.sample().jobs == ()
 
 
+def test_an_agent_that_exited_is_not_found_again_while_it_is_a_zombie(proc_tree, tmp_path):
+    """With the connector, an exit is heard when it happens; the process stays in /proc as a
+    zombie (named pt_elastic still, its cmdline empty) until its parent reaps it. The next
+    listing of /proc must not take that corpse for a new agent (a job with no ranks)."""
+    clock = Clock()
+    events: list[tuple[str, int, int]] = []
+
+    def feed() -> tuple[list[tuple[str, int, int]], bool]:
+        out = list(events)
+        events.clear()
+        return out, False
+
+    sampler = make_sampler(proc_tree, tmp_path, clock=clock)
+    sampler.discovery.listen(feed, lambda pids: None)
+    assert len(sampler.sample().jobs[0].ranks) == 2
+    for pid in (RANK0, RANK1, *RANK0_WORKERS, *RANK1_WORKERS):
+        shutil.rmtree(proc_tree / str(pid))
+    stat = proc_tree / str(AGENT) / "stat"
+    head, rest = stat.read_bytes().split(b") ", 1)
+    fields = rest.split(b" ")
+    fields[0], fields[17] = b"Z", b"1"  # a zombie: its state, and one thread (field 20)
+    stat.write_bytes(head + b") " + b" ".join(fields))
+    (proc_tree / str(AGENT) / "cmdline").write_bytes(b"")
+    events.extend(("exit", pid, 0) for pid in (RANK0, RANK1, AGENT))
+    clock.now += 0.1
+    assert sampler.sample().jobs == ()
+    for _ in range(3):  # past the next listings of /proc
+        clock.now += 5.0
+        assert sampler.sample().jobs == ()
+    assert AGENT not in sampler.discovery.jobs
+
+
 def test_unreadable_environment_is_reported_once_and_ranks_inferred(proc_tree, tmp_path, caplog):
     if not met("root"):
         skip("root", "to make a file unreadable for a child")
