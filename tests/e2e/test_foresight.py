@@ -15,8 +15,9 @@ from datetime import datetime
 import pytest
 
 from sidecar.front.demo import join_cgroup, memory_cgroup
+from sidecar.sampling.foresight import WINDOWS_SECONDS
 from tests.support.e2e import DaemonProc, TorchrunJob, job_postmortem, wait_for
-from tests.support.skips import requires
+from tests.support.skips import requires, skip
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -207,7 +208,12 @@ def _watch_until_exit(daemon: DaemonProc, job: TorchrunJob) -> tuple[int, int, i
 def test_a_steady_job_and_a_checkpoint_load_are_never_warned_about(tmp_path, load):
     """Two ranks train for 40 s; with ``checkpoint`` both load 1.5 GiB once after 10 s (64 MiB
     shards as fast as memory takes them). No prediction in /ranks and no warning in the log,
-    while the daemon demonstrably saw the load (a rank's RSS over 1.5 GiB in /ranks)."""
+    while the daemon demonstrably saw the load (a rank's RSS over 1.5 GiB in /ranks).
+
+    The load is a step only where memory takes it quickly: growth that lasts past foresight's
+    shortest window can be a trend by design, and warned about (a load shorter never is, the
+    unit tests show). Each rank says how long its load took; a machine that took longer
+    cannot show a step (``fast-memory``)."""
     extra = {"load_mb": 1536, "load_interval": 0.0, "load_after": 10} if load == "checkpoint" else {}
     with (
         DaemonProc(tmp_path) as daemon,
@@ -220,6 +226,10 @@ def test_a_steady_job_and_a_checkpoint_load_are_never_warned_about(tmp_path, loa
     assert looked > 40, looked  # the whole run was watched
     if load == "checkpoint":
         assert biggest > 1.5 * GIB, biggest  # and the load was seen
+        took = [float(f.read_text()) for f in job.dir.glob("rank*.load")]
+        assert len(took) == 2, took
+        if max(took) >= min(WINDOWS_SECONDS):
+            skip("fast-memory", f"a rank took {max(took):.1f} s to load 1.5 GiB: not a step")
     assert predicted == 0, (predicted, looked)
     assert _warned(daemon) == []
 

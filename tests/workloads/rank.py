@@ -121,7 +121,8 @@ def main() -> int:
         type=int,
         default=0,
         help="every rank then loads this many MiB of 'model' into host memory, 64 MiB every 0.1 s "
-        "(checkpoint shards), as every rank of the opening story did",
+        "(checkpoint shards), as every rank of the opening story did; the seconds it took go to "
+        "<ready-dir>/rank<R>.load",
     )
     ap.add_argument("--worker-mb", type=int, default=32)
     ap.add_argument("--workers", type=int, default=2)
@@ -327,6 +328,7 @@ def main() -> int:
     grown: list[bytearray] = []
     grow_next = 0.0
     model: list[bytearray] = []
+    load_began = 0.0
     step = 0
     paused = False
     if rank == args.grow_rank and restart == 0:
@@ -348,7 +350,11 @@ def main() -> int:
                 time.sleep(0.2)
             continue
         if len(model) * 64 < args.load_mb and restart == 0 and elapsed >= args.load_after:
+            load_began = load_began or time.monotonic()
             model.append(hold(64))  # every rank its own full copy
+            if len(model) * 64 >= args.load_mb and args.ready_dir:  # how long memory took to take it
+                with open(os.path.join(args.ready_dir, f"rank{rank}.load"), "w") as f:
+                    f.write(f"{time.monotonic() - load_began:.3f}")
             time.sleep(args.load_interval)
             continue
         if (

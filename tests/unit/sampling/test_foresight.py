@@ -13,7 +13,7 @@ import random
 import pytest
 
 from sidecar.model import CgroupSample, HostSample, JobSample, MemoryCharge, ProcKey, RankSample, Snapshot
-from sidecar.sampling.foresight import CONFIRM_SECONDS, Foresight, Series, growth_rate
+from sidecar.sampling.foresight import CONFIRM_SECONDS, WINDOWS_SECONDS, Foresight, Series, growth_rate
 from sidecar.trend import theil_sen
 
 MB = 10**6
@@ -58,15 +58,21 @@ def test_a_leak_that_starts_late_is_found_in_the_short_window() -> None:
     assert rates[-1] == pytest.approx(300 * MB, rel=0.1)
 
 
-@pytest.mark.parametrize("interval", [1.0, 0.1])
-@pytest.mark.parametrize("ramp_seconds", [0.0, 1.0, 2.0])
-def test_a_checkpoint_load_is_no_lasting_prediction(interval: float, ramp_seconds: float) -> None:
-    """A step (instant or over a second or two of loading) then flat: nothing confirmed."""
+@pytest.mark.parametrize("interval", [1.0, 0.25, 0.1])
+@pytest.mark.parametrize("ramp_seconds", [0.0, 1.0, 2.0, min(WINDOWS_SECONDS)])
+@pytest.mark.parametrize("phase", [0.0, 0.5])
+def test_a_checkpoint_load_is_no_lasting_prediction(
+    interval: float, ramp_seconds: float, phase: float
+) -> None:
+    """A step then flat: nothing confirmed, whether instant or a load that lasts up to the
+    shortest window (tests/e2e/test_foresight.py counts on that bound), wherever it falls
+    between two samples."""
     rng = random.Random(2)
     values = []
+    began = 30 + phase * interval
     for i in range(int(120 / interval)):
         t = i * interval
-        ramp = min(1.0, max(0.0, (t - 30) / ramp_seconds)) if ramp_seconds else float(t >= 30)
+        ramp = min(1.0, max(0.0, (t - began) / ramp_seconds)) if ramp_seconds else float(t >= began)
         values.append((t, 1 * GIB + 6 * GIB * ramp + rng.gauss(0, 1 * MB)))
     assert all(r is None for r in _feed(values))
 
