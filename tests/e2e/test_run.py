@@ -131,14 +131,6 @@ def test_a_signal_sent_to_trainwatch_reaches_the_command(tmp_path):
         proc.communicate()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_the_node_daemon_and_trainwatch_run_give_one_verdict(tmp_path):
     """A node runs the daemon and a user starts a gloo job under `trainwatch run`; rank 1
     stops joining collectives and rank 0 times out. `run` holds the job's pipes; it keeps a

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,8 @@ from typing import Any, ClassVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.ports import free_port
+
 REPO = Path(__file__).resolve().parents[2]  # tests/support/e2e.py
 WORKLOAD = REPO / "tests" / "workloads" / "rank.py"
 SPAWNED = REPO / "tests" / "workloads" / "spawned.py"  # rank.py under torch.multiprocessing.spawn
@@ -25,13 +26,6 @@ LIGHTNING_JOB = REPO / "tests" / "workloads" / "lightning_job.py"  # rank.py und
 TASK_JOB = REPO / "tests" / "workloads" / "task_job.py"  # rank.py under mpirun or srun
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")  # DeepSpeed's runner
-
-
-def free_port() -> int:
-    """A loopback port free right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:

@@ -12,7 +12,8 @@ from typing import Any
 
 import yaml
 
-from tests.support.e2e import REPO, free_port, wait_for
+from tests.support.e2e import REPO, wait_for
+from tests.support.ports import free_port
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")

@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.support.ports import free_port
+
 # one cluster per checkout: two checkouts testing on one machine (a developer's and a CI
 # trial's) never stop or reconfigure each other's, nor share node names (whose cgroups,
 # /slurm_<node>, would collide)
@@ -40,12 +42,6 @@ BINARIES = ("munged", "slurmctld", "slurmd", "srun", "scancel", "sinfo", "scontr
 def available() -> bool:
     """Whether this machine can run it: the binaries, and root (slurmd runs the tasks)."""
     return os.geteuid() == 0 and all(shutil.which(b) or Path(f"/usr/sbin/{b}").exists() for b in BINARIES)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _binary(name: str) -> str:
@@ -70,7 +66,7 @@ def _write_config() -> None:
         (DIR / sub).mkdir(parents=True, exist_ok=True)
     # each node the whole machine (the tests' steps are small)
     nodes = "\n".join(
-        f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={_free_port()} CPUs={os.cpu_count()} "
+        f"NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={free_port()} CPUs={os.cpu_count()} "
         f"RealMemory={mem_mib * 9 // 10} State=UNKNOWN"
         for n in NODES
     )
@@ -82,7 +78,7 @@ def _write_config() -> None:
         f"""ClusterName=trainwatch
 SlurmctldHost={host}(127.0.0.1)
 SlurmUser=root
-SlurmctldPort={_free_port()}
+SlurmctldPort={free_port()}
 AuthType=auth/munge
 AuthInfo=socket={DIR}/run/munge.sock
 StateSaveLocation={DIR}/state
