@@ -17,7 +17,7 @@ import pytest
 from sidecar.front.demo import join_cgroup, memory_cgroup
 from sidecar.sampling.foresight import WINDOWS_SECONDS
 from tests.support.e2e import DaemonProc, TorchrunJob, job_postmortem, wait_for
-from tests.support.skips import requires, skip
+from tests.support.skips import requires
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -181,16 +181,18 @@ def test_a_rank_filling_dev_shm_dies_of_shmem_and_is_told_so(tmp_path):
         assert any(a.startswith("Shared memory filled the limit") for a in doc["advice"]), doc["advice"]
 
 
-def _watch_until_exit(daemon: DaemonProc, job: TorchrunJob) -> tuple[int, int, int]:
-    """Poll /ranks twice a second until the job exits: (polls in which some rank had a
-    prediction, polls that saw the job, the largest rank RSS seen)."""
-    predicted = looked = biggest = 0
+def _watch_until_exit(daemon: DaemonProc, job: TorchrunJob) -> tuple[list[float], int, int]:
+    """Poll /ranks twice a second until the job exits: (when some rank had a prediction,
+    epoch seconds; polls that saw the job; the largest rank RSS seen)."""
+    predicted: list[float] = []
+    looked = biggest = 0
     while job.proc.poll() is None:
         for entry in daemon.ranks()["jobs"]:
             if entry["agent_pid"] != job.agent_pid or not entry["ranks"]:
                 continue
             looked += 1
-            predicted += any(r["exhaustion_seconds"] is not None for r in entry["ranks"])
+            if any(r["exhaustion_seconds"] is not None for r in entry["ranks"]):
+                predicted.append(time.time())
             biggest = max([biggest, *(r["rss_bytes"] for r in entry["ranks"])])
         time.sleep(0.5)  # the polling pace, not a wait for the daemon: every poll is counted
     return predicted, looked, biggest
@@ -210,10 +212,12 @@ def test_a_steady_job_and_a_checkpoint_load_are_never_warned_about(tmp_path, loa
     shards as fast as memory takes them). No prediction in /ranks and no warning in the log,
     while the daemon demonstrably saw the load (a rank's RSS over 1.5 GiB in /ranks).
 
-    The load is a step only where memory takes it quickly: growth that lasts past foresight's
-    shortest window can be a trend by design, and warned about (a load shorter never is, the
-    unit tests show). Each rank says how long its load took; a machine that took longer
-    cannot show a step (``fast-memory``)."""
+    How fast memory takes a load is the machine's: this VM hands freed pages back to its host,
+    which faults them in again at tens of MiB/s, and a rank has taken 8.4 s. A load shorter
+    than foresight's shortest window is a step and never forecast (the unit tests hold that
+    bound); a longer one is growth like any other and may be, but only while it lasts: no
+    prediction once the load has been over for that window. Each rank says when its load
+    ended and how long it took."""
     extra = {"load_mb": 1536, "load_interval": 0.0, "load_after": 10} if load == "checkpoint" else {}
     with (
         DaemonProc(tmp_path) as daemon,
@@ -224,13 +228,17 @@ def test_a_steady_job_and_a_checkpoint_load_are_never_warned_about(tmp_path, loa
         predicted, looked, biggest = _watch_until_exit(daemon, job)
         assert job.proc.wait(60) == 0
     assert looked > 40, looked  # the whole run was watched
+    step = min(WINDOWS_SECONDS)
     if load == "checkpoint":
         assert biggest > 1.5 * GIB, biggest  # and the load was seen
-        took = [float(f.read_text()) for f in job.dir.glob("rank*.load")]
-        assert len(took) == 2, took
-        if max(took) >= min(WINDOWS_SECONDS):
-            skip("fast-memory", f"a rank took {max(took):.1f} s to load 1.5 GiB: not a step")
-    assert predicted == 0, (predicted, looked)
+        loads = [[float(x) for x in f.read_text().split()] for f in job.dir.glob("rank*.load")]
+        assert len(loads) == 2, loads
+        took, ended = max(t for t, _ in loads), max(e for _, e in loads)
+        if took >= step:  # a ramp on this machine: forecast, if at all, only while it lasted
+            late = [round(t - ended, 1) for t in predicted if t > ended + step + 1]  # +1: a poll's lag
+            assert late == [], (late, took)
+            return
+    assert predicted == [], (len(predicted), looked)
     assert _warned(daemon) == []
 
 

@@ -69,16 +69,6 @@ def _kmsg() -> bool:
         os.close(fd)
 
 
-def _fast_memory() -> bool:
-    """512 MiB of fresh memory touched page by page within half a second. Tests that need
-    more than this check what they measured themselves (``skip``)."""
-    began = time.monotonic()
-    buf = bytearray(512 << 20)
-    for i in range(0, len(buf), 4096):
-        buf[i] = 1
-    return time.monotonic() - began < 0.5
-
-
 @functools.lru_cache(maxsize=1)
 def _mount() -> bool:
     """Mounting a tmpfs, as the tests that make a full or read-only directory or a small
@@ -330,14 +320,6 @@ REQUIREMENTS = {
     "free-memory": (
         lambda: _meminfo()["MemAvailable"] >= 6 * GIB,
         lambda: "needs 6 GiB of available memory",
-    ),
-    "fast-memory": (
-        _fast_memory,
-        lambda: (
-            "needs fresh memory faulted in at 1 GiB/s or more (a virtual machine whose free pages "
-            "go back to its host, virtio-balloon's free page reporting, may fault them in again at "
-            "tens of MiB/s)"
-        ),
     ),
     "gpu": (
         lambda: any(Path("/dev").glob("nvidia[0-9]*")),

@@ -121,8 +121,8 @@ def main() -> int:
         type=int,
         default=0,
         help="every rank then loads this many MiB of 'model' into host memory, 64 MiB every 0.1 s "
-        "(checkpoint shards), as every rank of the opening story did; the seconds it took go to "
-        "<ready-dir>/rank<R>.load",
+        "(checkpoint shards), as every rank of the opening story did; the seconds it took and "
+        "when it ended (epoch seconds) go to <ready-dir>/rank<R>.load",
     )
     ap.add_argument("--worker-mb", type=int, default=32)
     ap.add_argument("--workers", type=int, default=2)
@@ -354,7 +354,7 @@ def main() -> int:
             model.append(hold(64))  # every rank its own full copy
             if len(model) * 64 >= args.load_mb and args.ready_dir:  # how long memory took to take it
                 with open(os.path.join(args.ready_dir, f"rank{rank}.load"), "w") as f:
-                    f.write(f"{time.monotonic() - load_began:.3f}")
+                    f.write(f"{time.monotonic() - load_began:.3f} {time.time():.3f}")
             time.sleep(args.load_interval)
             continue
         if (

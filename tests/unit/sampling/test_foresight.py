@@ -77,6 +77,26 @@ def test_a_checkpoint_load_is_no_lasting_prediction(
     assert all(r is None for r in _feed(values))
 
 
+@pytest.mark.parametrize("interval", [1.0, 0.25, 0.1])
+@pytest.mark.parametrize("ramp_seconds", [6.0, 8.0, 12.0, 20.0])
+@pytest.mark.parametrize("phase", [0.0, 0.5])
+def test_a_slow_load_is_forecast_only_while_it_lasts(
+    interval: float, ramp_seconds: float, phase: float
+) -> None:
+    """A load longer than the shortest window (memory that takes it slowly) is growth and may
+    be forecast, but not once it has been over for that window (tests/e2e/test_foresight.py
+    counts on that bound too)."""
+    rng = random.Random(4)
+    values = []
+    ended = 30 + phase * interval + ramp_seconds
+    for i in range(int(120 / interval)):
+        t = i * interval
+        ramp = min(1.0, max(0.0, (t - (ended - ramp_seconds)) / ramp_seconds))
+        values.append((t, 1 * GIB + 1.5 * GIB * ramp + rng.gauss(0, 1 * MB)))
+    late = [t for (t, _), r in zip(values, _feed(values), strict=True) if r is not None and t > ended]
+    assert not late or max(late) - ended <= min(WINDOWS_SECONDS), late
+
+
 @pytest.mark.parametrize("noise_mb", [0.1, 5.0, 200.0])
 def test_a_steady_job_predicts_nothing(noise_mb: float) -> None:
     """Noise (a training step's batches come and go) and a sawtooth: never a prediction."""
