@@ -263,7 +263,15 @@ def test_demo_ends_with_a_postmortem(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     expected = "killer: cgroup_oom (certain)" if memory_hierarchy() else "killer: external_signal"
     assert expected in out.stdout, out.stdout
-    assert "terminated_by_agent" in out.stdout and "root_cause" in out.stdout
+    # the survivor's fate as it really ended: torn down by torchrun, or its own exit or the
+    # OOM killer's next kill first (same_cause), as the postmortem the demo printed says
+    printed = re.search(r"trainwatch postmortem (\S+\.json)", out.stdout)
+    assert printed, out.stdout
+    saved = Path(printed[1])
+    rows = {r["rank"]: r for r in json.loads(saved.read_text())["ranks"]}
+    assert rows[1]["fate"] == "root_cause", rows
+    assert survivor_fate_right(rows[0], (saved.parents[1] / "torchrun.log").read_text()), rows[0]
+    assert rows[0]["fate"] in out.stdout and "root_cause" in out.stdout
     html = next(line.split("file://", 1)[1] for line in out.stdout.splitlines() if "file://" in line)
     assert Path(html).read_text().startswith("<!doctype html>")
 
