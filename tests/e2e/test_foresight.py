@@ -237,6 +237,9 @@ def test_a_steady_job_and_a_checkpoint_load_are_never_warned_about(tmp_path, loa
         if took >= step:  # a ramp on this machine: forecast, if at all, only while it lasted
             late = [round(t - ended, 1) for t in predicted if t > ended + step + 1]  # +1: a poll's lag
             assert late == [], (late, took)
+            # nor a warning (the log's local time, as logging writes it)
+            logged = [datetime.strptime(w[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp() for w in _warned(daemon)]
+            assert [w for w in logged if w > ended + step] == [], (logged, ended)
             return
     assert predicted == [], (len(predicted), looked)
     assert _warned(daemon) == []
